@@ -1,0 +1,62 @@
+"""Shared fixtures: a tiny random Llama for unit tests, the real SmolLM2 for integration tests."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+TINY_LLAMA = dict(
+    vocab_size=256,
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=4,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=512,
+    rms_norm_eps=1e-6,
+    tie_word_embeddings=False,
+    bos_token_id=1,
+    eos_token_id=2,
+    pad_token_id=0,
+)
+
+
+def make_tiny_llama(seed: int = 0, **overrides):
+    """A 4-layer random Llama (fp32, sdpa, eval mode, frozen): fast enough for every unit test."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(seed)
+    config = LlamaConfig(**{**TINY_LLAMA, **overrides}, attn_implementation="sdpa")
+    model = LlamaForCausalLM(config).eval()
+    model.requires_grad_(False)
+    return model
+
+
+@pytest.fixture
+def tiny_llama():
+    return make_tiny_llama()
+
+
+@pytest.fixture(scope="session")
+def smollm2():
+    """The embedded SmolLM2-135M-Instruct in fp32 (converted once into DRAFTHEADS_CACHE)."""
+    from draftheads.base import load_base
+
+    model, tokenizer = load_base("smollm2-135m-instruct", dtype="float32")
+    return model, tokenizer
+
+
+@pytest.fixture(scope="session")
+def smollm2_tokenizer():
+    from draftheads.base import load_tokenizer
+
+    return load_tokenizer("smollm2-135m-instruct")
+
+
+def pytest_configure(config):
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("WANDB_MODE", "offline")
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    torch.set_num_threads(max(1, min(2, torch.get_num_threads())))
