@@ -109,6 +109,10 @@ class DraftHead(nn.Module):
     def init_from_base(self, base_model) -> None:
         """Copy initial weights from the base model (default: nothing to copy)."""
 
+    def init_from_data(self, token_counts: torch.Tensor) -> None:
+        """Set data-dependent state from (V,) target-token counts over the training split's
+        supervised tokens (EAGLE-3 builds its draft vocabulary here; default: nothing)."""
+
     def attach(self, base_model) -> "DraftHead":
         """Check the head fits ``base_model`` and keep references to its frozen parts."""
         self.base_spec.check_fits(base_model.config, where=f"{self.kind} head")
@@ -134,8 +138,14 @@ class DraftHead(nn.Module):
         """Indices into the base ``hidden_states`` tuple this head reads (default: the last)."""
         return (self.base_spec.num_hidden_layers,)
 
+    @property
+    def required_hidden_states(self) -> tuple[int, ...]:
+        """Every ``hidden_states`` index training needs: the features plus the last (targets)."""
+        return tuple(sorted(set(self.feature_layers) | {self.base_spec.num_hidden_layers}))
+
     def select_features(self, hidden_states) -> torch.Tensor:
-        """(B, T, F) features from the base ``hidden_states`` tuple (default: the last, F = h)."""
+        """(B, T, F) features from ``hidden_states`` (the HF tuple, or a dict index -> tensor as
+        feature caches store it); default: the last entry, F = h."""
         return hidden_states[self.feature_layers[-1]]
 
     # ---- drafting (see module docstring) -------------------------------------------------------
