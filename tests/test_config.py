@@ -1,0 +1,61 @@
+"""Config loading: defaults once, YAML overrides, CLI overrides, clear errors."""
+
+import pytest
+
+from draftheads.config import ConfigError, RunConfig, load_run_config, parse_overrides
+
+
+def test_defaults_without_file():
+    run = load_run_config()
+    assert run == RunConfig()
+    assert run.head is None
+
+
+def test_yaml_then_overrides_win(tmp_path):
+    path = tmp_path / "run.yaml"
+    path.write_text("# draftheads train --config run.yaml\ntrain:\n  max_steps: 7\n  learning_rate: 1e-3\n")
+    run = load_run_config(path, ["train.max_steps=9", "data.limit=5", "train.adam_betas=[0.8, 0.9]"])
+    assert run.train.max_steps == 9
+    assert run.train.learning_rate == pytest.approx(1e-3)
+    assert run.data.limit == 5
+    assert run.train.adam_betas == (0.8, 0.9)
+
+
+def test_unknown_key_names_key_and_closest(tmp_path):
+    path = tmp_path / "run.yaml"
+    path.write_text("train:\n  max_step: 7\n")
+    with pytest.raises(ConfigError, match=r"unknown key 'max_step'.*did you mean 'max_steps'"):
+        load_run_config(path)
+    with pytest.raises(ConfigError, match=r"unknown key 'lr'"):
+        load_run_config(None, ["train.lr=0.1"])
+
+
+def test_bad_value_names_field_and_value():
+    with pytest.raises(ConfigError, match=r"train.max_steps: expected an integer, got 'many'"):
+        load_run_config(None, ["train.max_steps=many"])
+
+
+def test_optional_accepts_null():
+    run = load_run_config(None, ["data.limit=null"])
+    assert run.data.limit is None
+
+
+def test_override_syntax_error():
+    with pytest.raises(ConfigError, match="expected key=value"):
+        parse_overrides(["train.max_steps"])
+
+
+def test_missing_file_and_bad_yaml(tmp_path):
+    with pytest.raises(ConfigError, match="config file not found"):
+        load_run_config(tmp_path / "nope.yaml")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("train: [1, 2\n")
+    with pytest.raises(ConfigError, match="invalid YAML"):
+        load_run_config(bad)
+
+
+def test_head_section_needs_known_kind():
+    with pytest.raises(ConfigError, match="needs 'kind'"):
+        load_run_config(None, ["head.num_heads=3"])
+    with pytest.raises(ConfigError, match="unknown head kind 'medusa9'"):
+        load_run_config(None, ["head.kind=medusa9"])
