@@ -1,0 +1,114 @@
+"""Held-out evaluation (per-step top-1/top-5, chain acceptance) and throughput measurement.
+
+The frozen base model's body produces the hidden states every head trains on; its lm_head is
+not run (heads call it themselves where their objective needs it), which is what makes online
+training affordable (REFERENCE section 6: the full-vocab lm_head costs ~1/5 of the body).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+
+import torch
+
+
+@torch.no_grad()
+def base_hidden_states(base_model, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> tuple:
+    """HF ``hidden_states`` tuple (L + 1 entries of (B, T, h)) of the frozen base model's body."""
+    outputs = base_model.base_model(
+        input_ids=input_ids, attention_mask=attention_mask, output_hidden_states=True, use_cache=False
+    )
+    return outputs.hidden_states
+
+
+def chain_acceptance(accuracies: Sequence[float]) -> float:
+    """Expected tokens per base forward if draft step k is accepted with probability acc_k
+    independently and a chain stops at the first rejection: 1 + sum_k prod_{j<=k} acc_j.
+    (The leading 1 is the token the base model produces itself; REFERENCE section 3.)"""
+    total, running = 1.0, 1.0
+    for accuracy in accuracies:
+        running *= accuracy
+        total += running
+    return total
+
+
+@dataclass(frozen=True)
+class EvalResult:
+    """Held-out metrics; tuples have one entry per draft step (Medusa head / TTT step / module)."""
+
+    loss: float
+    top1: tuple[float, ...]
+    top5: tuple[float, ...]
+    counted: tuple[int, ...]
+    chain_acceptance: float
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def _all_reduce_sum(tensor: torch.Tensor) -> torch.Tensor:
+    import torch.distributed as distributed
+
+    if distributed.is_available() and distributed.is_initialized() and distributed.get_world_size() > 1:
+        distributed.all_reduce(tensor)
+    return tensor
+
+
+@torch.no_grad()
+def evaluate(objective: Callable, base_model, batches: Sequence[dict], device: torch.device) -> EvalResult:
+    """Run ``objective(hidden_states, input_ids, loss_mask, attention_mask) -> ObjectiveOutput``
+    over ``batches`` and aggregate accuracies over every supervised position.
+
+    The caller puts the head in eval mode. Under data parallelism each rank passes its share of
+    the batches; counts are summed over ranks, so every rank returns the same result.
+    """
+    top1 = top5 = counted = None
+    loss_sum = torch.zeros((), dtype=torch.float64, device=device)
+    for batch in batches:
+        batch = {name: tensor.to(device) for name, tensor in batch.items()}
+        hidden_states = base_hidden_states(base_model, batch["input_ids"], batch["attention_mask"])
+        output = objective(hidden_states, batch["input_ids"], batch["loss_mask"], batch["attention_mask"])
+        if top1 is None:
+            top1 = torch.zeros_like(output.top1_correct, dtype=torch.float64)  # (S,)
+            top5 = torch.zeros_like(top1)
+            counted = torch.zeros_like(top1)
+        top1 += output.top1_correct.double()
+        top5 += output.top5_correct.double()
+        counted += output.counted.double()
+        loss_sum += output.loss.double()
+    if top1 is None:
+        raise ValueError("evaluate: no evaluation batches (is the validation split empty?)")
+    stats = _all_reduce_sum(torch.cat([top1, top5, counted, loss_sum.new_tensor([len(batches)]), loss_sum[None]]))
+    steps = top1.numel()
+    top1, top5, counted = stats[:steps], stats[steps : 2 * steps], stats[2 * steps : 3 * steps]
+    batch_count, loss_total = stats[3 * steps], stats[3 * steps + 1]
+    top1_accuracy = (top1 / counted.clamp(min=1)).tolist()
+    return EvalResult(
+        loss=float(loss_total / batch_count.clamp(min=1)),
+        top1=tuple(top1_accuracy),
+        top5=tuple((top5 / counted.clamp(min=1)).tolist()),
+        counted=tuple(int(c) for c in counted.tolist()),
+        chain_acceptance=chain_acceptance(top1_accuracy),
+    )
+
+
+@torch.no_grad()
+def base_forward_tokens_per_second(base_model, batches: Sequence[dict], device: torch.device) -> float:
+    """Tokens/s of the frozen base body alone (forward, no grad) over ``batches``: the ceiling
+    online training is measured against (issue 3 asks training >= 0.6 of it). Counts non-pad
+    tokens, like the training loop's tokens/s; the first batch is a warm-up and is not timed."""
+    if not batches:
+        raise ValueError("base_forward_tokens_per_second: no batches")
+    batches = [{name: tensor.to(device) for name, tensor in batch.items()} for batch in batches]
+    base_hidden_states(base_model, batches[0]["input_ids"], batches[0]["attention_mask"])
+    timed = batches[1:] or batches
+    tokens = 0
+    start = time.perf_counter()
+    for batch in timed:
+        base_hidden_states(base_model, batch["input_ids"], batch["attention_mask"])
+        tokens += int(batch["attention_mask"].sum())
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return tokens / (time.perf_counter() - start)
