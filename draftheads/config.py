@@ -87,6 +87,9 @@ class TrainConfig:
     report_to: str = "none"  # none | wandb
     wandb_project: str = "draftheads"
     log_every: int = 10
+    # After training, time the frozen base body's forward alone on this many training micro-batches
+    # (0: skip), so tokens/s can be compared with its ceiling (issue 3: training >= 0.6 of it).
+    base_throughput_batches: int = 8
 
 
 @dataclass

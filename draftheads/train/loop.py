@@ -1,0 +1,559 @@
+"""The training loop: setup -> train -> save -> cleanup, in one place you can read.
+
+The base model is frozen (eval mode, no grad) and produces hidden states online for every batch;
+only the draft head trains, through a DeepSpeed engine (ZeRO 0-3 from ``configs/deepspeed/``).
+On a CPU the same code runs as a single gloo process; on GPUs launch it with
+``deepspeed --num_gpus N $(which draftheads) train --config FILE``.
+
+Each default lives once, in ``draftheads.config.TrainConfig``: the DeepSpeed JSON carries only
+what TrainConfig does not own (ZeRO stage, bucket sizes, ...); batch sizes, accumulation,
+clipping and precision are filled in from TrainConfig.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import math
+import os
+import random
+import socket
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+import draftheads
+from draftheads.base import DTYPES, load_base, resolve_dtype
+from draftheads.config import ConfigError, RunConfig, TrainConfig, to_dict
+from draftheads.train import checkpoint
+from draftheads.train.batching import BatchStream, fixed_batches
+from draftheads.train.metrics import EvalResult, base_forward_tokens_per_second, base_hidden_states, evaluate
+from draftheads.train.reporting import REPORT_TARGETS, Reporter, plot_curves
+from draftheads.train.schedule import build_scheduler
+
+HEAD_DIR = "head"
+PRECISIONS = ("auto", "fp32", "bf16")
+# DeepSpeed keys that TrainConfig owns (key -> the run-config field to set instead).
+OWNED_DEEPSPEED_KEYS = {
+    "train_batch_size": "train.micro_batch_size and train.gradient_accumulation_steps",
+    "train_micro_batch_size_per_gpu": "train.micro_batch_size",
+    "gradient_accumulation_steps": "train.gradient_accumulation_steps",
+    "gradient_clipping": "train.grad_clip",
+    "bf16": "train.precision",
+    "fp16": "train.precision",
+    "optimizer": "train.learning_rate / train.adam_betas / train.weight_decay",
+    "scheduler": "train.warmup_steps / train.min_lr_ratio",
+}
+
+
+# ---- configuration checks -------------------------------------------------------------------------
+
+
+def check_train_config(train: TrainConfig) -> None:
+    """Refuse values that cannot work, naming the field (ConfigError)."""
+    at_least = {
+        "micro_batch_size": 1,
+        "gradient_accumulation_steps": 1,
+        "max_steps": 1,
+        "eval_batches": 1,
+        "keep_checkpoints": 1,
+        "log_every": 1,
+        "warmup_steps": 0,
+        "eval_every": 0,
+        "save_every": 0,
+        "base_throughput_batches": 0,
+    }
+    for name, minimum in at_least.items():
+        if getattr(train, name) < minimum:
+            raise ConfigError(f"train.{name} must be >= {minimum}, got {getattr(train, name)}")
+    if train.epochs is not None and train.epochs <= 0:
+        raise ConfigError(f"train.epochs must be > 0 (or null to use train.max_steps), got {train.epochs}")
+    if not train.learning_rate > 0:
+        raise ConfigError(f"train.learning_rate must be > 0, got {train.learning_rate}")
+    if not 0.0 <= train.min_lr_ratio <= 1.0:
+        raise ConfigError(f"train.min_lr_ratio must be in [0, 1], got {train.min_lr_ratio}")
+    if train.grad_clip < 0 or train.weight_decay < 0:
+        raise ConfigError(f"train.grad_clip and train.weight_decay must be >= 0, got {train.grad_clip}, {train.weight_decay}")
+    if train.precision not in PRECISIONS:
+        raise ConfigError(f"train.precision must be one of {PRECISIONS}, got '{train.precision}'")
+    if train.report_to not in REPORT_TARGETS:
+        raise ConfigError(f"train.report_to must be one of {REPORT_TARGETS}, got '{train.report_to}'")
+
+
+def resolve_precision(run: RunConfig, device: torch.device) -> torch.dtype:
+    """The one dtype of base model and head. ``auto`` follows ``model.dtype`` (bf16 on GPU, fp32
+    on CPU); an explicit ``train.precision`` must agree with an explicit ``model.dtype``."""
+    try:
+        base_dtype = resolve_dtype(run.model.dtype, device)
+    except ValueError as err:
+        raise ConfigError(f"model.dtype: {err}") from err
+    if run.train.precision == "auto":
+        dtype = base_dtype
+    else:
+        dtype = DTYPES[run.train.precision]
+        if run.model.dtype != "auto" and base_dtype != dtype:
+            raise ConfigError(
+                f"train.precision '{run.train.precision}' disagrees with model.dtype '{run.model.dtype}'; "
+                "the head trains in the base model's dtype, so set one of them to auto"
+            )
+    if dtype not in (torch.float32, torch.bfloat16):
+        raise ConfigError(f"training supports fp32 and bf16, not {dtype} (model.dtype '{run.model.dtype}')")
+    return dtype
+
+
+def resolve_deepspeed_path(path: str) -> Path:
+    """``train.deepspeed_config`` as given, or relative to the project checkout (configs/...)."""
+    candidates = [Path(path)]
+    if not Path(path).is_absolute():
+        candidates.append(Path(draftheads.__file__).resolve().parents[1] / path)
+    for candidate in candidates:
+        if candidate.is_file():
+            return candidate
+    raise ConfigError(f"train.deepspeed_config: file not found: {path} (looked in {', '.join(map(str, candidates))})")
+
+
+def build_deepspeed_config(train: TrainConfig, dtype: torch.dtype, world_size: int) -> dict[str, Any]:
+    """The JSON at ``train.deepspeed_config`` with TrainConfig's values filled in."""
+    path = resolve_deepspeed_path(train.deepspeed_config)
+    try:
+        config = json.loads(path.read_text())
+    except json.JSONDecodeError as err:
+        raise ConfigError(f"{path}: invalid JSON: {err}") from err
+    if not isinstance(config, dict):
+        raise ConfigError(f"{path}: expected a JSON object")
+    for key, owner in OWNED_DEEPSPEED_KEYS.items():
+        if key in config:
+            raise ConfigError(f"{path}: '{key}' is set from {owner} in the run config; remove it from the JSON")
+    return {
+        **config,
+        "train_micro_batch_size_per_gpu": train.micro_batch_size,
+        "gradient_accumulation_steps": train.gradient_accumulation_steps,
+        "train_batch_size": train.micro_batch_size * train.gradient_accumulation_steps * world_size,
+        "gradient_clipping": train.grad_clip,
+        "bf16": {"enabled": dtype == torch.bfloat16},
+        "steps_per_print": config.get("steps_per_print", 2**31 - 1),  # our own logging reports progress
+    }
+
+
+# ---- distributed setup ----------------------------------------------------------------------------
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def init_distributed() -> tuple[int, int, torch.device]:
+    """Join (or, without a launcher, create) the process group; return (rank, world size, device).
+
+    The ``deepspeed`` launcher sets RANK/WORLD_SIZE/LOCAL_RANK/MASTER_*; a plain
+    ``draftheads train`` becomes rank 0 of 1 on a free local port. The group lives until the
+    process exits: DeepSpeed caches its groups, so it cannot be torn down and rebuilt in-process.
+    """
+    import deepspeed
+
+    if "RANK" not in os.environ:
+        os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0")
+        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+        os.environ.setdefault("MASTER_PORT", str(_free_port()))
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    if torch.cuda.is_available():
+        torch.cuda.set_device(local_rank)
+        device = torch.device("cuda", local_rank)
+    else:
+        device = torch.device("cpu")
+    deepspeed.init_distributed(dist_backend="nccl" if device.type == "cuda" else "gloo")
+    return torch.distributed.get_rank(), torch.distributed.get_world_size(), device
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    torch.manual_seed(seed)
+    try:
+        import numpy
+
+        numpy.random.seed(seed % 2**32)
+    except ImportError:
+        pass
+
+
+# ---- pieces of the loop ---------------------------------------------------------------------------
+
+
+class ObjectiveModule(nn.Module):
+    """The head and its training objective as one module, so DeepSpeed's forward drives it
+    (ZeRO-3 gathers parameters in the engine's forward). Parameters are the head's only."""
+
+    def __init__(self, head: nn.Module):
+        super().__init__()
+        self.head = head
+
+    def forward(self, hidden_states, input_ids, loss_mask, attention_mask):
+        from draftheads.train.objective import compute_objective
+
+        return compute_objective(self.head, hidden_states, input_ids, loss_mask, attention_mask)
+
+
+def supervised_token_counts(dataset, vocab_size: int) -> torch.Tensor:
+    """(V,) how often each token is a supervised target (loss_mask 1) in ``dataset``; heads build
+    data-dependent state from it (EAGLE-3's draft vocabulary)."""
+    counts = torch.zeros(vocab_size, dtype=torch.long)
+    for ids, mask in zip(dataset["input_ids"], dataset["loss_mask"]):
+        ids = torch.as_tensor(ids, dtype=torch.long)
+        counts += torch.bincount(ids[torch.as_tensor(mask, dtype=torch.bool)], minlength=vocab_size)[:vocab_size]
+    return counts
+
+
+def total_optimizer_steps(train: TrainConfig, batches_per_epoch: int) -> int:
+    if train.epochs is None:
+        return train.max_steps
+    return max(1, math.ceil(train.epochs * batches_per_epoch / train.gradient_accumulation_steps))
+
+
+@dataclass
+class TrainingSummary:
+    """What a finished run reports (also stored in the exported head's config.json)."""
+
+    steps: int
+    tokens: int
+    wall_seconds: float  # this invocation, setup to export
+    train_seconds: float  # time in training steps over the whole run (resumes included)
+    tokens_per_second: float
+    base_forward_tokens_per_second: float | None
+    data_source: str
+    train_examples: int
+    eval: dict | None
+    head_dir: str
+
+
+@dataclass
+class Session:
+    """Everything setup() builds and train()/save()/cleanup() use; state is explicit here."""
+
+    run: RunConfig
+    rank: int
+    world_size: int
+    device: torch.device
+    output_dir: Path
+    base_model: Any
+    engine: Any
+    head: nn.Module
+    stream: BatchStream
+    eval_batches: list[dict]
+    reporter: Reporter
+    total_steps: int
+    train_examples: int
+    step: int = 0
+    tokens: int = 0
+    train_seconds: float = 0.0
+    last_eval: EvalResult | None = None
+    last_eval_step: int = -1
+
+
+def _log_rank0(session_rank: int, message: str) -> None:
+    if session_rank == 0:
+        from tqdm import tqdm
+
+        tqdm.write(f"[draftheads] {message}")
+
+
+# ---- setup -> train -> save -> cleanup -------------------------------------------------------------
+
+
+def setup(run: RunConfig, base_model=None, tokenizer=None, datasets=None) -> Session:
+    """Validate the config, join the process group, load base and data, build the head and the
+    DeepSpeed engine, and restore the latest checkpoint if ``train.resume``.
+
+    Args:
+        base_model, tokenizer: preloaded base (tests); default ``load_base(run.model.base)``.
+        datasets: ``(train, validation)`` datasets.Dataset with input_ids/loss_mask rows; default
+            ``draftheads.data.pipeline.build_datasets(run.data, tokenizer, run.model.base)``.
+    """
+    train = run.train
+    check_train_config(train)
+    if run.head is None:
+        raise ConfigError("head: missing; add a 'head:' section with a 'kind' (e.g. kind: medusa)")
+    rank, world_size, device = init_distributed()
+    dtype = resolve_precision(run, device)
+    deepspeed_config = build_deepspeed_config(train, dtype, world_size)
+    output_dir = Path(train.output_dir)
+    if checkpoint.list_checkpoints(output_dir) and not train.resume:
+        raise ConfigError(
+            f"train.output_dir {output_dir} already holds checkpoints; set train.resume=true to continue "
+            "that run, or choose another train.output_dir"
+        )
+
+    if base_model is None:
+        base_model, tokenizer = load_base(run.model.base, dtype, device, run.model.attn_implementation)
+    elif base_model.dtype != dtype:
+        raise ConfigError(f"the given base model is {base_model.dtype} but the run trains in {dtype}")
+    base_model.eval().requires_grad_(False)
+    if datasets is None:
+        from draftheads.data.pipeline import build_datasets  # lazy: data/ imports datasets
+
+        train_dataset, val_dataset, report = build_datasets(run.data, tokenizer, run.model.base)
+        _log_rank0(rank, f"data: {report}")
+    else:
+        train_dataset, val_dataset = datasets
+    pad_token_id = (tokenizer.pad_token_id if tokenizer is not None else None) or base_model.config.pad_token_id or 0
+
+    # The head's initial weights depend only on the seed, never on the rank or the data order.
+    seed_everything(train.seed)
+    from draftheads.heads import build_head
+
+    try:
+        head = build_head(base_model, run.head, run.model.base)
+    except (ValueError, IndexError) as err:
+        raise ConfigError(f"head ({run.head.kind}): {err}") from err
+    head.init_from_data(supervised_token_counts(train_dataset, base_model.config.vocab_size))
+    head.train()
+
+    import deepspeed
+
+    deepspeed.utils.logger.setLevel(logging.WARNING)
+    module = ObjectiveModule(head)
+    parameters = [p for p in module.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(
+        parameters,
+        lr=train.learning_rate,
+        betas=tuple(train.adam_betas),
+        weight_decay=train.weight_decay,
+        fused=device.type == "cuda",
+    )
+    stream = BatchStream(
+        train_dataset, train.micro_batch_size, pad_token_id, train.seed, train.group_by_length, rank, world_size
+    )
+    total_steps = total_optimizer_steps(train, stream.batches_per_epoch())
+    engine, _, _, _ = deepspeed.initialize(
+        model=module,
+        model_parameters=parameters,
+        optimizer=optimizer,
+        # DeepSpeed calls this with the optimizer it wraps and steps it at each accumulation boundary.
+        lr_scheduler=lambda wrapped: build_scheduler(wrapped, train.warmup_steps, total_steps, train.min_lr_ratio),
+        config=deepspeed_config,
+    )
+
+    validation = fixed_batches(val_dataset, train.micro_batch_size, pad_token_id, train.seed, train.eval_batches)
+    if len(validation) < world_size:  # every rank needs a share to join the all-reduce
+        validation = (validation * world_size)[:world_size]
+    session = Session(
+        run=run,
+        rank=rank,
+        world_size=world_size,
+        device=device,
+        output_dir=output_dir,
+        base_model=base_model,
+        engine=engine,
+        head=head,
+        stream=stream,
+        eval_batches=validation[rank::world_size],
+        reporter=None,  # set below, once the resume step is known
+        total_steps=total_steps,
+        train_examples=len(train_dataset),
+    )
+    latest = checkpoint.latest_checkpoint(output_dir) if train.resume else None
+    if latest is not None:
+        state = checkpoint.load_checkpoint(engine, latest, rank)
+        stream.load_state_dict(state["data_position"])
+        session.step, session.tokens = state["step"], state["tokens"]
+        session.train_seconds = state.get("train_seconds", 0.0)
+        session.last_eval = EvalResult(**state["eval"]) if state.get("eval") else None
+        session.last_eval_step = state.get("eval_step", -1)
+        _log_rank0(rank, f"resumed from {latest} at step {session.step}")
+    else:
+        if train.resume:
+            _log_rank0(rank, f"train.resume: no checkpoint in {output_dir / checkpoint.CHECKPOINTS_DIR}; starting fresh")
+        seed_everything(train.seed + rank)  # ranks draw different noise (e.g. EAGLE feature noise)
+    if rank == 0:
+        output_dir.mkdir(parents=True, exist_ok=True)
+        (output_dir / "config.json").write_text(json.dumps(to_dict(run), indent=2, default=str) + "\n")
+    session.reporter = Reporter(
+        output_dir,
+        train.report_to,
+        train.wandb_project,
+        config=to_dict(run),
+        resume_step=session.step if latest is not None else None,
+        enabled=rank == 0,
+    )
+    return session
+
+
+def _evaluate(session: Session) -> EvalResult:
+    session.engine.eval()
+    try:
+        result = evaluate(session.engine, session.base_model, session.eval_batches, session.device)
+    finally:
+        session.engine.train()
+    session.last_eval, session.last_eval_step = result, session.step
+    session.reporter.log({"step": session.step, "eval": result.to_dict()})
+    _log_rank0(
+        session.rank,
+        f"step {session.step} eval: loss {result.loss:.4f} top-1 "
+        + " ".join(f"{a:.3f}" for a in result.top1)
+        + f" chain acceptance {result.chain_acceptance:.3f}",
+    )
+    return result
+
+
+def _global_sum(session: Session, value: float) -> float:
+    if session.world_size == 1:
+        return value
+    tensor = torch.tensor([value], dtype=torch.float64, device=session.device)
+    torch.distributed.all_reduce(tensor)
+    return float(tensor)
+
+
+def train_steps(session: Session) -> None:
+    """Optimiser steps from ``session.step`` to ``session.total_steps``: each is
+    ``gradient_accumulation_steps`` micro-batches of frozen base forward + head forward/backward."""
+    from tqdm import tqdm
+
+    train, engine = session.run.train, session.engine
+    progress = tqdm(
+        total=session.total_steps, initial=session.step, disable=session.rank != 0, dynamic_ncols=True, desc="train"
+    )
+    window_loss, window_steps, window_tokens = 0.0, 0, 0
+    window_correct = window_counted = None
+    window_start = time.perf_counter()
+    while session.step < session.total_steps:
+        for _ in range(train.gradient_accumulation_steps):
+            batch = {name: tensor.to(session.device) for name, tensor in next(session.stream).items()}
+            hidden_states = base_hidden_states(session.base_model, batch["input_ids"], batch["attention_mask"])
+            output = engine(hidden_states, batch["input_ids"], batch["loss_mask"], batch["attention_mask"])
+            engine.backward(output.loss)
+            engine.step()  # DeepSpeed steps optimizer + scheduler only at the accumulation boundary
+            window_loss += float(output.loss.detach()) / train.gradient_accumulation_steps
+            window_tokens += int(batch["attention_mask"].sum())
+            correct, counted = output.top1_correct.detach().double(), output.counted.detach().double()
+            window_correct = correct if window_correct is None else window_correct + correct
+            window_counted = counted if window_counted is None else window_counted + counted
+        session.step += 1
+        window_steps += 1
+        progress.update(1)
+
+        if session.step % train.log_every == 0 or session.step == session.total_steps:
+            elapsed = time.perf_counter() - window_start
+            tokens = int(_global_sum(session, window_tokens))
+            session.tokens += tokens
+            session.train_seconds += elapsed
+            accuracy = (window_correct / window_counted.clamp(min=1)).tolist()
+            record = {
+                "step": session.step,
+                "loss": window_loss / window_steps,
+                "top1": accuracy,
+                "lr": engine.get_lr()[0],
+                "tokens": session.tokens,
+                "tokens_per_second": tokens / elapsed,
+            }
+            session.reporter.log(record)
+            progress.set_postfix(
+                loss=f"{record['loss']:.3f}", top1=f"{accuracy[0]:.3f}", tok_s=f"{record['tokens_per_second']:.0f}"
+            )
+            window_loss, window_steps, window_tokens = 0.0, 0, 0
+            window_correct = window_counted = None
+            window_start = time.perf_counter()
+
+        if train.eval_every and session.step % train.eval_every == 0:
+            _evaluate(session)
+        if train.save_every and session.step % train.save_every == 0:
+            save(session)
+            window_start = time.perf_counter()  # checkpoint time is not training throughput
+    progress.close()
+
+
+def save(session: Session) -> Path:
+    """Checkpoint the current step atomically (every rank takes part)."""
+    state = {
+        "data_position": session.stream.state_dict(),
+        "tokens": session.tokens,
+        "train_seconds": session.train_seconds,
+        "eval": session.last_eval.to_dict() if session.last_eval else None,
+        "eval_step": session.last_eval_step,
+    }
+    return checkpoint.save_checkpoint(
+        session.engine, session.output_dir, session.step, state, session.run.train.keep_checkpoints, session.rank
+    )
+
+
+def export_head(session: Session, summary: TrainingSummary) -> Path:
+    """Write the final head with ``save_pretrained`` (loadable without DeepSpeed)."""
+    import deepspeed
+
+    head_dir = session.output_dir / HEAD_DIR
+    extra = {"training": dataclasses.asdict(summary)}
+    if session.engine.zero_optimization_stage() == 3:  # ZeRO-3 partitions parameters: gather first
+        with deepspeed.zero.GatheredParameters(list(session.head.parameters()), modifier_rank=None):
+            if session.rank == 0:
+                session.head.save_pretrained(head_dir, extra=extra)
+    elif session.rank == 0:
+        session.head.save_pretrained(head_dir, extra=extra)
+    return head_dir
+
+
+def cleanup(session: Session | None) -> None:
+    """Close the reporters, draw the curves and release the engine."""
+    if session is None:
+        return
+    if session.reporter is not None:
+        session.reporter.close()
+        if session.rank == 0:
+            plot_curves(session.output_dir)
+    if session.engine is not None:
+        session.engine.destroy()
+
+
+def run_training(run: RunConfig, base_model=None, tokenizer=None, datasets=None) -> TrainingSummary:
+    """Train ``run.head`` on ``run.model.base``: setup -> train -> save -> cleanup.
+
+    Returns the summary also stored in ``<output_dir>/head/config.json`` under ``training``.
+    """
+    session = None
+    started = time.perf_counter()
+    try:
+        session = setup(run, base_model, tokenizer, datasets)
+        train_steps(session)
+        if session.last_eval_step != session.step:
+            _evaluate(session)
+        final_checkpoint = checkpoint.latest_checkpoint(session.output_dir)
+        if final_checkpoint is None or checkpoint.read_trainer_state(final_checkpoint)["step"] != session.step:
+            save(session)
+        base_tokens_per_second = None
+        if run.train.base_throughput_batches:
+            timing = BatchStream(
+                session.stream.dataset, run.train.micro_batch_size, session.stream.pad_token_id, run.train.seed,
+                run.train.group_by_length,
+            )
+            batches = [next(timing) for _ in range(min(run.train.base_throughput_batches, timing.batches_per_epoch()))]
+            base_tokens_per_second = base_forward_tokens_per_second(session.base_model, batches, session.device)
+        tokens_per_second = session.tokens / session.train_seconds if session.train_seconds else 0.0
+        summary = TrainingSummary(
+            steps=session.step,
+            tokens=session.tokens,
+            wall_seconds=time.perf_counter() - started,
+            train_seconds=session.train_seconds,
+            tokens_per_second=tokens_per_second,
+            base_forward_tokens_per_second=base_tokens_per_second,
+            data_source="given datasets" if datasets is not None else (
+                run.data.source + (f" (first {run.data.limit})" if run.data.limit else "")
+            ),
+            train_examples=session.train_examples,
+            eval=session.last_eval.to_dict() if session.last_eval else None,
+            head_dir=str(session.output_dir / HEAD_DIR),
+        )
+        session.reporter.log({"step": session.step, "summary": dataclasses.asdict(summary)})
+        export_head(session, summary)
+        ratio = f" ({tokens_per_second / base_tokens_per_second:.2f} of base forward-only)" if base_tokens_per_second else ""
+        _log_rank0(
+            session.rank,
+            f"done: {summary.steps} steps, {summary.tokens} tokens, {tokens_per_second:.0f} tokens/s{ratio}; "
+            f"head saved to {summary.head_dir}",
+        )
+        return summary
+    finally:
+        cleanup(session)
