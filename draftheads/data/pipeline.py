@@ -1,0 +1,315 @@
+"""Conversations -> tokenised training examples: ``build_datasets(data, tokenizer, base_name)``.
+
+source -> normalised conversations (sources.py) -> chat template + assistant-only loss mask
+(template.py) -> ``max_length`` truncation -> drop examples with no supervised token -> a
+deterministic train/validation split -> saved with ``datasets`` under a key of everything that
+shapes the result (source file identity, tokenizer and chat template, every DataConfig field), so
+a second build with the same inputs only memory-maps the saved arrow files.
+
+Rows: ``input_ids`` (int32), ``loss_mask`` (int8, same length), ``length``, ``id``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+import re
+import shutil
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from draftheads.config import DataConfig
+from draftheads.data.sources import DataError, SourceReport, TruncatedTail, read_conversations, resolve_source
+from draftheads.data.template import EncodeFailure, chat_template, encode_conversations, probe_template
+
+PIPELINE_VERSION = 1  # part of the cache key: bump whenever the produced rows change
+ENCODE_BATCH = 256
+HISTOGRAM_BINS = 8
+EXAMPLES_PER_REASON = 3
+
+
+@dataclass
+class DataReport:
+    """Everything a build found, kept next to the cached datasets so a cache hit reports it too."""
+
+    source: str
+    conversations_read: int  # records seen in the source (complete ones, for a truncated file)
+    conversations_valid: int  # records that normalised into conversations (<= limit)
+    examples: int  # tokenised examples kept (train + validation)
+    train_examples: int
+    validation_examples: int
+    dropped: dict[str, int]  # reason -> count, source and tokenisation drops together
+    drop_examples: dict[str, list[str]]  # reason -> a few "where: what" lines
+    repairs: dict[str, int]  # e.g. leading assistant turns removed
+    truncated_tail: TruncatedTail | None
+    truncated_examples: int  # examples longer than max_length, cut to it
+    tokens: int  # tokens in kept examples (after truncation)
+    assistant_tokens: int  # of those, under the loss mask
+    mask_methods: dict[str, int]  # generation | prefix | search -> examples
+    boundary_tokens: int  # tokens straddling a mask edge (expected 0)
+    length_histogram: list[tuple[int, int, int]]  # (low, high, examples with low <= length < high)
+    max_length: int
+    seconds: float = 0.0
+    cache_hit: bool = False
+    cache_path: str = ""
+    template_end_of_turn: str = ""
+
+    @property
+    def assistant_share(self) -> float:
+        return self.assistant_tokens / self.tokens if self.tokens else 0.0
+
+    def to_json(self) -> str:
+        return json.dumps(dataclasses.asdict(self), indent=1)
+
+    @classmethod
+    def from_json(cls, text: str) -> DataReport:
+        data = json.loads(text)
+        tail = data.pop("truncated_tail")
+        data["length_histogram"] = [tuple(row) for row in data["length_histogram"]]
+        return cls(truncated_tail=TruncatedTail(**tail) if tail else None, **data)
+
+
+# ----------------------------------------------------------------------------------------------
+# cache keys
+
+
+def source_identity(source: str, split: str) -> str:
+    """A string that changes when the source's content may have changed (path, size, mtime)."""
+    kind, location = resolve_source(source)
+    if kind != "dataset":
+        stat = Path(location).stat()
+        return f"{kind}:{Path(location).resolve()}:{stat.st_size}:{stat.st_mtime_ns}"
+    path = Path(str(location))
+    if path.is_dir():
+        files = sorted(p for p in path.rglob("*") if p.is_file())
+        stamps = [f"{p.relative_to(path)}:{p.stat().st_size}:{p.stat().st_mtime_ns}" for p in files]
+        return f"dir:{path.resolve()}:{split}:" + hashlib.sha256("\n".join(stamps).encode()).hexdigest()
+    return f"hub:{location}:{split}"  # a Hub id: datasets keeps its own download cache
+
+
+def tokenizer_identity(tokenizer) -> str:
+    """Hash of the vocabulary, normaliser, special tokens and chat template."""
+    digest = hashlib.sha256()
+    digest.update(tokenizer.backend_tokenizer.to_str().encode())
+    digest.update(chat_template(tokenizer).encode())
+    digest.update(json.dumps(tokenizer.special_tokens_map, sort_keys=True, default=str).encode())
+    return digest.hexdigest()
+
+
+def cache_key(data: DataConfig, tokenizer) -> str:
+    fields = {name: value for name, value in dataclasses.asdict(data).items() if name != "cache_dir"}
+    parts = {
+        "version": PIPELINE_VERSION,
+        "source": source_identity(data.source, data.split),
+        "tokenizer": tokenizer_identity(tokenizer),
+        "data": fields,
+    }
+    return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:20]
+
+
+def dataset_cache_root(data: DataConfig) -> Path:
+    if data.cache_dir:
+        return Path(data.cache_dir)
+    from draftheads.base import cache_dir  # base imports torch; only needed for the default
+
+    return cache_dir() / "datasets"
+
+
+# ----------------------------------------------------------------------------------------------
+# statistics
+
+
+def length_histogram(lengths: list[int], max_length: int, bins: int = HISTOGRAM_BINS) -> list[tuple[int, int, int]]:
+    """Equal-width bins over [0, max_length]; the last bin includes max_length itself."""
+    width = max(1, -(-max_length // bins))
+    counts = [0] * bins
+    for length in lengths:
+        counts[min(length // width, bins - 1)] += 1
+    return [(index * width, min((index + 1) * width, max_length + 1), count) for index, count in enumerate(counts)]
+
+
+def _merge_drops(report: SourceReport, reason: str, where: str, detail: str) -> None:
+    report.dropped[reason] = report.dropped.get(reason, 0) + 1
+    examples = report.examples.setdefault(reason, [])
+    if len(examples) < EXAMPLES_PER_REASON:
+        examples.append(f"{where}: {detail}")
+
+
+# ----------------------------------------------------------------------------------------------
+# building
+
+
+def _features():
+    import datasets
+
+    return datasets.Features(
+        {
+            "id": datasets.Value("string"),
+            "input_ids": datasets.Sequence(datasets.Value("int32")),
+            "loss_mask": datasets.Sequence(datasets.Value("int8")),
+            "length": datasets.Value("int32"),
+            "supervised": datasets.Value("int32"),
+            "truncated": datasets.Value("bool"),
+            "method": datasets.Value("string"),
+            "boundary": datasets.Value("int32"),
+            "failure": datasets.Value("string"),
+        }
+    )
+
+
+def _encode_batch(batch: dict, tokenizer, max_length: int, info) -> dict:
+    results = encode_conversations(tokenizer, batch["messages"], max_length, info)
+    columns: dict[str, list] = {name: [] for name in _features()}
+    for identifier, result in zip(batch["id"], results):
+        failed = isinstance(result, EncodeFailure)
+        columns["id"].append(identifier)
+        columns["input_ids"].append([] if failed else result.input_ids)
+        columns["loss_mask"].append([] if failed else result.loss_mask)
+        columns["length"].append(0 if failed else len(result.input_ids))
+        columns["supervised"].append(0 if failed else sum(result.loss_mask))
+        columns["truncated"].append(False if failed else result.truncated)
+        columns["method"].append("" if failed else result.method)
+        columns["boundary"].append(0 if failed else result.boundary_tokens)
+        columns["failure"].append(f"{result.reason}\t{result.detail}" if failed else "")
+    return columns
+
+
+def _encode(data: DataConfig, tokenizer, key: str, source_report: SourceReport, conversations):
+    """Tokenise with ``datasets.map``; returns (kept dataset, partial report fields)."""
+    import datasets
+
+    info = probe_template(tokenizer)
+    table = datasets.Dataset.from_dict(
+        {"id": [c.id for c in conversations], "messages": [c.messages for c in conversations]}
+    )
+    encoded = table.map(
+        _encode_batch,
+        batched=True,
+        batch_size=ENCODE_BATCH,
+        remove_columns=["messages"],
+        features=_features(),
+        fn_kwargs={"tokenizer": tokenizer, "max_length": data.max_length, "info": info},
+        new_fingerprint=f"{key}-encode",  # hashing a tokenizer for datasets' fingerprint is slow
+        desc="tokenising",
+    )
+    statistics = encoded.select_columns(["id", "length", "supervised", "truncated", "method", "boundary", "failure"])
+    columns = statistics.to_dict()
+    kept = []
+    for index, (identifier, failure, supervised) in enumerate(
+        zip(columns["id"], columns["failure"], columns["supervised"])
+    ):
+        if failure:
+            reason, detail = failure.split("\t", 1)
+            _merge_drops(source_report, reason, f"id {identifier}", detail)
+        elif supervised == 0:
+            detail = f"no assistant token within the first {data.max_length} tokens"
+            _merge_drops(source_report, "no_supervised_tokens", f"id {identifier}", detail)
+        else:
+            kept.append(index)
+    methods: dict[str, int] = {}
+    for index in kept:
+        methods[columns["method"][index]] = methods.get(columns["method"][index], 0) + 1
+    lengths = [columns["length"][i] for i in kept]
+    stats = dict(
+        truncated_examples=sum(columns["truncated"][i] for i in kept),
+        tokens=sum(lengths),
+        assistant_tokens=sum(columns["supervised"][i] for i in kept),
+        mask_methods=methods,
+        boundary_tokens=sum(columns["boundary"][i] for i in kept),
+        length_histogram=length_histogram(lengths, data.max_length),
+        template_end_of_turn=info.end_of_turn,
+    )
+    result = encoded.select(kept).select_columns(["input_ids", "loss_mask", "length", "id"])
+    return result, stats
+
+
+def _split(dataset, data: DataConfig):
+    """Deterministic train/validation split: a seeded shuffle of the kept examples."""
+    if data.validation_size < 0:
+        raise DataError(f"data.validation_size must be >= 0, got {data.validation_size}")
+    if data.validation_size >= len(dataset):
+        raise DataError(
+            f"data.validation_size={data.validation_size} leaves no training examples out of "
+            f"{len(dataset)} kept; lower data.validation_size or raise data.limit"
+        )
+    if data.validation_size == 0:
+        return dataset, dataset.select([])
+    parts = dataset.train_test_split(test_size=data.validation_size, seed=data.seed, shuffle=True)
+    return parts["train"], parts["test"]
+
+
+def _load_cached(path: Path):
+    import datasets
+
+    report = DataReport.from_json((path / "report.json").read_text())
+    train = datasets.load_from_disk(str(path / "train"))
+    validation = datasets.load_from_disk(str(path / "validation"))
+    return train, validation, report
+
+
+def build_datasets(data: DataConfig, tokenizer, base_name: str):
+    """Build (or load from cache) the train and validation datasets.
+
+    Args:
+        data: source, split, limit (first N usable conversations), max_length, validation_size, seed,
+            cache_dir.
+        tokenizer: the base model's fast tokenizer; its chat template formats the conversations.
+        base_name: the base model reference, used to name the cache entry.
+
+    Returns:
+        ``(train, validation, report)``: ``datasets.Dataset`` with rows input_ids, loss_mask,
+        length, id; and a ``DataReport``.
+    """
+    start = time.perf_counter()
+    if data.max_length < 2:
+        raise DataError(f"data.max_length must be >= 2, got {data.max_length}")
+    key = cache_key(data, tokenizer)
+    label = re.sub(r"[^A-Za-z0-9._-]+", "_", f"{Path(base_name).name}-{Path(data.source).name}")[:60]
+    path = dataset_cache_root(data) / f"{label}-{key}"
+    if (path / "report.json").is_file():
+        train, validation, report = _load_cached(path)
+        report.cache_hit, report.seconds, report.cache_path = True, time.perf_counter() - start, str(path)
+        return train, validation, report
+
+    conversations, source_report = read_conversations(data.source, data.split, data.limit)
+    if not conversations:
+        raise DataError(f"data source '{data.source}' gave no usable conversation; dropped: {source_report.dropped}")
+    examples, stats = _encode(data, tokenizer, key, source_report, conversations)
+    if len(examples) == 0:
+        raise DataError(f"no example kept from '{data.source}'; dropped: {source_report.dropped}")
+    train, validation = _split(examples, data)
+    report = DataReport(
+        source=source_report.source,
+        conversations_read=source_report.records,
+        conversations_valid=source_report.conversations,
+        examples=len(examples),
+        train_examples=len(train),
+        validation_examples=len(validation),
+        dropped=source_report.dropped,
+        drop_examples=source_report.examples,
+        repairs=source_report.repairs,
+        truncated_tail=source_report.truncated_tail,
+        max_length=data.max_length,
+        **stats,
+    )
+
+    # Write to a temporary sibling and rename, so an interrupted build never looks like a cache hit.
+    path.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(dir=path.parent, prefix=path.name + ".tmp-"))
+    try:
+        train.save_to_disk(str(staging / "train"))
+        validation.save_to_disk(str(staging / "validation"))
+        (staging / "report.json").write_text(report.to_json())
+        os.replace(staging, path)
+    except OSError:
+        if not (path / "report.json").is_file():  # not a concurrent build that finished first
+            raise
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    train, validation, _ = _load_cached(path)
+    report.seconds, report.cache_path = time.perf_counter() - start, str(path)
+    return train, validation, report
