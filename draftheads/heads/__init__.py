@@ -15,8 +15,22 @@ from draftheads.heads.base import (
     register_head,
 )
 
+# Importing the families registers them (``@register_head``); nothing else runs at import time.
+from draftheads.heads.eagle import EagleConfig, EagleHead
+from draftheads.heads.eagle3 import Eagle3Config, Eagle3Head
+from draftheads.heads.medusa import MedusaConfig, MedusaHead
+from draftheads.heads.mtp import MtpConfig, MtpHead
+
 __all__ = [
     "HEAD_REGISTRY",
+    "Eagle3Config",
+    "Eagle3Head",
+    "EagleConfig",
+    "EagleHead",
+    "MedusaConfig",
+    "MedusaHead",
+    "MtpConfig",
+    "MtpHead",
     "BaseModelSpec",
     "DraftHead",
     "HeadConfig",

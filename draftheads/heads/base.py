@@ -167,6 +167,12 @@ class DraftHead(nn.Module):
         """Autoregressive heads: an empty draft KV cache (what ``catch_up``/``draft_step`` use)."""
         raise NotImplementedError(f"{self.kind} heads draft in parallel")
 
+    def draft_caches(self, cache) -> tuple:
+        """The ``DynamicCache`` objects inside a cache from ``new_cache()`` (one for EAGLE/EAGLE-3,
+        one per module for MTP), e.g. to crop the rows ``draft_step`` wrote before the next
+        ``catch_up``: record each ``get_seq_length()`` before drafting, ``crop(length)`` after."""
+        return (cache,)
+
     def catch_up(self, cache, features, next_token_ids, position_ids):
         """Autoregressive heads: extend the draft cache over newly accepted positions.
 

@@ -1,0 +1,245 @@
+"""EAGLE-3 (arXiv 2503.01840): fused multi-layer features, a reduced draft vocabulary, and
+training-time test.
+
+Drafter row i consumes g_i = fc(concat(hs[a]_i, hs[b]_i, hs[c]_i)) (3h -> h, no bias) for the
+configured ``feature_layers`` (a, b, c) of the HF ``hidden_states`` tuple, and the token t_{i+1}.
+The draft layer ("midlayer") is the base architecture's decoder layer with two changes, as in the
+EAGLE-3 reference (``traineagle3/cnets.py``, ``LlamaDecoderLayeremb``) and the SGLang/SafeAILab
+checkpoint format:
+- attention reads ``concat(input_layernorm(emb(t_{i+1})), hidden_norm(g_i))`` (embedding first),
+  so q/k/v take 2h inputs: the base layer is built as is and its q/k/v projections are replaced by
+  2h-input ones (a config with hidden_size 2h would also widen o_proj and the MLP, which is wrong);
+- the residual around attention is g_i (h wide), then the usual post-attention norm + MLP.
+Its output (before the final ``norm``) is the drafter state; ``lm_head(norm(state))`` gives logits
+over the draft vocabulary (N ids); ``d2t`` maps a draft id d to the target id d + d2t[d], and
+``t2d`` marks the target ids in the draft vocabulary.
+
+Checkpoint names (match SGLang/SafeAILab): ``fc.weight``, ``midlayer.{self_attn.{q,k,v,o}_proj,
+mlp.{gate,up,down}_proj, input_layernorm, hidden_norm, post_attention_layernorm}.weight``,
+``norm.weight``, ``lm_head.weight``, buffers ``d2t`` (int64, N) and ``t2d`` (bool, V).
+
+Drafting state (see ``DraftHead.catch_up`` / ``draft_step``):
+- features: (B, T, 3h) the concatenated ``feature_layers`` (``select_features``), before ``fc``.
+- cache: a ``DynamicCache`` with one layer (slot 0); row i sits at drafter position i (the position
+  of the features it consumed).
+- hidden: the midlayer output (pre-``norm``), (B, h) or (B, N, h); a draft step feeds it back in
+  place of g (training-time test does the same).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+import torch
+from torch import nn
+from transformers import DynamicCache
+
+from draftheads.config import ConfigError
+from draftheads.heads.base import DraftHead, HeadConfig, register_head
+from draftheads.heads.layers import (
+    additive_mask,
+    build_decoder_layer,
+    build_rms_norm,
+    build_rotary_embedding,
+    padded_causal_mask,
+    prefix_causal_mask,
+    replace_linear_input,
+    shift_left,
+)
+
+# Default draft vocabulary cap: the EAGLE-3 release and SpecForge use 32,000 ids for Llama-3's
+# 128,256. Token frequencies are Zipfian, so the number of ids needed to cover nearly all
+# assistant text barely grows with the tokenizer's size; a base vocab at or under the cap is used
+# whole. SmolLM2 (49,152) gets 32,000, cutting the vocab projection (the drafter's largest matmul,
+# REFERENCE.md section 1) by 35%; CPU configs may go lower.
+DEFAULT_DRAFT_VOCAB_CAP = 32000
+
+
+@dataclass
+class Eagle3Config(HeadConfig):
+    kind: ClassVar[str] = "eagle3"
+    # Indices into HF hidden_states (0 = embedding output). None: the EAGLE-3 choice (2, L//2, L-3).
+    feature_layers: tuple[int, ...] | None = None
+    # Draft vocabulary size N. None: min(V, DEFAULT_DRAFT_VOCAB_CAP).
+    draft_vocab_size: int | None = None
+    # Unrolled steps of training-time test: the EAGLE-3 training code (and SpecForge) use 7, the
+    # paper 5; 7 matches the draft depths EAGLE-2 trees use (REFERENCE.md section 2).
+    ttt_steps: int = 7
+
+    def __post_init__(self):
+        if self.feature_layers is not None:
+            layers = tuple(self.feature_layers)
+            if not layers or any(index < 0 for index in layers) or len(set(layers)) != len(layers):
+                raise ValueError(f"feature_layers must be distinct non-negative indices, got {layers}")
+            self.feature_layers = layers
+        if self.draft_vocab_size is not None and self.draft_vocab_size < 1:
+            raise ValueError(f"draft_vocab_size must be >= 1, got {self.draft_vocab_size}")
+        if self.ttt_steps < 1:
+            raise ValueError(f"ttt_steps must be >= 1, got {self.ttt_steps}")
+
+
+def default_feature_layers(num_hidden_layers: int) -> tuple[int, int, int]:
+    """EAGLE-3's low/middle/high layers as HF ``hidden_states`` indices: (2, L//2, L-3)."""
+    return (2, num_hidden_layers // 2, num_hidden_layers - 3)
+
+
+def resolve_feature_layers(config: Eagle3Config, num_hidden_layers: int) -> tuple[int, ...]:
+    """The configured (or default) feature layers, checked against the base depth L."""
+    layers = config.feature_layers or default_feature_layers(num_hidden_layers)
+    explicit = config.feature_layers is not None
+    for index in layers:
+        if not 0 <= index <= num_hidden_layers:
+            raise ConfigError(
+                f"head.feature_layers={list(layers)}: index {index} is outside the base model's hidden_states "
+                f"(valid 0..{num_hidden_layers} for num_hidden_layers={num_hidden_layers})"
+                + ("" if explicit else "; set head.feature_layers explicitly")
+            )
+    if len(set(layers)) != len(layers):
+        raise ConfigError(
+            f"head.feature_layers={list(layers)}: duplicate index"
+            + ("" if explicit else f" (the default for a {num_hidden_layers}-layer base); set head.feature_layers explicitly")
+        )
+    return tuple(layers)
+
+
+def resolve_draft_vocab_size(config: Eagle3Config, vocab_size: int) -> int:
+    size = config.draft_vocab_size or min(vocab_size, DEFAULT_DRAFT_VOCAB_CAP)
+    if size > vocab_size:
+        raise ConfigError(f"head.draft_vocab_size={size} exceeds the base vocab_size={vocab_size}")
+    return size
+
+
+@register_head
+class Eagle3Head(DraftHead):
+    kind = "eagle3"
+    config_class = Eagle3Config
+    drafting = "autoregressive"
+
+    def __init__(self, config: Eagle3Config, base_config, base_name: str | None = None):
+        super().__init__(config, base_config, base_name)
+        hidden_size, vocab_size = base_config.hidden_size, base_config.vocab_size
+        self._feature_layers = resolve_feature_layers(config, base_config.num_hidden_layers)
+        self.draft_vocab_size = resolve_draft_vocab_size(config, vocab_size)
+
+        self.fc = nn.Linear(len(self._feature_layers) * hidden_size, hidden_size, bias=False)
+        self.midlayer = build_decoder_layer(base_config, layer_idx=0)
+        attention = self.midlayer.self_attn
+        attention.q_proj = replace_linear_input(attention.q_proj, 2 * hidden_size)
+        attention.k_proj = replace_linear_input(attention.k_proj, 2 * hidden_size)
+        attention.v_proj = replace_linear_input(attention.v_proj, 2 * hidden_size)
+        self.midlayer.hidden_norm = build_rms_norm(base_config)  # registered once, here (export name)
+        self.norm = build_rms_norm(base_config)
+        self.lm_head = nn.Linear(hidden_size, self.draft_vocab_size, bias=False)
+        self.rotary_emb = build_rotary_embedding(base_config)  # buffers only, not saved
+
+        # Until init_from_data sets them: the draft vocabulary is the first N target ids.
+        self.register_buffer("d2t", torch.zeros(self.draft_vocab_size, dtype=torch.long))
+        t2d = torch.zeros(vocab_size, dtype=torch.bool)
+        t2d[: self.draft_vocab_size] = True
+        self.register_buffer("t2d", t2d)
+
+    # ---- features and vocabulary --------------------------------------------------------------
+
+    @property
+    def feature_layers(self) -> tuple[int, ...]:
+        return self._feature_layers
+
+    def select_features(self, hidden_states) -> torch.Tensor:
+        """(B, T, 3h): the ``feature_layers`` entries of ``hidden_states``, concatenated in order."""
+        return torch.cat([hidden_states[index] for index in self._feature_layers], dim=-1)
+
+    def init_from_data(self, token_counts: torch.Tensor) -> None:
+        """Draft vocabulary = the N most frequent target ids (ties: lower id first), kept in id
+        order as the EAGLE-3 reference does, so ``d2t[d] = target_id(d) - d`` is non-decreasing."""
+        vocab_size = self.base_spec.vocab_size
+        if token_counts.shape != (vocab_size,):
+            raise ValueError(f"token_counts must have shape ({vocab_size},), got {tuple(token_counts.shape)}")
+        order = torch.argsort(token_counts.detach().cpu().double(), descending=True, stable=True)
+        draft_ids = order[: self.draft_vocab_size].sort().values  # (N,)
+        with torch.no_grad():
+            self.d2t.copy_(draft_ids - torch.arange(self.draft_vocab_size))
+            self.t2d.zero_()
+            self.t2d[draft_ids.to(self.t2d.device)] = True
+
+    def draft_to_target(self, token_ids: torch.Tensor) -> torch.Tensor:
+        return token_ids + self.d2t[token_ids]
+
+    # ---- the drafter --------------------------------------------------------------------------
+
+    def fuse(self, features: torch.Tensor) -> torch.Tensor:
+        """(B, T, 3h) concatenated base features -> (B, T, h) drafter input g."""
+        return self.fc(features)
+
+    def step(
+        self,
+        hidden: torch.Tensor,
+        token_ids: torch.Tensor,
+        position_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        cache: DynamicCache | None,
+    ) -> torch.Tensor:
+        """One midlayer pass: (B, T, h) state + (B, T) tokens -> (B, T, h) next state (pre-norm).
+        ``attention_mask`` is additive (B, 1, T, past + T); ``cache`` is extended in place."""
+        layer = self.midlayer
+        embeddings = self.embed_tokens(token_ids).to(hidden.dtype)  # (B, T, h)
+        attention_input = torch.cat([layer.input_layernorm(embeddings), layer.hidden_norm(hidden)], dim=-1)  # (B, T, 2h)
+        attended, _ = layer.self_attn(
+            hidden_states=attention_input,
+            attention_mask=attention_mask,
+            position_ids=position_ids,
+            past_key_values=cache,
+            position_embeddings=self.rotary_emb(hidden, position_ids),
+        )  # (B, T, h)
+        hidden = hidden + attended
+        return hidden + layer.mlp(layer.post_attention_layernorm(hidden))  # (B, T, h)
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """(..., h) drafter state -> (..., N) draft-vocabulary logits."""
+        return self.lm_head(self.norm(hidden))
+
+    def training_time_test(self, features: torch.Tensor, input_ids: torch.Tensor, attention_mask: torch.Tensor | None) -> list[torch.Tensor]:
+        """Unroll the drafter ``ttt_steps`` times over a training batch (EAGLE-3's training-time test).
+
+        Step j, row i sits at position i + j, consumes token t_{i+j+1} and the state row i produced
+        at step j - 1 (step 0: g_i), and predicts t_{i+j+2}. It attends causally to step-0 rows
+        (real features) and, in steps 1..j, only to its own row: exactly the keys a depth-j draft
+        node sees at inference (prefix cache + its own ancestors).
+
+        Returns one (B, T, h) state per step; rows with i + j + 2 >= T are padding.
+        """
+        batch, length = input_ids.shape
+        hidden = self.fuse(features)  # (B, T, h)
+        causal = padded_causal_mask(attention_mask, batch, length, hidden.dtype, hidden.device)  # (B, 1, T, T)
+        own_row = additive_mask(torch.eye(length, dtype=torch.bool, device=hidden.device), hidden.dtype)
+        own_row = own_row[None, None].expand(batch, 1, length, length)  # (B, 1, T, T)
+        positions = torch.arange(length, device=hidden.device)[None].expand(batch, length)  # (B, T)
+        cache = DynamicCache()
+        states = []
+        for step in range(self.config.ttt_steps):
+            mask = torch.cat([causal] + [own_row] * step, dim=-1)  # (B, 1, T, (step + 1) T)
+            hidden = self.step(hidden, shift_left(input_ids, step + 1), positions + step, mask, cache)
+            states.append(hidden)
+        return states
+
+    # ---- drafting -----------------------------------------------------------------------------
+
+    def new_cache(self) -> DynamicCache:
+        return DynamicCache()
+
+    def catch_up(self, cache, features, next_token_ids, position_ids):
+        """See ``DraftHead.catch_up``; ``features`` are (B, T, 3h). ``cache`` must hold exactly the
+        accepted rows before ``position_ids[:, 0]``: crop rows written by ``draft_step`` first."""
+        hidden = self.fuse(features)  # (B, T, h)
+        batch, length, _ = hidden.shape
+        mask = prefix_causal_mask(batch, cache.get_seq_length(), length, hidden.dtype, hidden.device)
+        hidden = self.step(hidden, next_token_ids, position_ids, mask, cache)[:, -1]  # (B, h)
+        return hidden, self.logits(hidden)  # (B, h), (B, N)
+
+    def draft_step(self, cache, depth, hidden, token_ids, position_ids, attention_mask):
+        """See ``DraftHead.draft_step``. A node at depth d consumes its parent's state and its own
+        token (a base-vocabulary id); drafter position = last catch-up position + d; it should see
+        the cached prefix, its ancestors' rows and itself. Logits are over the draft vocabulary
+        (map ids with ``draft_to_target``)."""
+        hidden = self.step(hidden, token_ids, position_ids, attention_mask, cache)  # (B, N, h)
+        return hidden, self.logits(hidden)  # (B, N, h), (B, N, N_draft)

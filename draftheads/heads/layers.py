@@ -1,0 +1,134 @@
+"""What the autoregressive heads borrow from the base architecture, and their attention masks.
+
+Draft layers are instances of the base model's *own* decoder-layer, rotary-embedding and RMSNorm
+classes, looked up by ``config.model_type`` in ``ARCHITECTURES`` (never a copied modeling file:
+STYLE.md principle 1; EAGLE issue #278 is what forks cost). An architecture is listed here once
+its decoder layer has been checked to take ``(hidden_states, attention_mask, position_ids,
+past_key_values, use_cache, position_embeddings=(cos, sin))`` and to update a ``DynamicCache``
+through ``past_key_values.update(keys, values, layer_idx)`` (transformers 5.23).
+
+Masks are additive float tensors (0 = attend, dtype-min = masked) of shape (B, 1, Q, K), the form
+``sdpa`` and ``eager`` attention take and tree verification uses too (REFERENCE.md section 2).
+"""
+
+from __future__ import annotations
+
+import copy
+import importlib
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+# The drafter always runs sdpa: it takes 4D float masks (flash-attention-2 does not) and gives the
+# same numbers whether a head was built from a live model or loaded from disk (a loaded config
+# carries no attention implementation, which transformers would otherwise treat as eager).
+DRAFT_ATTENTION = "sdpa"
+
+
+@dataclass(frozen=True)
+class Architecture:
+    """Where a base architecture's building blocks live in transformers."""
+
+    module: str  # the modeling module, imported lazily
+    prefix: str  # class-name prefix: {prefix}DecoderLayer, {prefix}RotaryEmbedding, {prefix}RMSNorm
+
+    def component(self, suffix: str) -> type[nn.Module]:
+        return getattr(importlib.import_module(self.module), f"{self.prefix}{suffix}")
+
+
+ARCHITECTURES: dict[str, Architecture] = {
+    "llama": Architecture("transformers.models.llama.modeling_llama", "Llama"),
+    "mistral": Architecture("transformers.models.mistral.modeling_mistral", "Mistral"),
+    "qwen2": Architecture("transformers.models.qwen2.modeling_qwen2", "Qwen2"),
+    "qwen3": Architecture("transformers.models.qwen3.modeling_qwen3", "Qwen3"),
+}
+
+
+def architecture(model_type: str) -> Architecture:
+    if model_type not in ARCHITECTURES:
+        raise ValueError(
+            f"base model_type '{model_type}' has no registered decoder layer for draft heads; "
+            f"supported: {', '.join(sorted(ARCHITECTURES))} (add it to draftheads.heads.layers.ARCHITECTURES)"
+        )
+    return ARCHITECTURES[model_type]
+
+
+def draft_layer_config(base_config):
+    """A copy of the base config for building draft layers (attention pinned to ``DRAFT_ATTENTION``)."""
+    config = copy.deepcopy(base_config)
+    config._attn_implementation = DRAFT_ATTENTION
+    return config
+
+
+def build_decoder_layer(base_config, layer_idx: int = 0) -> nn.Module:
+    """One decoder layer of the base architecture; ``layer_idx`` is its slot in the draft cache."""
+    config = draft_layer_config(base_config)
+    return architecture(config.model_type).component("DecoderLayer")(config, layer_idx)
+
+
+def build_rotary_embedding(base_config) -> nn.Module:
+    """The base architecture's rotary embedding: ``rotary(x, position_ids) -> (cos, sin)``."""
+    config = draft_layer_config(base_config)
+    return architecture(config.model_type).component("RotaryEmbedding")(config)
+
+
+def build_rms_norm(base_config, size: int | None = None) -> nn.Module:
+    """The base architecture's RMSNorm over ``size`` (default hidden_size) features."""
+    norm_class = architecture(base_config.model_type).component("RMSNorm")
+    return norm_class(size or base_config.hidden_size, eps=base_config.rms_norm_eps)
+
+
+def replace_linear_input(linear: nn.Linear, in_features: int) -> nn.Linear:
+    """A fresh projection like ``linear`` (same output size, bias, dtype, device) reading ``in_features``."""
+    weight = linear.weight
+    return nn.Linear(in_features, linear.out_features, bias=linear.bias is not None, device=weight.device, dtype=weight.dtype)
+
+
+def shift_left(token_ids: torch.Tensor, count: int) -> torch.Tensor:
+    """(B, T) -> (B, T): row i holds token i + count; rows past the end hold 0 (their outputs are
+    never supervised)."""
+    shifted = torch.zeros_like(token_ids)
+    if count < token_ids.shape[1]:
+        shifted[:, : token_ids.shape[1] - count] = token_ids[:, count:]
+    return shifted
+
+
+# ---- masks ----------------------------------------------------------------------------------------
+
+
+def additive_mask(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """Boolean (..., Q, K) "may attend" -> additive float mask of the same shape."""
+    zeros = torch.zeros((), dtype=dtype, device=allowed.device)
+    return torch.where(allowed, zeros, torch.finfo(dtype).min)
+
+
+def padded_causal_mask(attention_mask: torch.Tensor | None, batch: int, length: int, dtype: torch.dtype, device) -> torch.Tensor:
+    """(B, 1, T, T) causal mask over a training batch whose padding is 0 in ``attention_mask`` (B, T).
+
+    Every query also sees itself, so a padding row is never fully masked (its output is unused).
+    """
+    positions = torch.arange(length, device=device)
+    allowed = positions[None, :] <= positions[:, None]  # (T, T)
+    allowed = allowed[None, None].expand(batch, 1, length, length)
+    if attention_mask is not None:
+        key_valid = attention_mask.to(device=device, dtype=torch.bool)[:, None, None, :]  # (B, 1, 1, T)
+        allowed = (allowed & key_valid) | torch.eye(length, dtype=torch.bool, device=device)
+    return additive_mask(allowed, dtype)
+
+
+def prefix_causal_mask(batch: int, past_length: int, length: int, dtype: torch.dtype, device) -> torch.Tensor:
+    """(B, 1, T, past + T): the whole cached prefix is visible, the T new positions causally."""
+    new = torch.arange(length, device=device)
+    causal = new[None, :] <= new[:, None]  # (T, T)
+    prefix = torch.ones(length, past_length, dtype=torch.bool, device=device)
+    allowed = torch.cat([prefix, causal], dim=1)[None, None].expand(batch, 1, length, past_length + length)
+    return additive_mask(allowed, dtype)
+
+
+def prefix_and_self_mask(batch: int, past_length: int, length: int, dtype: torch.dtype, device) -> torch.Tensor:
+    """(B, 1, N, past + N): each of N new queries sees the cached prefix and only itself."""
+    prefix = torch.ones(length, past_length, dtype=torch.bool, device=device)
+    own = torch.eye(length, dtype=torch.bool, device=device)
+    allowed = torch.cat([prefix, own], dim=1)[None, None].expand(batch, 1, length, past_length + length)
+    return additive_mask(allowed, dtype)
