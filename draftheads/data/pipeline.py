@@ -129,7 +129,8 @@ def length_histogram(lengths: list[int], max_length: int, bins: int = HISTOGRAM_
     counts = [0] * bins
     for length in lengths:
         counts[min(length // width, bins - 1)] += 1
-    return [(index * width, min((index + 1) * width, max_length + 1), count) for index, count in enumerate(counts)]
+    highs = [min((index + 1) * width, max_length) for index in range(bins - 1)] + [max_length + 1]
+    return [(index * width, high, count) for index, (high, count) in enumerate(zip(highs, counts))]
 
 
 def _merge_drops(report: SourceReport, reason: str, where: str, detail: str) -> None:

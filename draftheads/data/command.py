@@ -1,0 +1,75 @@
+"""``draftheads data inspect --config FILE [key=value ...]``: build a run's datasets and report on them.
+
+Prints conversations read / kept / dropped (with reasons and examples), the truncated tail of the
+source, token totals, the assistant-token share, a length histogram and the time taken. A second
+run with the same inputs hits the datasets cache and is instant.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from draftheads.data.pipeline import DataReport
+
+BAR_WIDTH = 40
+
+
+def format_report(report: DataReport) -> str:
+    """The human-readable report ``data inspect`` prints."""
+    lines = [f"source: {report.source}", f"conversations read: {report.conversations_read:,}"]
+    tail = report.truncated_tail
+    if tail is not None:
+        lines.append(
+            f"  truncated tail: the file stops inside a record at byte {tail.byte_offset:,} "
+            f"({tail.bytes_skipped:,} bytes skipped: {tail.message})"
+        )
+    lines.append(f"usable conversations: {report.conversations_valid:,}")
+    lines.append(
+        f"examples kept: {report.examples:,} (train {report.train_examples:,}, "
+        f"validation {report.validation_examples:,})"
+    )
+    dropped = sum(report.dropped.values())
+    lines.append(f"dropped: {dropped:,}" + ("" if dropped else " (none)"))
+    for reason, count in sorted(report.dropped.items(), key=lambda item: -item[1]):
+        lines.append(f"  {reason}: {count:,}")
+        lines.extend(f"    e.g. {example}" for example in report.drop_examples.get(reason, []))
+    for repair, count in report.repairs.items():
+        lines.append(f"repaired: {repair}: {count:,}")
+    lines.append(
+        f"tokens: {report.tokens:,} in kept examples, {report.assistant_tokens:,} under the loss mask "
+        f"(assistant-token share {report.assistant_share:.1%}); "
+        f"{report.truncated_examples:,} examples cut to max_length={report.max_length}"
+    )
+    methods = ", ".join(f"{name} {count:,}" for name, count in report.mask_methods.items())
+    lines.append(
+        f"loss mask: assistant content + {report.template_end_of_turn!r}; method: {methods}; "
+        f"tokens straddling a mask edge: {report.boundary_tokens}"
+    )
+    lines.append("length histogram (tokens per example):")
+    peak = max((count for _, _, count in report.length_histogram), default=0) or 1
+    for low, high, count in report.length_histogram:
+        bar = "#" * round(BAR_WIDTH * count / peak)
+        upper = f"{high - 1:>6}]" if high > report.max_length else f"{high:>6})"  # last bin: inclusive
+        lines.append(f"  [{low:>6}, {upper}  {count:>7,}  {bar}")
+    origin = "cache hit" if report.cache_hit else "built and cached"
+    lines.append(f"time: {report.seconds:.2f} s ({origin}: {report.cache_path})")
+    return "\n".join(lines)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    actions = parser.add_subparsers(dest="action", required=True, metavar="ACTION")
+    inspect = actions.add_parser("inspect", help="build the datasets of a run config and report on them")
+    inspect.add_argument("--config", help="run config YAML (defaults are used for anything it leaves out)")
+    inspect.add_argument("overrides", nargs="*", help="dotted key=value overrides, e.g. data.limit=100")
+
+
+def run(args: argparse.Namespace) -> int:
+    from draftheads.base import load_tokenizer
+    from draftheads.config import load_run_config
+    from draftheads.data.pipeline import build_datasets
+
+    run_config = load_run_config(args.config, args.overrides)
+    tokenizer = load_tokenizer(run_config.model.base)
+    _, _, report = build_datasets(run_config.data, tokenizer, run_config.model.base)
+    print(format_report(report))
+    return 0
