@@ -1,0 +1,202 @@
+"""The training objective of each head kind: base hidden states in, loss and accuracy out.
+
+The training loop calls ``compute_objective(head, hidden_states, input_ids, loss_mask,
+attention_mask)`` on the frozen base model's ``output_hidden_states`` for a batch. Each kind's
+function aligns predictions with targets and calls its loss in ``draftheads.train.losses``.
+
+Alignment. Token q is supervised iff ``loss_mask[q] == 1`` (and it is not padding). Every draft
+step s (Medusa head s, EAGLE-3 training-time-test step s, MTP module s + 1; EAGLE-1 has one step)
+predicts token q from the row q - (s + 2) of its output: Medusa head k at t predicts t + k + 2;
+an EAGLE drafter row i consumes (f_i, t_{i+1}) and predicts t_{i+2}, one more per TTT step; MTP
+module k at i predicts t_{i+k+1}. Vocab projections run only at supervised rows (the projection is
+the largest matmul of a draft head, REFERENCE.md section 6).
+
+Accuracy per step: Medusa and MTP against the ground-truth token; EAGLE-1 and EAGLE-3 against the
+base model's argmax at the same place (what greedy verification accepts), counting positions
+whose argmax is outside EAGLE-3's draft vocabulary as misses.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from draftheads.heads.layers import padded_causal_mask, shift_left
+from draftheads.train.losses import eagle3_loss, eagle3_targets, eagle_loss, medusa_loss, mtp_loss
+
+TOP_K = 5  # the second accuracy reported per step
+
+
+@dataclass
+class ObjectiveOutput:
+    loss: torch.Tensor  # scalar, differentiable
+    top1_correct: torch.Tensor  # (S,) correct top-1 predictions per draft step, summed over supervised positions
+    top5_correct: torch.Tensor  # (S,)
+    counted: torch.Tensor  # (S,) supervised positions counted per step
+
+
+@dataclass(frozen=True)
+class SupervisedTokens:
+    """Where the supervised tokens q are: parallel (M,) batch and position indices."""
+
+    batch_index: torch.Tensor
+    position: torch.Tensor
+
+    @classmethod
+    def from_masks(cls, loss_mask: torch.Tensor, attention_mask: torch.Tensor | None) -> "SupervisedTokens":
+        supervised = loss_mask.bool()
+        if attention_mask is not None:
+            supervised = supervised & attention_mask.bool()
+        batch_index, position = supervised.nonzero(as_tuple=True)
+        return cls(batch_index, position)
+
+    def predicted_from(self, offset: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """(batch, row) indices, each (M',), of the rows q - offset >= 0 that predict a supervised q."""
+        keep = self.position >= offset
+        return self.batch_index[keep], self.position[keep] - offset
+
+
+class StepAccuracy:
+    """Accumulates (top-1, top-k, counted) per draft step."""
+
+    def __init__(self):
+        self.top1: list[torch.Tensor] = []
+        self.topk: list[torch.Tensor] = []
+        self.counted: list[int] = []
+
+    @torch.no_grad()
+    def add(self, logits: torch.Tensor, targets: torch.Tensor, to_target: Callable | None = None) -> None:
+        """(M, V) logits, (M,) target ids; ``to_target`` maps predicted ids to target ids (EAGLE-3)."""
+        best = logits.topk(min(TOP_K, logits.shape[-1]), dim=-1).indices  # (M, k)
+        if to_target is not None:
+            best = to_target(best)
+        hits = best == targets[:, None]  # (M, k)
+        self.top1.append(hits[:, 0].sum())
+        self.topk.append(hits.any(-1).sum())
+        self.counted.append(targets.numel())
+
+    def output(self, loss: torch.Tensor) -> ObjectiveOutput:
+        device = loss.device
+        return ObjectiveOutput(
+            loss=loss,
+            top1_correct=torch.stack(self.top1).float().to(device),
+            top5_correct=torch.stack(self.topk).float().to(device),
+            counted=torch.tensor(self.counted, dtype=torch.float32, device=device),
+        )
+
+
+def ones_like_rows(rows: torch.Tensor) -> torch.Tensor:
+    """All-supervised mask for rows already gathered at supervised positions."""
+    return torch.ones(rows.shape[0], dtype=torch.bool, device=rows.device)
+
+
+# ---- per kind ---------------------------------------------------------------------------------
+
+
+def medusa_objective(head, hidden_states, input_ids, loss_mask, attention_mask) -> ObjectiveOutput:
+    features = head.select_features(hidden_states)  # (B, T, h)
+    tokens = SupervisedTokens.from_masks(loss_mask, attention_mask)
+    accuracy = StepAccuracy()
+    all_logits, all_targets, all_masks = [], [], []
+    for k in range(head.num_draft_steps):
+        batch, rows = tokens.predicted_from(k + 2)
+        logits = head.head_logits(features[batch, rows], k)  # (M, V)
+        targets = input_ids[batch, rows + k + 2]  # (M,)
+        accuracy.add(logits, targets)
+        all_logits.append(logits)
+        all_targets.append(targets)
+        all_masks.append(ones_like_rows(targets))
+    return accuracy.output(medusa_loss(all_logits, all_targets, all_masks))
+
+
+def eagle_objective(head, hidden_states, input_ids, loss_mask, attention_mask) -> ObjectiveOutput:
+    features = head.select_features(hidden_states)  # (B, T, h) = hs[L]
+    batch_size, length = input_ids.shape
+    inputs = features
+    if head.training and head.config.feature_noise > 0:
+        noise = head.config.feature_noise
+        inputs = features + (torch.rand_like(features) * 2 - 1) * noise  # U(-noise, noise)
+    mask = padded_causal_mask(attention_mask, batch_size, length, features.dtype, features.device)  # (B, 1, T, T)
+    positions = torch.arange(length, device=features.device)[None].expand(batch_size, length)  # (B, T)
+    # Row i: (f_i, t_{i+1}) -> f_hat_{i+1}; the last row has no next token and is never supervised.
+    predicted = head.predict_features(inputs, shift_left(input_ids, 1), positions, mask)  # (B, T, h)
+
+    tokens = SupervisedTokens.from_masks(loss_mask, attention_mask)
+    batch, rows = tokens.predicted_from(2)  # row q - 2 predicts t_q through f_hat_{q-1}
+    predicted_rows = predicted[batch, rows]  # (M, h)
+    target_rows = features[batch, rows + 1]  # (M, h) the clean f_{q-1}
+    predicted_logits = head.base_lm_head(predicted_rows)  # (M, V)
+    with torch.no_grad():
+        target_logits = head.base_lm_head(target_rows)  # (M, V)
+    loss = eagle_loss(predicted_rows, target_rows, predicted_logits, target_logits, ones_like_rows(rows))
+    accuracy = StepAccuracy()
+    accuracy.add(predicted_logits, target_logits.argmax(-1))
+    return accuracy.output(loss)
+
+
+def eagle3_objective(head, hidden_states, input_ids, loss_mask, attention_mask) -> ObjectiveOutput:
+    features = head.select_features(hidden_states)  # (B, T, 3h)
+    last_hidden = hidden_states[head.base_spec.num_hidden_layers]  # (B, T, h), what enters lm_head
+    states = head.training_time_test(features, input_ids, attention_mask)  # S x (B, T, h)
+
+    tokens = SupervisedTokens.from_masks(loss_mask, attention_mask)
+    batch, rows = tokens.predicted_from(2)
+    with torch.no_grad():
+        # Token q's target distribution is the base model's at q - 1, the same for every step.
+        target_logits = head.base_lm_head(last_hidden[batch, rows + 1])  # (M, V)
+        target_probs, in_draft_vocab = eagle3_targets(target_logits, head.t2d)  # (M, N), (M,)
+        target_ids = target_logits.argmax(-1)  # (M,)
+        del target_logits
+
+    accuracy = StepAccuracy()
+    all_logits, all_probs, all_masks = [], [], []
+    for step, state in enumerate(states):
+        keep = rows >= step  # step j predicts t_q from row q - 2 - j
+        logits = head.logits(state[batch[keep], rows[keep] - step])  # (M_j, N)
+        accuracy.add(logits, target_ids[keep], to_target=head.draft_to_target)
+        all_logits.append(logits)
+        all_probs.append(target_probs[keep])
+        all_masks.append(in_draft_vocab[keep])
+    return accuracy.output(eagle3_loss(all_logits, all_probs, all_masks))
+
+
+def mtp_objective(head, hidden_states, input_ids, loss_mask, attention_mask) -> ObjectiveOutput:
+    features = head.select_features(hidden_states)  # (B, T, h) = hs[L] = h^0
+    states = head.unroll(features, input_ids, attention_mask)  # D x (B, T, h)
+    tokens = SupervisedTokens.from_masks(loss_mask, attention_mask)
+    accuracy = StepAccuracy()
+    all_logits, all_targets, all_masks = [], [], []
+    for index, state in enumerate(states):
+        batch, rows = tokens.predicted_from(index + 2)  # module index + 1 at row i predicts t_{i+index+2}
+        logits = head.module_logits(index, state[batch, rows])  # (M, V)
+        targets = input_ids[batch, rows + index + 2]  # (M,)
+        accuracy.add(logits, targets)
+        all_logits.append(logits)
+        all_targets.append(targets)
+        all_masks.append(ones_like_rows(targets))
+    return accuracy.output(mtp_loss(all_logits, all_targets, all_masks, weight=head.config.loss_weight))
+
+
+OBJECTIVES: dict[str, Callable[..., ObjectiveOutput]] = {
+    "medusa": medusa_objective,
+    "eagle": eagle_objective,
+    "eagle3": eagle3_objective,
+    "mtp": mtp_objective,
+}
+
+
+def compute_objective(head, hidden_states, input_ids, loss_mask, attention_mask) -> ObjectiveOutput:
+    """Loss and per-step accuracy of ``head`` on one batch.
+
+    Args:
+        head: a DraftHead attached to the frozen base model.
+        hidden_states: the base model's ``output_hidden_states`` tuple, or a dict index -> (B, T, h)
+            holding at least ``head.required_hidden_states``.
+        input_ids: (B, T); loss_mask: (B, T), 1 where the token is supervised; attention_mask:
+            (B, T), 0 on padding (or None).
+    """
+    if head.kind not in OBJECTIVES:
+        raise ValueError(f"no training objective for head kind '{head.kind}'; known kinds: {', '.join(sorted(OBJECTIVES))}")
+    return OBJECTIVES[head.kind](head, hidden_states, input_ids, loss_mask, attention_mask)
