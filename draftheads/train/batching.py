@@ -66,6 +66,13 @@ def collate(rows: Sequence[dict], pad_token_id: int) -> dict[str, torch.Tensor]:
     return {"input_ids": input_ids, "attention_mask": attention_mask, "loss_mask": loss_mask}
 
 
+def _row_lengths(dataset) -> list[int]:
+    # The data pipeline stores a ``length`` column; reading it avoids decoding every input_ids row.
+    if "length" in getattr(dataset, "column_names", ()):
+        return [int(length) for length in dataset["length"]]
+    return [len(ids) for ids in dataset["input_ids"]]
+
+
 @dataclass
 class DataPosition:
     """Where the stream is: the next micro-batch is batch ``index`` of ``epoch`` (this rank's)."""
@@ -95,7 +102,7 @@ class BatchStream:
         if len(dataset) == 0:
             raise ValueError("cannot batch an empty dataset")
         self.dataset = dataset
-        self.lengths = [len(ids) for ids in dataset["input_ids"]]
+        self.lengths = _row_lengths(dataset)
         self.batch_size = batch_size
         self.pad_token_id = pad_token_id
         self.seed = seed
@@ -144,7 +151,7 @@ def fixed_batches(dataset, batch_size: int, pad_token_id: int, seed: int, limit:
     A shuffled (not longest-first) order keeps a limited evaluation representative; it depends
     only on ``seed``, so every evaluation of a run sees the same batches.
     """
-    lengths = [len(ids) for ids in dataset["input_ids"]]
+    lengths = _row_lengths(dataset)
     groups = epoch_batches(lengths, batch_size, seed, epoch=0, group_by_length=True)
     if limit is not None:
         groups = groups[:limit]

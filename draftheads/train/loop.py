@@ -298,7 +298,14 @@ def setup(run: RunConfig, base_model=None, tokenizer=None, datasets=None) -> Ses
         from draftheads.data.pipeline import build_datasets  # lazy: data/ imports datasets
 
         train_dataset, val_dataset, report = build_datasets(run.data, tokenizer, run.model.base)
-        _log_rank0(rank, f"data: {report}")
+        _log_rank0(
+            rank,
+            f"data: {report.train_examples} train / {report.validation_examples} validation examples, "
+            f"{report.assistant_tokens} of {report.tokens} tokens supervised",
+        )
+        if rank == 0:
+            output_dir.mkdir(parents=True, exist_ok=True)
+            (output_dir / "data_report.json").write_text(json.dumps(dataclasses.asdict(report), indent=2) + "\n")
     else:
         train_dataset, val_dataset = datasets
     pad_token_id = (tokenizer.pad_token_id if tokenizer is not None else None) or base_model.config.pad_token_id or 0
