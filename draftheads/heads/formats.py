@@ -78,8 +78,11 @@ def _save(tensors: dict[str, torch.Tensor], path: Path) -> None:
     save_file(plain, str(path), metadata={"format": "pt"})
 
 
-def _write_config(config: dict[str, Any], directory: Path) -> None:
-    (directory / CONFIG_NAME).write_text(json.dumps(config, indent=2) + "\n")
+def _write_config(config: dict[str, Any], directory: Path) -> dict[str, Any]:
+    """Write config.json; returns what a reader will see (JSON types: lists, not tuples)."""
+    text = json.dumps(config, indent=2) + "\n"
+    (directory / CONFIG_NAME).write_text(text)
+    return json.loads(text)
 
 
 def _dtype_name(head: DraftHead) -> str:
@@ -164,6 +167,12 @@ def eagle3_layer_ids(base_num_layers: int) -> tuple[int, int, int]:
 
 
 def _eagle3_tensors(head: DraftHead, layer_prefix: str) -> dict[str, torch.Tensor]:
+    if len(head.feature_layers) != 3:
+        # vLLM builds fc with 3 * hidden inputs (llama_eagle3.py), SGLang with 3 unless told otherwise.
+        raise FormatError(
+            f"the EAGLE-3 engine formats fuse exactly 3 base layers; this head reads {len(head.feature_layers)} "
+            f"({list(head.feature_layers)}). Use --format draftheads."
+        )
     state = head.head_state_dict()
     tensors = {f"{layer_prefix}{k}": v for k, v in _strip(state, "midlayer.").items()}
     for name in ("fc.weight", "norm.weight", "lm_head.weight"):
@@ -205,8 +214,7 @@ def write_eagle3(head: DraftHead, directory: Path, options: ExportOptions) -> di
     config.update(_layer_id_fields(head))
     config[DRAFTHEADS_KEY] = _metadata(head)
     _save(tensors, directory / WEIGHTS_NAME)
-    _write_config(config, directory)
-    return config
+    return _write_config(config, directory)
 
 
 def write_speculators(head: DraftHead, directory: Path, options: ExportOptions) -> dict[str, Any]:
@@ -239,8 +247,7 @@ def write_speculators(head: DraftHead, directory: Path, options: ExportOptions) 
         DRAFTHEADS_KEY: _metadata(head),
     }
     _save(tensors, directory / WEIGHTS_NAME)
-    _write_config(config, directory)
-    return config
+    return _write_config(config, directory)
 
 
 def _eagle1_tensors(head: DraftHead) -> dict[str, torch.Tensor]:
@@ -268,8 +275,7 @@ def write_eagle(head: DraftHead, directory: Path, options: ExportOptions) -> dic
     config = _draft_layer_config(head, "EagleLlamaForCausalLM")
     config[DRAFTHEADS_KEY] = _metadata(head)
     _save(tensors, directory / WEIGHTS_NAME)
-    _write_config(config, directory)
-    return config
+    return _write_config(config, directory)
 
 
 def write_eagle_sglang(head: DraftHead, directory: Path, options: ExportOptions) -> dict[str, Any]:
@@ -282,8 +288,7 @@ def write_eagle_sglang(head: DraftHead, directory: Path, options: ExportOptions)
     config = _draft_layer_config(head, "LlamaForCausalLMEagle")
     config[DRAFTHEADS_KEY] = _metadata(head)
     _save(tensors, directory / WEIGHTS_NAME)
-    _write_config(config, directory)
-    return config
+    return _write_config(config, directory)
 
 
 def write_medusa_vllm(head: DraftHead, directory: Path, options: ExportOptions) -> dict[str, Any]:
@@ -316,8 +321,7 @@ def write_medusa_vllm(head: DraftHead, directory: Path, options: ExportOptions) 
         DRAFTHEADS_KEY: _metadata(head),
     }
     _save(tensors, directory / WEIGHTS_NAME)
-    _write_config(config, directory)
-    return config
+    return _write_config(config, directory)
 
 
 MTP_BASE_TYPES = ("deepseek_v3",)  # DeepSeekMTP builds DeepseekV2DecoderLayer (deepseek_mtp.py)
@@ -354,8 +358,7 @@ def write_mtp_deepseek(head: DraftHead, directory: Path, options: ExportOptions)
     config["num_nextn_predict_layers"] = depth
     config[DRAFTHEADS_KEY] = _metadata(head)
     _save(tensors, directory / MTP_WEIGHTS_NAME)
-    _write_config(config, directory)
-    return config
+    return _write_config(config, directory)
 
 
 def write_draftheads(head: DraftHead, directory: Path, options: ExportOptions) -> dict[str, Any]:
