@@ -80,14 +80,30 @@ def render(tokenizer, messages: list[dict], add_generation_prompt: bool = False)
 
 
 def probe_template(tokenizer) -> TemplateInfo:
-    """Find the turn-closing text by rendering a two-turn probe with and without the answer."""
+    """Find the turn-closing text: what follows a probe answer both when the conversation ends
+    there and when a user turn follows (their common part, so an end-of-conversation eos that
+    some templates add is not taken for the end of every turn), without trailing whitespace."""
     template = chat_template(tokenizer)
     prompt = [{"role": "user", "content": PROBE_USER}]
+    answered = prompt + [{"role": "assistant", "content": PROBE_ANSWER}]
     head = render(tokenizer, prompt, add_generation_prompt=True)
-    turn = render(tokenizer, prompt + [{"role": "assistant", "content": PROBE_ANSWER}])
-    prefix = turn.startswith(head) and turn[len(head) :].startswith(PROBE_ANSWER)
-    end_of_turn = turn[len(head) + len(PROBE_ANSWER) :].rstrip() if prefix else ""
-    return TemplateInfo(bool(GENERATION_TAG.search(template)), end_of_turn, prefix)
+    last = render(tokenizer, answered)
+    middle = render(tokenizer, answered + [{"role": "user", "content": PROBE_USER}])
+    prefix = last.startswith(head) and last[len(head) :].startswith(PROBE_ANSWER)
+    after_last = last[last.find(PROBE_ANSWER) + len(PROBE_ANSWER) :] if PROBE_ANSWER in last else ""
+    after_middle = middle[middle.find(PROBE_ANSWER) + len(PROBE_ANSWER) :] if PROBE_ANSWER in middle else ""
+    return TemplateInfo(bool(GENERATION_TAG.search(template)), _common_token_prefix(tokenizer, after_last, after_middle), prefix)
+
+
+def _common_token_prefix(tokenizer, first: str, second: str) -> str:
+    """The text of the tokens both strings start with, without trailing whitespace (token-wise,
+    so "<|im_end|>\n<|im_end|>" and "<|im_end|>\n<|im_start|>" share "<|im_end|>", not "<|im_")."""
+    encode = dict(add_special_tokens=False, return_offsets_mapping=True)
+    a, b = tokenizer(first, **encode), tokenizer(second, **encode)
+    shared = 0
+    while shared < min(len(a["input_ids"]), len(b["input_ids"])) and a["input_ids"][shared] == b["input_ids"][shared]:
+        shared += 1
+    return first[: a["offset_mapping"][shared - 1][1]].rstrip() if shared else ""
 
 
 # ----------------------------------------------------------------------------------------------
