@@ -76,7 +76,11 @@ def generate_answers(model, tokenizer, texts: list[str], config: DistillConfig) 
     import torch
 
     batch = tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False).to(model.device)
-    sampling = dict(do_sample=True, temperature=config.temperature) if config.temperature > 0 else {"do_sample": False}
+    sampling = (
+        {"do_sample": True, "temperature": config.temperature}
+        if config.temperature > 0
+        else {"do_sample": False}
+    )
     with torch.no_grad():
         output = model.generate(
             **batch,
@@ -117,11 +121,18 @@ def distill(
                 for state in active:
                     prompt = state.next_prompt()
                     if prompt is not None:
-                        text = tokenizer.apply_chat_template(prompt, tokenize=False, add_generation_prompt=True)
+                        text = tokenizer.apply_chat_template(
+                            prompt, tokenize=False, add_generation_prompt=True
+                        )
                         length = len(tokenizer(text, add_special_tokens=False)["input_ids"])
                         if context is not None and length + config.max_new_tokens > context:
                             counts["cut_at_context"] += 1
-                            bar.update(sum(m["role"] == "assistant" for m in state.conversation.messages[state.position :]))
+                            bar.update(
+                                sum(
+                                    m["role"] == "assistant"
+                                    for m in state.conversation.messages[state.position :]
+                                )
+                            )
                             prompt = None
                     if prompt is None:
                         record = state.finished()
@@ -149,10 +160,18 @@ def distill(
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     model, data, config = ModelConfig(), DataConfig(), DistillConfig()
     parser.add_argument("--base", default=model.base, help="base model: Hub id, directory, .gguf or alias")
-    parser.add_argument("--data", default=data.source, help="conversations: sharegpt, a .json/.jsonl/.parquet file, or a dataset")
+    parser.add_argument(
+        "--data",
+        default=data.source,
+        help="conversations: sharegpt, a .json/.jsonl/.parquet file, or a dataset",
+    )
     parser.add_argument("--split", default=data.split, help="split name for datasets")
-    parser.add_argument("--limit", type=int, default=data.limit, help="regenerate the first N usable conversations")
-    parser.add_argument("--out", required=True, type=Path, help="output JSONL (ShareGPT form); appended to, resumable")
+    parser.add_argument(
+        "--limit", type=int, default=data.limit, help="regenerate the first N usable conversations"
+    )
+    parser.add_argument(
+        "--out", required=True, type=Path, help="output JSONL (ShareGPT form); appended to, resumable"
+    )
     parser.add_argument("--temperature", type=float, default=config.temperature, help="0: greedy")
     parser.add_argument("--max-new-tokens", type=int, default=config.max_new_tokens)
     parser.add_argument("--batch-size", type=int, default=config.batch_size)
@@ -170,10 +189,14 @@ def run(args: argparse.Namespace) -> int:
         raise SystemExit("distill: --batch-size and --max-new-tokens must be >= 1 and --temperature >= 0")
     start = time.perf_counter()
     conversations, report = read_conversations(args.data, args.split, args.limit)
-    print(f"[distill] {report.conversations} conversations from {report.source} (dropped: {report.dropped or 'none'})")
+    print(
+        f"[distill] {report.conversations} conversations from {report.source} (dropped: {report.dropped or 'none'})"
+    )
     torch.manual_seed(args.seed)
     model, tokenizer = load_base(args.base, dtype=args.dtype, device=args.device)
-    config = DistillConfig(temperature=args.temperature, max_new_tokens=args.max_new_tokens, batch_size=args.batch_size)
+    config = DistillConfig(
+        temperature=args.temperature, max_new_tokens=args.max_new_tokens, batch_size=args.batch_size
+    )
     counts = distill(model, tokenizer, conversations, args.out, config)
     print(
         f"[distill] wrote {counts['written']} conversations to {args.out} "

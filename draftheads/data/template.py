@@ -76,7 +76,9 @@ def chat_template(tokenizer) -> str:
 
 
 def render(tokenizer, messages: list[dict], add_generation_prompt: bool = False) -> str:
-    return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=add_generation_prompt)
+    return tokenizer.apply_chat_template(
+        messages, tokenize=False, add_generation_prompt=add_generation_prompt
+    )
 
 
 def probe_template(tokenizer) -> TemplateInfo:
@@ -92,16 +94,23 @@ def probe_template(tokenizer) -> TemplateInfo:
     prefix = last.startswith(head) and last[len(head) :].startswith(PROBE_ANSWER)
     after_last = last[last.find(PROBE_ANSWER) + len(PROBE_ANSWER) :] if PROBE_ANSWER in last else ""
     after_middle = middle[middle.find(PROBE_ANSWER) + len(PROBE_ANSWER) :] if PROBE_ANSWER in middle else ""
-    return TemplateInfo(bool(GENERATION_TAG.search(template)), _common_token_prefix(tokenizer, after_last, after_middle), prefix)
+    return TemplateInfo(
+        bool(GENERATION_TAG.search(template)),
+        _common_token_prefix(tokenizer, after_last, after_middle),
+        prefix,
+    )
 
 
 def _common_token_prefix(tokenizer, first: str, second: str) -> str:
     """The text of the tokens both strings start with, without trailing whitespace (token-wise,
     so "<|im_end|>\n<|im_end|>" and "<|im_end|>\n<|im_start|>" share "<|im_end|>", not "<|im_")."""
-    encode = dict(add_special_tokens=False, return_offsets_mapping=True)
+    encode = {"add_special_tokens": False, "return_offsets_mapping": True}
     a, b = tokenizer(first, **encode), tokenizer(second, **encode)
     shared = 0
-    while shared < min(len(a["input_ids"]), len(b["input_ids"])) and a["input_ids"][shared] == b["input_ids"][shared]:
+    while (
+        shared < min(len(a["input_ids"]), len(b["input_ids"]))
+        and a["input_ids"][shared] == b["input_ids"][shared]
+    ):
         shared += 1
     return first[: a["offset_mapping"][shared - 1][1]].rstrip() if shared else ""
 
@@ -110,7 +119,9 @@ def _common_token_prefix(tokenizer, first: str, second: str) -> str:
 # supervised character spans of one rendered conversation
 
 
-def _extend_by_end_of_turn(text: str, spans: list[tuple[int, int]], end_of_turn: str) -> list[tuple[int, int]]:
+def _extend_by_end_of_turn(
+    text: str, spans: list[tuple[int, int]], end_of_turn: str
+) -> list[tuple[int, int]]:
     if not end_of_turn:
         return spans
     extended = []
@@ -121,7 +132,9 @@ def _extend_by_end_of_turn(text: str, spans: list[tuple[int, int]], end_of_turn:
     return extended
 
 
-def _generation_spans(tokenizer, messages: list[dict], info: TemplateInfo) -> tuple[str, list[tuple[int, int]]]:
+def _generation_spans(
+    tokenizer, messages: list[dict], info: TemplateInfo
+) -> tuple[str, list[tuple[int, int]]]:
     # The same renderer apply_chat_template(..., return_assistant_tokens_mask=True) uses; we take its
     # character spans (not its token mask) so every method shares one span -> token mapping.
     from transformers.utils.chat_template_utils import render_jinja_template
@@ -183,7 +196,7 @@ def assistant_spans(
             return text, spans, "generation"
         text = render(tokenizer, messages)
         spans = _prefix_spans(tokenizer, messages, text)
-    except Exception as error:  # jinja raises for e.g. non-alternating roles (raise_exception)
+    except Exception as error:  # noqa: BLE001 - a template may raise anything (raise_exception, TypeError)
         return EncodeFailure("template_error", f"{type(error).__name__}: {error}")
     if spans is not None:
         return text, spans, "prefix"
@@ -200,7 +213,7 @@ def assistant_spans(
 def _encode_texts(tokenizer, texts: list[str], max_length: int) -> list[tuple[list[int], np.ndarray, bool]]:
     """First ``max_length`` token ids and (start, end) character offsets of each text, + truncated."""
     budget = (max_length + TOKEN_MARGIN) * CHARS_PER_TOKEN
-    encode = dict(add_special_tokens=False, return_offsets_mapping=True)
+    encode = {"add_special_tokens": False, "return_offsets_mapping": True}
     batch = tokenizer([text[:budget] for text in texts], **encode)
     results = []
     for text, ids, offsets in zip(texts, batch["input_ids"], batch["offset_mapping"]):
@@ -208,7 +221,13 @@ def _encode_texts(tokenizer, texts: list[str], max_length: int) -> list[tuple[li
             full = tokenizer(text, **encode)  # a cut text must reach past max_length; this one did not
             ids, offsets = full["input_ids"], full["offset_mapping"]
         truncated = len(ids) > max_length
-        results.append((list(ids[:max_length]), np.asarray(offsets[:max_length], dtype=np.int64).reshape(-1, 2), truncated))
+        results.append(
+            (
+                list(ids[:max_length]),
+                np.asarray(offsets[:max_length], dtype=np.int64).reshape(-1, 2),
+                truncated,
+            )
+        )
     return results
 
 

