@@ -1,0 +1,83 @@
+"""build_datasets: rows, truncation and drops, deterministic split, cache hits."""
+
+from __future__ import annotations
+
+import pytest
+
+from draftheads.config import DataConfig
+from draftheads.data.pipeline import DataReport, build_datasets, length_histogram
+from draftheads.data.sources import DataError
+from tests.data.conftest import sharegpt_record, write_jsonl
+
+
+@pytest.fixture
+def source(tmp_path):
+    records = [
+        sharegpt_record(f"c{i}", ("human", f"question {i}"), ("gpt", f"answer number {i}")) for i in range(30)
+    ]
+    records.append(sharegpt_record("long-question", ("human", "q" * 500), ("gpt", "late answer")))
+    records.append('{"broken json')
+    return write_jsonl(tmp_path / "chats.jsonl", records)
+
+
+def config(source, tmp_path, **overrides) -> DataConfig:
+    values = {
+        "source": str(source),
+        "validation_size": 5,
+        "max_length": 160,
+        "cache_dir": str(tmp_path / "cache"),
+    }
+    return DataConfig(**{**values, **overrides})
+
+
+def test_rows_report_and_drops(source, tmp_path, byte_tokenizer):
+    train, validation, report = build_datasets(config(source, tmp_path), byte_tokenizer, "tiny")
+    assert len(train) == 25 and len(validation) == 5
+    assert set(train.column_names) == {"input_ids", "loss_mask", "length", "id"}
+    for row in train:
+        assert len(row["input_ids"]) == len(row["loss_mask"]) == row["length"] <= 160
+        assert sum(row["loss_mask"]) > 0
+    assert report.conversations_read == 32 and report.conversations_valid == 31 and report.examples == 30
+    assert report.dropped == {"invalid_json": 1, "no_supervised_tokens": 1}
+    assert report.drop_examples["no_supervised_tokens"] == [
+        "id long-question: no assistant token within the first 160 tokens"
+    ]
+    assert report.drop_examples["invalid_json"][0].startswith("chats.jsonl line 32:")
+    assert report.tokens == sum(train["length"]) + sum(validation["length"])
+    assert 0 < report.assistant_share < 1 and report.mask_methods == {"prefix": 30}
+    assert sum(count for _, _, count in report.length_histogram) == 30
+    assert DataReport.from_json(report.to_json()) == report
+
+
+def test_split_is_deterministic_and_seeded(source, tmp_path, byte_tokenizer):
+    first = build_datasets(config(source, tmp_path / "a"), byte_tokenizer, "tiny")
+    again = build_datasets(config(source, tmp_path / "b"), byte_tokenizer, "tiny")
+    other = build_datasets(config(source, tmp_path / "c", seed=1), byte_tokenizer, "tiny")
+    assert first[1]["id"] == again[1]["id"] and first[0]["id"] == again[0]["id"]
+    assert set(first[1]["id"]) != set(other[1]["id"])
+    assert set(first[0]["id"]).isdisjoint(first[1]["id"])
+
+
+def test_second_build_hits_the_cache(source, tmp_path, byte_tokenizer):
+    train, validation, report = build_datasets(config(source, tmp_path), byte_tokenizer, "tiny")
+    assert not report.cache_hit
+    train2, validation2, report2 = build_datasets(config(source, tmp_path), byte_tokenizer, "tiny")
+    assert report2.cache_hit and report2.cache_path == report.cache_path
+    assert train2["input_ids"] == train["input_ids"] and validation2["id"] == validation["id"]
+    assert report2.dropped == report.dropped and report2.tokens == report.tokens
+    # anything that shapes the rows changes the key: max_length, or the source file itself
+    assert not build_datasets(config(source, tmp_path, max_length=150), byte_tokenizer, "tiny")[2].cache_hit
+    source.write_text(source.read_text() + "\n")
+    assert not build_datasets(config(source, tmp_path), byte_tokenizer, "tiny")[2].cache_hit
+
+
+def test_limit_and_bad_validation_size(source, tmp_path, byte_tokenizer):
+    train, validation, report = build_datasets(config(source, tmp_path, limit=10), byte_tokenizer, "tiny")
+    assert report.conversations_valid == 10 and len(train) + len(validation) == 10
+    with pytest.raises(DataError, match="validation_size=10 leaves no training examples out of 10"):
+        build_datasets(config(source, tmp_path, limit=10, validation_size=10), byte_tokenizer, "tiny")
+
+
+def test_length_histogram_bins_cover_zero_to_max_length():
+    bins = length_histogram([0, 1, 99, 100, 255, 256], 256, bins=4)
+    assert bins == [(0, 64, 2), (64, 128, 2), (128, 192, 0), (192, 257, 2)]
