@@ -1,0 +1,28 @@
+"""draftheads data inspect through the CLI entry point."""
+
+from __future__ import annotations
+
+from draftheads.cli import main
+from tests.data.conftest import sharegpt_record, write_jsonl
+
+
+def test_data_inspect_prints_the_report(tmp_path, tiny_base_dir, capsys):
+    records = [
+        sharegpt_record(f"c{i}", ("human", f"question {i}"), ("gpt", f"answer {i}")) for i in range(12)
+    ]
+    records += ['{"id": "bad"', sharegpt_record("alien", ("human", "hi"), ("robot", "beep"))]
+    source = write_jsonl(tmp_path / "chats.jsonl", records)
+    config = tmp_path / "run.yaml"  # no head: section
+    config.write_text(
+        f"model:\n  base: {tiny_base_dir}\ndata:\n  source: {source}\n  validation_size: 2\n"
+        f"  cache_dir: {tmp_path / 'cache'}\n"
+    )
+    assert main(["data", "inspect", "--config", str(config), "data.max_length=256"]) == 0
+    out = capsys.readouterr().out
+    assert "conversations read: 14" in out and "usable conversations: 12" in out
+    assert "examples kept: 12 (train 10, validation 2)" in out
+    assert "invalid_json: 1" in out and "e.g. chats.jsonl line 13:" in out
+    assert "unknown_role: 1" in out and "turn 1 has role 'robot'" in out
+    assert "assistant-token share" in out and "length histogram" in out and "built and cached" in out
+    assert main(["data", "inspect", "--config", str(config), "data.max_length=256"]) == 0
+    assert "cache hit" in capsys.readouterr().out
