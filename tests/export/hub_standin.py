@@ -4,7 +4,9 @@ It implements, on 127.0.0.1 in a thread, what ``HfApi.create_repo`` + ``HfApi.up
 (huggingface_hub ``hf_api.py`` / ``_commit_api.py``): ``POST /api/repos/create``,
 ``POST /api/models/{repo}/preupload/{revision}`` (answering "regular" for every file, so contents
 travel inline in the commit instead of through LFS/Xet storage) and
-``POST /api/models/{repo}/commit/{revision}`` (NDJSON: a header line, then one base64 file per line).
+``POST /api/models/{repo}/commit/{revision}`` (NDJSON: a header line, then one base64 file per line),
+and ``POST /api/validate-yaml`` (the client checks a README.md's front matter before committing;
+here it must parse as YAML, as the Hub requires).
 Everything else answers 404 and is recorded, so a test sees any request it did not expect.
 """
 
@@ -24,6 +26,7 @@ class HubRecord:
     created: dict[str, bool] = field(default_factory=dict)  # repo_id -> private
     files: dict[str, dict[str, bytes]] = field(default_factory=dict)  # repo_id -> path -> content
     authorizations: list[str] = field(default_factory=list)
+    card_metadata: list[dict] = field(default_factory=list)  # parsed README.md front matter
     unexpected: list[str] = field(default_factory=list)
 
 
@@ -52,6 +55,16 @@ def _handler(record: HubRecord, port_holder: list[int]):
                 # huggingface_hub 1.x+ sends "visibility"; older clients sent "private".
                 record.created[repo_id] = data.get("visibility") == "private" or data.get("private") is True
                 return self._reply(200, {"url": f"{base}/{repo_id}", "name": repo_id})
+            if path == "/api/validate-yaml":
+                import yaml
+
+                content = json.loads(body)["content"]
+                front = content.split("---\n")[1] if content.startswith("---\n") else ""
+                try:
+                    record.card_metadata.append(yaml.safe_load(front) or {})
+                except yaml.YAMLError as err:
+                    return self._reply(400, {"errors": [{"message": str(err)}]})
+                return self._reply(200, {"warnings": []})
             parts = path.split("/")
             if path.startswith("/api/models/") and len(parts) >= 7 and parts[5] == "preupload":
                 files = json.loads(body)["files"]
@@ -72,6 +85,10 @@ def _handler(record: HubRecord, port_holder: list[int]):
             return self._reply(404, {"error": "not in the stand-in"})
 
         def do_GET(self):  # noqa: N802
+            if self.path.split("?")[0] == "/api/agent-harnesses":
+                # huggingface_hub's best-effort user-agent lookup (utils/_detect_agent.py), not part
+                # of the upload: answer with the empty registry it falls back to anyway.
+                return self._reply(200, {"standardEnvVars": [], "harnesses": {}})
             record.unexpected.append(f"GET {self.path}")
             return self._reply(404, {"error": "not in the stand-in"})
 
