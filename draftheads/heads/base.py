@@ -169,8 +169,9 @@ class DraftHead(nn.Module):
 
     def draft_caches(self, cache) -> tuple:
         """The ``DynamicCache`` objects inside a cache from ``new_cache()`` (one for EAGLE/EAGLE-3,
-        one per module for MTP), e.g. to crop the rows ``draft_step`` wrote before the next
-        ``catch_up``: record each ``get_seq_length()`` before drafting, ``crop(length)`` after."""
+        one per module for MTP), e.g. to drop the rows ``draft_step`` wrote before the next
+        ``catch_up``: record each ``get_seq_length()`` before drafting and crop back to it after
+        (``draftheads.infer.cache.crop_to_lengths``)."""
         return (cache,)
 
     def catch_up(self, cache, features, next_token_ids, position_ids):

@@ -1,0 +1,43 @@
+"""Shared by the head tests: one small config per kind, a batch, base hidden states.
+
+(Not named conftest.py: test modules import ``conftest`` by name, and a second one would shadow
+the root fixtures module.)
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from draftheads.heads import Eagle3Config, EagleConfig, MedusaConfig, MtpConfig
+
+# The tiny Llama has 4 layers, so EAGLE-3's default (2, L//2, L-3) = (2, 2, 1) would repeat a layer.
+HEAD_CONFIGS = {
+    "medusa": MedusaConfig(num_heads=3, num_layers=2),
+    "eagle": EagleConfig(),
+    "eagle3": Eagle3Config(feature_layers=(1, 2, 3), draft_vocab_size=64, ttt_steps=3),
+    "mtp": MtpConfig(num_modules=3),
+}
+KINDS = tuple(HEAD_CONFIGS)
+AUTOREGRESSIVE_KINDS = ("eagle", "eagle3", "mtp")
+
+
+def base_hidden_states(model, input_ids, attention_mask=None):
+    with torch.no_grad():
+        return model.model(input_ids, attention_mask=attention_mask, output_hidden_states=True).hidden_states
+
+
+def token_counts(input_ids: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    return torch.bincount(input_ids.flatten(), minlength=vocab_size)
+
+
+@pytest.fixture
+def batch():
+    generator = torch.Generator().manual_seed(1)
+    input_ids = torch.randint(3, 256, (2, 16), generator=generator)
+    loss_mask = torch.ones_like(input_ids)
+    loss_mask[:, :4] = 0  # a "prompt" that is not supervised
+    attention_mask = torch.ones_like(input_ids)
+    attention_mask[1, 13:] = 0  # right padding in the second row
+    loss_mask[1, 13:] = 0
+    return input_ids, loss_mask, attention_mask

@@ -1,0 +1,177 @@
+"""Autoregressive drafting: catch_up/draft_step shapes, cache correctness, and agreement between
+the training forwards and the inference path."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from head_fixtures import AUTOREGRESSIVE_KINDS, HEAD_CONFIGS, base_hidden_states
+
+from draftheads.heads import build_head
+from draftheads.heads.layers import prefix_and_self_mask, prefix_causal_mask
+
+LENGTH = 9
+TOLERANCE = dict(rtol=1e-5, atol=1e-5)
+
+
+@pytest.fixture
+def sequence(tiny_llama):
+    input_ids = torch.randint(3, 256, (2, LENGTH + 1), generator=torch.Generator().manual_seed(3))
+    hidden_states = base_hidden_states(tiny_llama, input_ids)
+    positions = torch.arange(LENGTH + 1)[None].expand(2, LENGTH + 1)
+    return input_ids, hidden_states, positions
+
+
+def make_head(kind, model):
+    torch.manual_seed(0)
+    return build_head(model, HEAD_CONFIGS[kind]).eval()
+
+
+def crop_to(cache, length):
+    """transformers 5 ``crop`` takes the (negative) number of entries to drop."""
+    excess = cache.get_seq_length() - length
+    if excess:
+        cache.crop(-excess)
+
+
+def cached_keys(head, cache):
+    return [layer.keys for part in head.draft_caches(cache) for layer in part.layers]
+
+
+@pytest.mark.parametrize("kind", AUTOREGRESSIVE_KINDS)
+def test_catch_up_at_once_equals_position_by_position(kind, tiny_llama, sequence):
+    input_ids, hidden_states, positions = sequence
+    head = make_head(kind, tiny_llama)
+    features = head.select_features(hidden_states)[:, :LENGTH]  # positions 0..8; token 9 is the last known
+    next_tokens, positions = input_ids[:, 1:], positions[:, :LENGTH]
+    with torch.no_grad():
+        whole = head.new_cache()
+        hidden, logits = head.catch_up(whole, features, next_tokens, positions)
+        stepwise = head.new_cache()
+        for i in range(LENGTH):
+            step_hidden, step_logits = head.catch_up(stepwise, features[:, i : i + 1], next_tokens[:, i : i + 1], positions[:, i : i + 1])
+        # and in uneven chunks
+        chunked = head.new_cache()
+        for start, end in ((0, 4), (4, 5), (5, LENGTH)):
+            chunk_hidden, chunk_logits = head.catch_up(chunked, features[:, start:end], next_tokens[:, start:end], positions[:, start:end])
+    assert hidden.shape == (2, 64)
+    assert logits.shape == (2, 64 if kind == "eagle3" else 256)
+    for other_hidden, other_logits, other_cache in ((step_hidden, step_logits, stepwise), (chunk_hidden, chunk_logits, chunked)):
+        torch.testing.assert_close(other_hidden, hidden, **TOLERANCE)
+        torch.testing.assert_close(other_logits, logits, **TOLERANCE)
+        for expected, actual in zip(cached_keys(head, whole), cached_keys(head, other_cache), strict=True):
+            torch.testing.assert_close(actual, expected, **TOLERANCE)
+
+
+def test_mtp_modules_lag_by_the_tokens_they_need(tiny_llama, sequence):
+    input_ids, hidden_states, positions = sequence
+    head = make_head("mtp", tiny_llama)
+    with torch.no_grad():
+        cache = head.new_cache()
+        head.catch_up(cache, head.select_features(hidden_states)[:, :LENGTH], input_ids[:, 1:], positions[:, :LENGTH])
+    # Module k at position i needs t_{i+k}; t_9 is the newest token, so module k reached 9 - k.
+    assert [part.get_seq_length() for part in head.draft_caches(cache)] == [9, 8, 7]
+    assert cache.pending_hidden[0] is None
+    assert [cache.pending_positions[k][0].tolist() for k in (1, 2)] == [[8], [7]]
+
+
+def test_eagle_catch_up_matches_the_training_forward(tiny_llama, sequence):
+    from draftheads.heads.layers import padded_causal_mask
+
+    input_ids, hidden_states, positions = sequence
+    head = make_head("eagle", tiny_llama)
+    features = head.select_features(hidden_states)[:, :LENGTH]
+    with torch.no_grad():
+        mask = padded_causal_mask(None, 2, LENGTH, features.dtype, features.device)
+        trained = head.predict_features(features, input_ids[:, 1:], positions[:, :LENGTH], mask)
+        hidden, logits = head.catch_up(head.new_cache(), features, input_ids[:, 1:], positions[:, :LENGTH])
+    torch.testing.assert_close(hidden, trained[:, -1], **TOLERANCE)
+    torch.testing.assert_close(logits, tiny_llama.lm_head(trained[:, -1]), **TOLERANCE)
+
+
+def test_mtp_catch_up_matches_the_training_forward(tiny_llama, sequence):
+    input_ids, hidden_states, positions = sequence
+    head = make_head("mtp", tiny_llama)
+    features = head.select_features(hidden_states)
+    with torch.no_grad():
+        states = head.unroll(features, input_ids, None)  # row i of module k uses t_{i+k}
+        hidden, logits = head.catch_up(head.new_cache(), features[:, :LENGTH], input_ids[:, 1:], positions[:, :LENGTH])
+    torch.testing.assert_close(hidden, states[0][:, LENGTH - 1], **TOLERANCE)
+    torch.testing.assert_close(logits, head.module_logits(0, states[0][:, LENGTH - 1]), **TOLERANCE)
+
+
+def test_eagle3_training_time_test_equals_drafting_a_chain(tiny_llama, sequence):
+    """TTT step j at row i must compute what inference computes for a depth-j chain node after
+    catching up to position i: the same keys (prefix + own ancestors), positions and inputs."""
+    input_ids, hidden_states, positions = sequence
+    head = make_head("eagle3", tiny_llama)
+    features = head.select_features(hidden_states)  # (2, 10, 3h)
+    row = 4
+    with torch.no_grad():
+        states = head.training_time_test(features, input_ids, None)  # 3 x (2, 10, h)
+        cache = head.new_cache()
+        hidden, _ = head.catch_up(cache, features[:, : row + 1], input_ids[:, 1 : row + 2], positions[:, : row + 1])
+        torch.testing.assert_close(hidden, states[0][:, row], **TOLERANCE)
+        for depth in (1, 2):
+            past = cache.get_seq_length()
+            token = input_ids[:, row + depth + 1 : row + depth + 2]  # the chain's true next token
+            position = torch.full((2, 1), row + depth)
+            mask = prefix_causal_mask(2, past, 1, hidden.dtype, hidden.device)  # prefix + ancestors + self
+            hidden, logits = head.draft_step(cache, depth, hidden[:, None], token, position, mask)
+            hidden = hidden[:, 0]
+            torch.testing.assert_close(hidden, states[depth][:, row], **TOLERANCE)
+            torch.testing.assert_close(logits[:, 0], head.logits(states[depth][:, row]), **TOLERANCE)
+
+
+@pytest.mark.parametrize("kind", ("eagle", "eagle3"))
+def test_draft_step_on_a_frontier_matches_per_node_steps(kind, tiny_llama, sequence):
+    """N sibling nodes drafted together (prefix + self mask) equal each drafted alone."""
+    input_ids, hidden_states, positions = sequence
+    head = make_head(kind, tiny_llama)
+    features = head.select_features(hidden_states)[:, :LENGTH]
+    nodes = torch.tensor([[5, 17, 99], [3, 4, 250]])  # (B, N)
+    with torch.no_grad():
+        cache = head.new_cache()
+        root_hidden, _ = head.catch_up(cache, features, input_ids[:, 1:], positions[:, :LENGTH])
+        past = cache.get_seq_length()
+        parents = root_hidden[:, None].expand(2, 3, 64)
+        node_positions = torch.full((2, 3), LENGTH)
+        mask = prefix_and_self_mask(2, past, 3, parents.dtype, parents.device)
+        together, together_logits = head.draft_step(cache, 1, parents, nodes, node_positions, mask)
+        assert together.shape == (2, 3, 64)
+        assert together_logits.shape == (2, 3, 64 if kind == "eagle3" else 256)
+        assert cache.get_seq_length() == past + 3
+        for n in range(3):
+            crop_to(cache, past)
+            alone, _ = head.draft_step(
+                cache, 1, parents[:, n : n + 1], nodes[:, n : n + 1], node_positions[:, n : n + 1],
+                prefix_causal_mask(2, past, 1, parents.dtype, parents.device),
+            )
+            torch.testing.assert_close(alone[:, 0], together[:, n], **TOLERANCE)
+
+
+def test_mtp_draft_step_uses_the_next_module_at_the_root_position(tiny_llama, sequence):
+    input_ids, hidden_states, positions = sequence
+    head = make_head("mtp", tiny_llama)
+    features = head.select_features(hidden_states)[:, :LENGTH]
+    nodes = torch.tensor([[5, 17], [3, 4]])
+    with torch.no_grad():
+        cache = head.new_cache()
+        root_hidden, _ = head.catch_up(cache, features, input_ids[:, 1:], positions[:, :LENGTH])
+        lengths = [part.get_seq_length() for part in head.draft_caches(cache)]
+        parents = root_hidden[:, None].expand(2, 2, 64)
+        node_positions = torch.full((2, 2), LENGTH - 1)
+        built, built_logits = head.draft_step(cache, 1, parents, nodes, node_positions, None)
+        assert built.shape == (2, 2, 64) and built_logits.shape == (2, 2, 256)
+        assert [part.get_seq_length() for part in head.draft_caches(cache)] == [lengths[0], lengths[1] + 2, lengths[2]]
+        crop_to(head.draft_caches(cache)[1], lengths[1])
+        mask = prefix_and_self_mask(2, lengths[1], 2, parents.dtype, parents.device)
+        given, _ = head.draft_step(cache, 1, parents, nodes, node_positions, mask)
+        torch.testing.assert_close(given, built, **TOLERANCE)
+        crop_to(head.draft_caches(cache)[1], lengths[1])
+        wrong = prefix_and_self_mask(2, lengths[0], 2, parents.dtype, parents.device)  # module 1's length
+        with pytest.raises(ValueError, match="module 2's cache holds 8 rows"):
+            head.draft_step(cache, 1, parents, nodes, node_positions, wrong)
+        with pytest.raises(ValueError, match="drafts depths 1..2, got depth 3"):
+            head.draft_step(cache, 3, parents, nodes, node_positions, None)
+    assert head.num_draft_steps == 3 and head.draft_attends_ancestors is False

@@ -1,0 +1,85 @@
+"""EAGLE-3: feature-layer choice and validation, the draft vocabulary (d2t / t2d), export names."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import LlamaConfig
+
+from draftheads.config import ConfigError
+from draftheads.heads import Eagle3Config, Eagle3Head, build_head
+from draftheads.heads.base import head_config_from_dict
+from tests.conftest import TINY_LLAMA
+
+
+def thirty_layer_config(**overrides):
+    return LlamaConfig(**{**TINY_LLAMA, "num_hidden_layers": 30, **overrides})
+
+
+def test_default_feature_layers_are_low_middle_high():
+    head = Eagle3Head(Eagle3Config(), thirty_layer_config())
+    assert head.feature_layers == (2, 15, 27)
+    assert head.required_hidden_states == (2, 15, 27, 30)
+    assert head.fc.in_features == 3 * 64
+
+
+def test_feature_layer_beyond_the_base_depth_is_refused():
+    with pytest.raises(ConfigError, match=r"head.feature_layers=\[2, 15, 31\]: index 31 .*valid 0..30"):
+        Eagle3Head(Eagle3Config(feature_layers=(2, 15, 31)), thirty_layer_config())
+
+
+def test_default_that_repeats_a_layer_on_a_shallow_base_says_to_set_it(tiny_llama):
+    with pytest.raises(ConfigError, match=r"feature_layers=\[2, 2, 1\]: duplicate index.*set head.feature_layers"):
+        build_head(tiny_llama, Eagle3Config())
+
+
+def test_config_section_rejects_duplicate_layers():
+    with pytest.raises(ConfigError, match="feature_layers must be distinct"):
+        head_config_from_dict({"kind": "eagle3", "feature_layers": [3, 3, 1]}, "head")
+    config = head_config_from_dict({"kind": "eagle3", "feature_layers": [1, 2, 3]}, "head")
+    assert config.feature_layers == (1, 2, 3)
+
+
+def test_default_draft_vocab_is_capped():
+    assert Eagle3Head(Eagle3Config(), thirty_layer_config(vocab_size=49152)).draft_vocab_size == 32000
+    assert Eagle3Head(Eagle3Config(), thirty_layer_config(vocab_size=256)).draft_vocab_size == 256
+    with pytest.raises(ConfigError, match="draft_vocab_size=300 exceeds the base vocab_size=256"):
+        Eagle3Head(Eagle3Config(draft_vocab_size=300), thirty_layer_config())
+
+
+def test_draft_vocabulary_maps_draft_ids_to_the_most_frequent_targets(tiny_llama):
+    head = build_head(tiny_llama, Eagle3Config(feature_layers=(1, 2, 3), draft_vocab_size=4))
+    counts = torch.zeros(256, dtype=torch.long)
+    counts[torch.tensor([200, 7, 90, 31, 5])] = torch.tensor([50, 40, 30, 20, 10])
+    head.init_from_data(counts)
+    most_frequent = torch.tensor([7, 31, 90, 200])  # top 4, in id order
+    assert head.d2t.dtype == torch.int64 and head.t2d.dtype == torch.bool
+    assert torch.equal(head.d2t, most_frequent - torch.arange(4))
+    assert torch.equal(head.draft_to_target(torch.arange(4)), most_frequent)
+    assert torch.equal(head.t2d.nonzero().flatten(), most_frequent)
+    assert not head.t2d[5]  # 5th most frequent: outside
+    with pytest.raises(ValueError, match=r"token_counts must have shape \(256,\)"):
+        head.init_from_data(torch.ones(10))
+
+
+def test_checkpoint_names_match_the_sglang_format(tiny_llama):
+    head = build_head(tiny_llama, Eagle3Config(feature_layers=(1, 2, 3), draft_vocab_size=64))
+    shapes = {name: tuple(tensor.shape) for name, tensor in head.state_dict().items()}
+    hidden, heads, kv_heads, head_dim = 64, 4, 2, 16
+    assert shapes == {
+        "fc.weight": (hidden, 3 * hidden),
+        "midlayer.self_attn.q_proj.weight": (heads * head_dim, 2 * hidden),
+        "midlayer.self_attn.k_proj.weight": (kv_heads * head_dim, 2 * hidden),
+        "midlayer.self_attn.v_proj.weight": (kv_heads * head_dim, 2 * hidden),
+        "midlayer.self_attn.o_proj.weight": (hidden, heads * head_dim),
+        "midlayer.mlp.gate_proj.weight": (128, hidden),
+        "midlayer.mlp.up_proj.weight": (128, hidden),
+        "midlayer.mlp.down_proj.weight": (hidden, 128),
+        "midlayer.input_layernorm.weight": (hidden,),
+        "midlayer.post_attention_layernorm.weight": (hidden,),
+        "midlayer.hidden_norm.weight": (hidden,),
+        "norm.weight": (hidden,),
+        "lm_head.weight": (64, hidden),
+        "d2t": (64,),
+        "t2d": (256,),
+    }
