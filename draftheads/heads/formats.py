@@ -569,12 +569,11 @@ def _check_engine_geometry(config: dict[str, Any], base_config, format_name: str
     if format_name != "medusa-vllm":
         names += ["num_attention_heads", "num_key_value_heads", "intermediate_size", "head_dim", "rms_norm_eps"]
     for name in names:
-        if name in config and getattr(base_config, name, None) is not None:
-            if config[name] != getattr(base_config, name):
-                raise HeadMismatchError(
-                    f"{where}: {name}={config[name]!r} in the checkpoint, but the base model has "
-                    f"{name}={getattr(base_config, name)!r}"
-                )
+        actual = getattr(base_config, name, None)
+        if name in config and actual is not None and config[name] != actual:
+            raise HeadMismatchError(
+                f"{where}: {name}={config[name]!r} in the checkpoint, but the base model has {name}={actual!r}"
+            )
 
 
 

@@ -43,7 +43,7 @@ def _handler(record: HubRecord, port_holder: list[int]):
             self.end_headers()
             self.wfile.write(body)
 
-        def do_POST(self):  # noqa: N802 (http.server naming)
+        def do_POST(self):
             length = int(self.headers.get("Content-Length", 0))
             body = self.rfile.read(length)
             record.authorizations.append(self.headers.get("Authorization", ""))
@@ -84,7 +84,7 @@ def _handler(record: HubRecord, port_holder: list[int]):
             record.unexpected.append(f"POST {self.path}")
             return self._reply(404, {"error": "not in the stand-in"})
 
-        def do_GET(self):  # noqa: N802
+        def do_GET(self):
             if self.path.split("?")[0] == "/api/agent-harnesses":
                 # huggingface_hub's best-effort user-agent lookup (utils/_detect_agent.py), not part
                 # of the upload: answer with the empty registry it falls back to anyway.
@@ -109,7 +109,7 @@ class HubStandIn:
     def endpoint(self) -> str:
         return f"http://127.0.0.1:{self._port[0]}"
 
-    def __enter__(self) -> "HubStandIn":
+    def __enter__(self):
         self._thread.start()
         return self
 

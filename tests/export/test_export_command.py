@@ -11,14 +11,13 @@ import json
 
 import pytest
 import torch
+from hub_standin import HubStandIn
 from safetensors.torch import load_file
 
 from draftheads.cli import main
 from draftheads.heads import build_head, load_head
 from draftheads.heads.eagle3 import Eagle3Config
 from draftheads.heads.medusa import MedusaConfig
-
-from hub_standin import HubStandIn
 
 TRAINING = {
     "steps": 1200,
