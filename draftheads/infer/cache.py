@@ -4,13 +4,16 @@ After verifying a tree, the base cache holds prefix + all N tree nodes; only the
 entries may stay. ``keep_accepted`` moves them to the front of the tree region and crops the rest
 (~1 ms at any prefix length, against 2.7-48 ms for re-indexing the whole cache; REFERENCE.md sec. 6).
 
-A drafter's cache (a ``DynamicCache``, or a tuple of them for MTP's modules) is rolled back instead:
+A drafter's cache is rolled back instead (its ``DynamicCache`` objects, ``head.draft_caches(cache)``:
+one for EAGLE/EAGLE-3, one per module for MTP):
 its tree entries were computed from the drafter's own predicted states, not from the base model's
 features, so ``crop_to_lengths`` drops them all and the head's ``catch_up`` recomputes the accepted
 positions from real features (as EAGLE does).
 """
 
 from __future__ import annotations
+
+from collections.abc import Sequence
 
 import torch
 from transformers import DynamicCache
@@ -20,11 +23,6 @@ from transformers.cache_utils import DynamicLayer
 def new_cache(model) -> DynamicCache:
     """An empty cache laid out for ``model`` (one dynamic layer per decoder layer)."""
     return DynamicCache(config=model.config)
-
-
-def _caches(cache) -> tuple[DynamicCache, ...]:
-    """A drafter cache may be one DynamicCache or a tuple/list of them (one per MTP module)."""
-    return tuple(cache) if isinstance(cache, (tuple, list)) else (cache,)
 
 
 def _layers(cache: DynamicCache) -> list[DynamicLayer]:
@@ -46,22 +44,21 @@ def cache_length(cache) -> int:
     return cache.get_seq_length()
 
 
-def cache_lengths(cache) -> tuple[int, ...]:
-    """Entries held by each cache of a drafter cache (one or a tuple)."""
-    return tuple(c.get_seq_length() for c in _caches(cache))
+def cache_lengths(caches: Sequence[DynamicCache]) -> tuple[int, ...]:
+    """Entries held by each of a drafter's caches."""
+    return tuple(cache.get_seq_length() for cache in caches)
 
 
-def crop_to_lengths(cache, lengths: tuple[int, ...]) -> None:
+def crop_to_lengths(caches: Sequence[DynamicCache], lengths: Sequence[int]) -> None:
     """Drop every entry after ``lengths`` (from ``cache_lengths``), in place."""
-    caches = _caches(cache)
     if len(lengths) != len(caches):
         raise ValueError(f"expected {len(caches)} cache lengths, got {len(lengths)}")
-    for part, length in zip(caches, lengths):
-        excess = part.get_seq_length() - length
+    for cache, length in zip(caches, lengths):
+        excess = cache.get_seq_length() - length
         if excess < 0:
-            raise ValueError(f"cannot crop a cache of {part.get_seq_length()} entries to {length}")
+            raise ValueError(f"cannot crop a cache of {cache.get_seq_length()} entries to {length}")
         if excess:
-            for layer in _layers(part):
+            for layer in _layers(cache):
                 layer.crop(-excess)
 
 

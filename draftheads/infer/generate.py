@@ -1,0 +1,466 @@
+"""Lossless speculative decoding with a draft head: the decode loop and its public API.
+
+Read top to bottom: the verification forward (inputs built and checked), the statistics, the decode
+loop (``SpeculativeGenerator._decode``, the only loop over decoding steps in the package), and the
+public ``SpeculativeGenerator`` with ``generate`` and ``from_pretrained``.
+
+One step: the head proposes a tree (``draft.py``); the unmodified Hugging Face model verifies every
+node in ONE forward through a 4D additive mask with explicit positions (REFERENCE.md sec. 2); a
+verifier (``verify.py``) keeps the longest valid path plus the base model's own next token; the KV
+cache keeps only the accepted entries (``cache.py``). Greedy decoding in fp32 reproduces
+``model.generate(do_sample=False)`` token for token; sampling follows the base model's distribution.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from draftheads.infer.cache import cache_lengths, crop_to_lengths, keep_accepted, new_cache
+from draftheads.infer.draft import draft_autoregressive, draft_parallel
+from draftheads.infer.tree import (
+    DynamicTree,
+    StaticTree,
+    TreeTopology,
+    resolve_tree,
+    tree_attention_mask,
+    tree_position_ids,
+)
+from draftheads.infer.verify import SamplingParams, next_token, verify_tree
+
+TREE_ATTENTION = ("sdpa", "eager")  # flash-attention-2 rejects a 4D mask; others are unverified
+DEFAULT_MAX_NEW_TOKENS = 256
+# Default tree per (drafting style, device type): small on CPU, where verifying N tokens costs
+# ~1.2-1.8x one token up to N = 16 and grows fast after (REFERENCE.md sec. 6); the papers' on GPU.
+DEFAULT_TREES = {
+    ("parallel", "cpu"): "cpu-8",
+    ("parallel", "cuda"): "mc_sim_7b_63",
+    ("autoregressive", "cpu"): "dynamic-cpu",
+    ("autoregressive", "cuda"): "dynamic-gpu",
+}
+
+
+# ---- the verification forward -------------------------------------------------------------------
+
+
+class TreeInputError(ValueError):
+    """Inputs that would make the HF model silently compute something other than tree attention."""
+
+
+def check_tree_inputs(model, input_ids, attention_mask, position_ids, past_length: int) -> None:
+    """Refuse the inputs that transformers 5.x accepts but silently misreads (issue 4): a 2D mask
+    (taken as padding), a bool mask (misread by eager attention), missing position_ids (positions
+    then run past the tree's depth), and attention kernels that ignore or reject a 4D mask."""
+    implementation = getattr(model.config, "_attn_implementation", None)
+    if implementation not in TREE_ATTENTION:
+        raise TreeInputError(
+            f"attn_implementation '{implementation}' cannot verify a tree (it needs a 4D float mask); "
+            f"load the base model with attn_implementation in {TREE_ATTENTION}"
+        )
+    if not isinstance(attention_mask, torch.Tensor) or attention_mask.dim() != 4:
+        shape = getattr(attention_mask, "shape", None)
+        raise TreeInputError(f"attention_mask must be a 4D tensor (B, 1, N, past + N), got shape {shape}")
+    batch, length = input_ids.shape
+    expected = (batch, 1, length, past_length + length)
+    if tuple(attention_mask.shape) != expected:
+        raise TreeInputError(f"attention_mask has shape {tuple(attention_mask.shape)}, expected {expected}")
+    if attention_mask.dtype != model.dtype:
+        raise TreeInputError(
+            f"attention_mask must be additive float in the model dtype {model.dtype} "
+            f"(0 attend, finfo.min masked), got {attention_mask.dtype}"
+        )
+    masked = torch.finfo(model.dtype).min
+    if not bool(((attention_mask == 0) | (attention_mask == masked)).all()):
+        raise TreeInputError("attention_mask values must be 0 (attend) or finfo(dtype).min (masked)")
+    if position_ids is None or tuple(position_ids.shape) != (batch, length):
+        shape = None if position_ids is None else tuple(position_ids.shape)
+        raise TreeInputError(f"position_ids must be given with shape {(batch, length)}, got {shape}")
+
+
+def tree_forward(model, cache, tokens: torch.Tensor, topology: TreeTopology, hidden_layers: Sequence[int]):
+    """Verify a tree in one forward of the HF model; the cache gains the tree's N entries.
+
+    Args:
+        tokens: (N,) node tokens (padding included), node 0 the root.
+        hidden_layers: the ``hidden_states`` indices the head reads. transformers 5.x records hidden
+            states with forward hooks and, given a list of indices, keeps only those (the others
+            come back as None), so asking for them costs references, not copies.
+    Returns:
+        The model output: ``logits`` (1, N, V) and ``hidden_states`` (the selected entries (1, N, h)).
+    """
+    past_length = cache.get_seq_length()
+    device = model.device
+    input_ids = tokens.to(device)[None]  # (1, N)
+    attention_mask = tree_attention_mask(topology, past_length, model.dtype, device)  # (1, 1, N, past+N)
+    position_ids = tree_position_ids(topology, past_length, device)  # (1, N)
+    check_tree_inputs(model, input_ids, attention_mask, position_ids, past_length)
+    return model(
+        input_ids=input_ids,
+        attention_mask=attention_mask,
+        position_ids=position_ids,
+        past_key_values=cache,
+        use_cache=True,
+        output_hidden_states=list(hidden_layers),
+    )
+
+
+# ---- statistics ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class GenerationStats:
+    """What one ``generate`` call did.
+
+    tau, the mean accepted length, counts the token the base model produces itself at each
+    verification step: a step that accepts d draft tokens emits d + 1 tokens, so tau = 1 without a
+    head and tau <= depth + 1 (REFERENCE.md sec. 3; EAGLE counts this way, some engines do not).
+    tau is measured over verification forwards (the prefill forward is not one) before truncation
+    at EOS or max_new_tokens; it is NaN when no verification step ran.
+    """
+
+    new_tokens: int
+    verification_steps: int  # tree forwards of the base model
+    forward_passes: int  # base-model forwards: the prefill + one per verification step
+    accepted_per_depth: tuple[int, ...]  # steps that accepted a draft token at depth 1, 2, ...
+    tau: float
+    seconds: float
+    tokens_per_second: float
+    tree: str  # the tree used
+
+    def summary(self) -> str:
+        return (
+            f"tau {self.tau:.2f} (accepted tokens per base forward, the base model's own token included), "
+            f"{self.tokens_per_second:.1f} tokens/s, {self.new_tokens} tokens in {self.seconds:.2f} s"
+        )
+
+
+@dataclass
+class _Tally:
+    """Counters the decode loop fills in (one per ``generate`` call)."""
+
+    started: float = field(default_factory=time.perf_counter)
+    new_tokens: int = 0
+    verification_steps: int = 0
+    emitted_by_steps: int = 0  # sum over steps of accepted drafts + 1
+    accepted_per_depth: list[int] = field(default_factory=list)
+
+    def record_step(self, accepted_drafts: int) -> None:
+        self.verification_steps += 1
+        self.emitted_by_steps += accepted_drafts + 1
+        while len(self.accepted_per_depth) < accepted_drafts:
+            self.accepted_per_depth.append(0)
+        for depth in range(accepted_drafts):
+            self.accepted_per_depth[depth] += 1
+
+    def stats(self, tree_name: str) -> GenerationStats:
+        seconds = time.perf_counter() - self.started
+        steps = self.verification_steps
+        return GenerationStats(
+            new_tokens=self.new_tokens,
+            verification_steps=steps,
+            forward_passes=steps + 1,
+            accepted_per_depth=tuple(self.accepted_per_depth),
+            tau=self.emitted_by_steps / steps if steps else float("nan"),
+            seconds=seconds,
+            tokens_per_second=self.new_tokens / seconds if seconds > 0 else float("inf"),
+            tree=tree_name,
+        )
+
+
+@dataclass(frozen=True)
+class GenerationResult:
+    """``sequences``: (1, prompt + new) token ids; ``text``: the new tokens decoded (with a tokenizer)."""
+
+    sequences: torch.Tensor
+    prompt_length: int
+    stats: GenerationStats
+    text: str | None = None
+
+    @property
+    def new_tokens(self) -> list[int]:
+        return self.sequences[0, self.prompt_length :].tolist()
+
+
+class TextStream:
+    """Iterate to get the answer's text as it is accepted; ``result`` is set once it is exhausted."""
+
+    def __init__(self, pieces: Iterator[str]):
+        self._pieces = pieces
+        self.result: GenerationResult | None = None
+
+    def __iter__(self) -> Iterator[str]:
+        self.result = yield from self._pieces
+
+
+# ---- the generator ------------------------------------------------------------------------------
+
+
+def _eos_ids(model, tokenizer) -> frozenset[int]:
+    """End-of-sequence ids, as ``model.generate`` would stop on them."""
+    eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    if eos is None and tokenizer is not None:
+        eos = tokenizer.eos_token_id
+    if eos is None:
+        return frozenset()
+    return frozenset([eos] if isinstance(eos, int) else eos)
+
+
+class SpeculativeGenerator:
+    """Decode with a draft head on its base model, losslessly, one sequence at a time.
+
+    Args:
+        base_model: the HF causal LM the head was trained on (sdpa or eager attention).
+        head: a ``DraftHead`` of any kind; it is attached to ``base_model`` (and checked to fit).
+        tokenizer: needed for chat messages, text output and streaming.
+        tree: a registered tree name (``draftheads.infer.tree.TREES``), a ``StaticTree`` /
+            ``DynamicTree``, or a Medusa-style choice list; default by drafting style and device.
+            Trees deeper than the head can draft (Medusa K heads, MTP D modules) are cut to fit.
+        pad_to_multiple: pad each tree to a multiple of this many tokens (padding is masked and never
+            accepted); default 4 for fp32 on CPU, where 2-3 row GEMMs are slow, else 1.
+    """
+
+    def __init__(self, base_model, head, tokenizer=None, tree=None, pad_to_multiple: int | None = None):
+        implementation = getattr(base_model.config, "_attn_implementation", None)
+        if implementation not in TREE_ATTENTION:
+            raise TreeInputError(
+                f"base model uses attn_implementation '{implementation}'; tree verification needs one of "
+                f"{TREE_ATTENTION} (load it with draftheads.base.load_base(..., attn_implementation='sdpa'))"
+            )
+        if head.drafting not in ("parallel", "autoregressive"):
+            raise ValueError(f"{head.kind} head has unknown drafting style '{head.drafting}'")
+        self.model = base_model
+        self.head = head.attach(base_model).eval()
+        self.tokenizer = tokenizer
+        device_type = base_model.device.type if base_model.device.type in ("cpu", "cuda") else "cuda"
+        chosen = resolve_tree(tree if tree is not None else DEFAULT_TREES[(head.drafting, device_type)])
+        if head.drafting == "parallel" and not isinstance(chosen, StaticTree):
+            raise ValueError(f"{head.kind} heads draft all depths at once; give a static tree, not '{chosen.name}'")
+        if head.num_draft_steps >= 0:
+            chosen = chosen.truncated(head.num_draft_steps) if isinstance(chosen, StaticTree) else chosen.capped(
+                head.num_draft_steps
+            )
+        self.tree = chosen
+        if pad_to_multiple is None:
+            pad_to_multiple = 4 if base_model.dtype == torch.float32 and base_model.device.type == "cpu" else 1
+        self.pad_to_multiple = pad_to_multiple
+        self.eos_ids = _eos_ids(base_model, tokenizer)
+        self.max_length = getattr(base_model.config, "max_position_embeddings", None)
+        self._static_topologies: dict[int, tuple[StaticTree, TreeTopology]] = {}
+
+    @classmethod
+    def from_pretrained(
+        cls,
+        head_dir: str | Path,
+        base: str | None = None,
+        dtype: str | torch.dtype = "auto",
+        device: str = "cpu",
+        tree=None,
+    ) -> SpeculativeGenerator:
+        """Load a saved head and its base model (by default the one recorded in the head's
+        config.json ``base_model.name_or_path``)."""
+        from draftheads.base import load_base
+        from draftheads.heads import load_head
+
+        if base is None:
+            config_path = Path(head_dir) / "config.json"
+            if not config_path.is_file():
+                raise FileNotFoundError(f"no config.json in head directory {head_dir}")
+            base = json.loads(config_path.read_text()).get("base_model", {}).get("name_or_path")
+            if not base:
+                raise ValueError(f"{config_path}: base_model.name_or_path is empty; pass base=... explicitly")
+        model, tokenizer = load_base(base, dtype=dtype, device=device)
+        head = load_head(head_dir, base_model=model, map_location=device)
+        return cls(model, head, tokenizer, tree=tree)
+
+    # ---- trees for one step -------------------------------------------------------------------
+
+    def _step_tree(self, max_depth: int) -> StaticTree | DynamicTree:
+        """The tree, cut to ``max_depth`` when the context limit is near."""
+        if isinstance(self.tree, StaticTree):
+            return self.tree.truncated(max_depth)
+        return self.tree.capped(max_depth)
+
+    def _static_topology(self, tree: StaticTree) -> TreeTopology:
+        if tree.depth not in self._static_topologies:
+            self._static_topologies[tree.depth] = (tree, tree.topology(self.pad_to_multiple))
+        return self._static_topologies[tree.depth][1]
+
+    # ---- inputs -------------------------------------------------------------------------------
+
+    def _prompt_ids(self, prompt) -> torch.Tensor:
+        """(1, T) prompt ids from ids (list, (T,) or (1, T) tensor), text, or chat messages."""
+        if isinstance(prompt, (str, list)) and (isinstance(prompt, str) or (prompt and isinstance(prompt[0], dict))):
+            if self.tokenizer is None:
+                raise ValueError("text or chat-message prompts need a tokenizer: SpeculativeGenerator(..., tokenizer=)")
+            if isinstance(prompt, str):
+                ids = self.tokenizer(prompt, add_special_tokens=True)["input_ids"]
+            else:
+                ids = self.tokenizer.apply_chat_template(prompt, add_generation_prompt=True, return_dict=False)
+            prompt = ids
+        ids = torch.as_tensor(prompt, dtype=torch.long)
+        if ids.dim() == 1:
+            ids = ids[None]
+        if ids.dim() != 2 or ids.shape[0] != 1:
+            raise ValueError(
+                f"speculative decoding runs one sequence at a time; got input_ids of shape {tuple(ids.shape)}"
+            )
+        if ids.shape[1] == 0:
+            raise ValueError("the prompt is empty")
+        if self.max_length is not None and ids.shape[1] >= self.max_length:
+            raise ValueError(f"the prompt has {ids.shape[1]} tokens; the model's context is {self.max_length}")
+        return ids.to(self.model.device)
+
+    # ---- the decode loop ----------------------------------------------------------------------
+
+    @torch.no_grad()
+    def _decode(
+        self,
+        input_ids: torch.Tensor,
+        max_new_tokens: int,
+        params: SamplingParams,
+        generator: torch.Generator,
+        tally: _Tally,
+    ) -> Iterator[list[int]]:
+        """Yield the new tokens of each step (prefill, then one chunk per verification forward)."""
+        model, head = self.model, self.head
+        hidden_layers = head.feature_layers
+        prompt_length = input_ids.shape[1]
+        limit = min(self.max_length or 2**62, prompt_length + max_new_tokens)  # final sequence length
+
+        def emit(tokens: list[int]) -> tuple[list[int], bool]:
+            """Cut ``tokens`` at the first EOS (kept) and at the length limits; report if done."""
+            room = limit - prompt_length - tally.new_tokens
+            for index, token in enumerate(tokens):
+                if token in self.eos_ids:
+                    tokens = tokens[: index + 1]
+                    break
+            done = len(tokens) >= room or (bool(tokens) and tokens[-1] in self.eos_ids)
+            tokens = tokens[:room]
+            tally.new_tokens += len(tokens)
+            return tokens, done
+
+        cache = new_cache(model)
+        output = model(
+            input_ids=input_ids,
+            past_key_values=cache,
+            use_cache=True,
+            output_hidden_states=list(hidden_layers),
+            logits_to_keep=1,
+        )
+        root = next_token(output.logits[0, -1], params, generator)
+        tokens, done = emit([root])
+        yield tokens
+        if done:
+            return
+        features = head.select_features(output.hidden_states)  # (1, T, F)
+        past = prompt_length  # cache entries; the root sits at position `past`
+        if head.drafting == "parallel":
+            last_features = features[:, -1:]  # (1, 1, F)
+        else:
+            draft_cache = head.new_cache()
+            next_ids = torch.cat([input_ids[:, 1:], input_ids.new_tensor([[root]])], dim=1)  # (1, T)
+            positions = torch.arange(past, device=input_ids.device)[None]  # (1, T)
+            draft_state, draft_logits = head.catch_up(draft_cache, features, next_ids, positions)
+
+        while True:
+            # Node depth d lands at position past + d; accepting d drafts makes the sequence
+            # past + d + 2 long, which must stay within the context.
+            tree = self._step_tree(max_depth=(self.max_length or 2**62) - past - 2)
+            if head.drafting == "parallel":
+                draft = draft_parallel(head, last_features, root, tree, self._static_topology(tree))
+            else:
+                lengths = cache_lengths(head.draft_caches(draft_cache))
+                draft = draft_autoregressive(
+                    head, draft_cache, root, draft_state, draft_logits, past, tree, self.pad_to_multiple
+                )
+                crop_to_lengths(head.draft_caches(draft_cache), lengths)  # drafted entries are rebuilt from real features
+            tokens_in_tree = draft.padded_tokens  # (N,)
+            output = tree_forward(model, cache, tokens_in_tree, draft.topology, hidden_layers)
+            acceptance = verify_tree(output.logits[0], tokens_in_tree, draft.topology, params, generator)
+            accepted = torch.tensor(acceptance.nodes, device=tokens_in_tree.device)  # (A,)
+            keep_accepted(cache, past, accepted)
+            tally.record_step(acceptance.accepted_drafts)
+            new = tokens_in_tree[accepted[1:]].tolist() + [acceptance.next_token]
+            tokens, done = emit(new)
+            yield tokens
+            if done:
+                return
+            features = head.select_features(output.hidden_states)[:, accepted.to(model.device)]  # (1, A, F)
+            if head.drafting == "parallel":
+                last_features = features[:, -1:]
+            else:
+                next_ids = torch.tensor([new], device=input_ids.device)  # (1, A)
+                positions = past + torch.arange(len(new), device=input_ids.device)[None]  # (1, A)
+                draft_state, draft_logits = head.catch_up(draft_cache, features, next_ids, positions)
+            past += len(new)
+            root = acceptance.next_token
+
+    # ---- public API ---------------------------------------------------------------------------
+
+    def generate(
+        self,
+        prompt,
+        max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS,
+        temperature: float = 0.0,
+        top_p: float = 1.0,
+        top_k: int = 0,
+        stream: bool = False,
+        seed: int | None = None,
+        acceptance: str = "exact",
+    ) -> GenerationResult | TextStream:
+        """Generate up to ``max_new_tokens`` tokens after ``prompt``.
+
+        Args:
+            prompt: token ids (list, (T,) or (1, T) tensor), a string, or chat messages
+                (``[{"role": "user", "content": ...}]``, formatted with the tokenizer's template).
+            temperature: 0 is greedy (output identical to ``model.generate(do_sample=False)`` in fp32);
+                above 0, the output follows the base model's sampling distribution after top_p/top_k.
+            stream: return a ``TextStream`` yielding text as it is accepted (needs a tokenizer).
+            seed: seeds the sampling generator (reproducible sampling).
+            acceptance: "exact" (lossless) or "typical" (Medusa's typical acceptance, lossy).
+        Returns:
+            A ``GenerationResult`` (sequences, text, ``GenerationStats``), or a ``TextStream`` whose
+            ``result`` holds it once exhausted. Generation stops after EOS (included), after
+            ``max_new_tokens``, or at the model's context length.
+        """
+        if max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+        params = SamplingParams(temperature=temperature, top_p=top_p, top_k=top_k, acceptance=acceptance)
+        input_ids = self._prompt_ids(prompt)
+        generator = torch.Generator()
+        if seed is None:
+            generator.seed()
+        else:
+            generator.manual_seed(seed)
+        if stream:
+            if self.tokenizer is None:
+                raise ValueError("stream=True needs a tokenizer to decode text")
+            return TextStream(self._stream(input_ids, max_new_tokens, params, generator))
+        tally = _Tally()
+        new_tokens = [t for chunk in self._decode(input_ids, max_new_tokens, params, generator, tally) for t in chunk]
+        return self._result(input_ids, new_tokens, tally)
+
+    def _result(self, input_ids: torch.Tensor, new_tokens: list[int], tally: _Tally) -> GenerationResult:
+        sequences = torch.cat([input_ids.cpu(), torch.tensor([new_tokens], dtype=torch.long)], dim=1)
+        text = self.tokenizer.decode(new_tokens, skip_special_tokens=True) if self.tokenizer is not None else None
+        return GenerationResult(sequences, input_ids.shape[1], tally.stats(self.tree.name), text)
+
+    def _stream(self, input_ids, max_new_tokens, params, generator):
+        """Text pieces as steps are accepted; returns the GenerationResult at the end."""
+        tally = _Tally()
+        new_tokens: list[int] = []
+        printed = ""
+        for chunk in self._decode(input_ids, max_new_tokens, params, generator, tally):
+            new_tokens.extend(chunk)
+            text = self.tokenizer.decode(new_tokens, skip_special_tokens=True)
+            if text.endswith("\ufffd"):  # an incomplete UTF-8 character: wait for its next byte
+                continue
+            if len(text) > len(printed):
+                yield text[len(printed) :]
+            printed = text
+        return self._result(input_ids, new_tokens, tally)
