@@ -1,0 +1,81 @@
+"""The loss functions: masking, weights, and their minima."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from draftheads.train.losses import (
+    cross_entropy,
+    eagle3_loss,
+    eagle3_targets,
+    eagle_loss,
+    masked_mean,
+    medusa_loss,
+    mtp_loss,
+    soft_cross_entropy,
+)
+
+
+def test_masked_mean_ignores_masked_positions_and_survives_an_empty_mask():
+    values = torch.tensor([[1.0, 100.0], [3.0, 100.0]])
+    assert masked_mean(values, torch.tensor([[1, 0], [1, 0]])).item() == 2.0
+    empty = masked_mean(values.requires_grad_(), torch.zeros(2, 2))
+    assert empty.item() == 0.0 and empty.requires_grad
+
+
+def test_cross_entropy_matches_torch():
+    logits, targets = torch.randn(3, 5, 11), torch.randint(0, 11, (3, 5))
+    expected = F.cross_entropy(logits.reshape(-1, 11), targets.reshape(-1), reduction="none").reshape(3, 5)
+    torch.testing.assert_close(cross_entropy(logits, targets), expected)
+    # a one-hot soft target is the hard CE
+    torch.testing.assert_close(soft_cross_entropy(F.one_hot(targets, 11).float(), logits), expected)
+
+
+def test_medusa_loss_decays_by_head_and_masks():
+    logits = [torch.randn(4, 7) for _ in range(3)]
+    targets = [torch.randint(0, 7, (4,)) for _ in range(3)]
+    masks = [torch.tensor([1, 1, 0, 0])] * 3
+    expected = sum(0.8**k * cross_entropy(logits[k], targets[k])[:2].mean() for k in range(3))
+    torch.testing.assert_close(medusa_loss(logits, targets, masks), expected)
+    changed = [logit.clone() for logit in logits]
+    changed[1][2:] += 50.0  # masked rows do not matter
+    torch.testing.assert_close(medusa_loss(changed, targets, masks), expected)
+
+
+def test_eagle_loss_is_zero_regression_plus_entropy_at_the_target():
+    features = torch.randn(5, 8)
+    lm_head = torch.randn(13, 8)
+    logits = features @ lm_head.T
+    mask = torch.ones(5)
+    entropy = -(F.softmax(logits, -1) * F.log_softmax(logits, -1)).sum(-1).mean()
+    torch.testing.assert_close(eagle_loss(features, features, logits, logits, mask), 0.1 * entropy)
+    off = features + 1.0  # SmoothL1 of a difference of 1 is 0.5 per element
+    loss = eagle_loss(off, features, logits, logits, mask, probability_weight=0.0)
+    torch.testing.assert_close(loss, torch.tensor(0.5))
+
+
+def test_eagle3_targets_restrict_and_renormalise_over_the_draft_vocab():
+    t2d = torch.tensor([True, False, True, True, False])
+    logits = torch.tensor([[0.0, 5.0, 1.0, 2.0, 0.0], [3.0, 0.0, 1.0, 0.0, 0.0]])
+    probs, usable = eagle3_targets(logits, t2d)
+    torch.testing.assert_close(probs, F.softmax(logits[:, [0, 2, 3]], -1))
+    assert usable.tolist() == [False, True]  # row 0's argmax (id 1) is not a draft token
+
+
+def test_eagle3_loss_weights_steps():
+    probs = [F.softmax(torch.randn(4, 6), -1) for _ in range(3)]
+    logits = [torch.randn(4, 6) for _ in range(3)]
+    masks = [torch.tensor([True, True, True, False])] * 3
+    expected = sum(0.8**j * soft_cross_entropy(probs[j], logits[j])[:3].mean() for j in range(3))
+    torch.testing.assert_close(eagle3_loss(logits, probs, masks), expected)
+
+
+def test_mtp_loss_is_the_weighted_mean_over_modules():
+    logits = [torch.zeros(2, 10), torch.zeros(3, 10)]  # uniform: CE = log 10 for any target
+    targets = [torch.zeros(2, dtype=torch.long), torch.ones(3, dtype=torch.long)]
+    masks = [torch.ones(2), torch.ones(3)]
+    assert mtp_loss(logits, targets, masks, weight=0.3).item() == pytest.approx(0.3 * math.log(10))

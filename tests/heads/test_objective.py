@@ -1,0 +1,112 @@
+"""compute_objective: alignment, accuracy bookkeeping, and that each kind can learn a fixed batch."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from head_fixtures import HEAD_CONFIGS, KINDS, base_hidden_states, batch, token_counts  # noqa: F401
+
+from draftheads.heads import MedusaConfig, build_head
+from draftheads.train.objective import OBJECTIVES, ObjectiveOutput, compute_objective
+from tests.conftest import make_tiny_llama
+
+
+@pytest.fixture
+def sharp_llama():
+    """The tiny Llama with a scaled-up lm_head: a random model's next-token distributions are
+    nearly uniform, which leaves soft-target losses (EAGLE, EAGLE-3) almost nothing to learn."""
+    model = make_tiny_llama()
+    with torch.no_grad():
+        model.lm_head.weight.mul_(30.0)
+    return model
+
+
+def test_every_registered_kind_has_an_objective():
+    from draftheads.heads import HEAD_REGISTRY
+
+    assert set(OBJECTIVES) == set(HEAD_REGISTRY)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_output_shapes_and_counts(kind, tiny_llama, batch):  # noqa: F811
+    input_ids, loss_mask, attention_mask = batch
+    head = build_head(tiny_llama, HEAD_CONFIGS[kind])
+    output = compute_objective(head, base_hidden_states(tiny_llama, input_ids, attention_mask), input_ids, loss_mask, attention_mask)
+    assert isinstance(output, ObjectiveOutput)
+    steps = {"medusa": 3, "eagle": 1, "eagle3": 3, "mtp": 3}[kind]
+    assert output.loss.dim() == 0 and output.loss.requires_grad
+    assert output.top1_correct.shape == output.top5_correct.shape == output.counted.shape == (steps,)
+    assert bool((output.top1_correct <= output.top5_correct).all())
+    assert bool((output.top5_correct <= output.counted).all())
+    # Supervised tokens: row 0 positions 4..15, row 1 positions 4..12. Step s predicts token q from
+    # row q - (s + 2) >= 0, so every supervised token (q >= 4) is counted up to step 2.
+    assert output.counted.tolist() == [12.0 + 9.0] * steps
+
+
+def test_a_dict_of_hidden_states_works_like_the_tuple(tiny_llama, batch):  # noqa: F811
+    input_ids, loss_mask, attention_mask = batch
+    head = build_head(tiny_llama, HEAD_CONFIGS["eagle3"])
+    hidden_states = base_hidden_states(tiny_llama, input_ids, attention_mask)
+    subset = {index: hidden_states[index] for index in head.required_hidden_states}
+    from_tuple = compute_objective(head, hidden_states, input_ids, loss_mask, attention_mask)
+    from_dict = compute_objective(head, subset, input_ids, loss_mask, attention_mask)
+    torch.testing.assert_close(from_dict.loss, from_tuple.loss)
+
+
+def test_medusa_head_k_is_scored_against_the_token_k_plus_2_ahead(tiny_llama):
+    """A head whose own lm_head is the base one scores, for head k, the base top-1 vs token t+k+2."""
+    input_ids = torch.randint(3, 256, (1, 12))
+    loss_mask = torch.ones_like(input_ids)
+    head = build_head(tiny_llama, MedusaConfig(num_heads=2, num_layers=0))
+    hidden_states = base_hidden_states(tiny_llama, input_ids)
+    predicted = tiny_llama.lm_head(hidden_states[-1]).argmax(-1)[0]  # (T,)
+    output = compute_objective(head, hidden_states, input_ids, loss_mask, None)
+    for k in range(2):
+        expected = (predicted[: 12 - k - 2] == input_ids[0, k + 2 :]).sum().item()
+        assert output.top1_correct[k].item() == expected
+        assert output.counted[k].item() == 12 - k - 2
+
+
+def test_padding_and_prompt_tokens_do_not_change_the_loss(tiny_llama, batch):  # noqa: F811
+    input_ids, loss_mask, attention_mask = batch
+    head = build_head(tiny_llama, HEAD_CONFIGS["mtp"])
+    hidden_states = base_hidden_states(tiny_llama, input_ids, attention_mask)
+    reference = compute_objective(head, hidden_states, input_ids, loss_mask, attention_mask)
+    changed = input_ids.clone()
+    changed[1, 14:] = 7  # padding tokens (never attended, never targets)
+    moved = compute_objective(head, hidden_states, changed, loss_mask, attention_mask)
+    torch.testing.assert_close(moved.loss, reference.loss)
+
+
+def test_eagle_noise_only_in_training_mode(tiny_llama, batch):  # noqa: F811
+    input_ids, loss_mask, attention_mask = batch
+    head = build_head(tiny_llama, HEAD_CONFIGS["eagle"])
+    hidden_states = base_hidden_states(tiny_llama, input_ids, attention_mask)
+    head.eval()
+    first = compute_objective(head, hidden_states, input_ids, loss_mask, attention_mask).loss
+    second = compute_objective(head, hidden_states, input_ids, loss_mask, attention_mask).loss
+    assert torch.equal(first, second)
+    head.train()
+    noisy = compute_objective(head, hidden_states, input_ids, loss_mask, attention_mask).loss
+    assert not torch.equal(noisy, first)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_loss_falls_when_overfitting_a_fixed_batch(kind, sharp_llama, batch):  # noqa: F811
+    input_ids, loss_mask, attention_mask = batch
+    torch.manual_seed(0)
+    head = build_head(sharp_llama, HEAD_CONFIGS[kind])
+    head.init_from_data(token_counts(input_ids[loss_mask.bool()], 256))
+    head.train()
+    hidden_states = base_hidden_states(sharp_llama, input_ids, attention_mask)
+    optimizer = torch.optim.AdamW(head.parameters(), lr=3e-3, betas=(0.9, 0.95))
+    losses, first = [], None
+    for _ in range(60):
+        output = compute_objective(head, hidden_states, input_ids, loss_mask, attention_mask)
+        first = first or output
+        optimizer.zero_grad()
+        output.loss.backward()
+        optimizer.step()
+        losses.append(output.loss.item())
+    assert losses[-1] < 0.5 * losses[0], losses[::10]
+    assert output.top1_correct.sum() > first.top1_correct.sum()
