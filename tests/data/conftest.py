@@ -1,42 +1,12 @@
-"""Data-test fixtures: a byte-level ChatML tokenizer (offline, no model download), a tiny base model
-directory using it, and the real Llama-3 chat template paired with SmolLM2's vocabulary."""
+"""Data-test fixtures: the byte tokenizer, a tiny base model directory using it, and the Llama-3
+chat template on SmolLM2's vocabulary (see data_fixtures.py)."""
 
 from __future__ import annotations
 
-import copy
 import json
-from pathlib import Path
 
 import pytest
-
-FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
-LLAMA3_FIXTURE = FIXTURES / "llama3_chat_template"
-# SmolLM2-135M-Instruct's chat template (ChatML with a default system prompt).
-CHATML_TEMPLATE = (
-    "{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}"
-    "{{ '<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n' }}"
-    "{% endif %}{{'<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n'}}"
-    "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
-)
-
-
-def make_byte_tokenizer(chat_template: str = CHATML_TEMPLATE):
-    """Byte-level BPE without merges: 256 byte tokens + <|im_start|>, <|im_end|> (vocab 258)."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
-
-    alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
-    backend = Tokenizer(models.BPE(vocab={ch: i for i, ch in enumerate(alphabet)}, merges=[]))
-    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    backend.decoder = decoders.ByteLevel()
-    tokenizer = PreTrainedTokenizerFast(
-        tokenizer_object=backend,
-        bos_token="<|im_start|>",
-        eos_token="<|im_end|>",
-        pad_token="<|im_end|>",
-    )
-    tokenizer.chat_template = chat_template
-    return tokenizer
+from data_fixtures import LLAMA3_FIXTURE, load_root_conftest, make_byte_tokenizer, pair_with_vocabulary
 
 
 @pytest.fixture(scope="session")
@@ -47,10 +17,8 @@ def byte_tokenizer():
 @pytest.fixture(scope="session")
 def tiny_base_dir(tmp_path_factory):
     """A directory holding the tiny random Llama and the byte tokenizer: a valid ``--base``."""
-    from tests.conftest import make_tiny_llama
-
     tokenizer = make_byte_tokenizer()
-    model = make_tiny_llama(
+    model = load_root_conftest().make_tiny_llama(
         vocab_size=len(tokenizer),
         bos_token_id=tokenizer.bos_token_id,
         eos_token_id=tokenizer.eos_token_id,
@@ -60,19 +28,6 @@ def tiny_base_dir(tmp_path_factory):
     model.save_pretrained(path)
     tokenizer.save_pretrained(path)
     return path
-
-
-def pair_with_vocabulary(base_tokenizer, config: dict, tmp_path: Path):
-    """A tokenizer directory: ``config``'s chat template and special tokens on ``base_tokenizer``'s
-    vocabulary, saved and reloaded through AutoTokenizer like any downloaded tokenizer."""
-    from transformers import AutoTokenizer
-
-    tokenizer = copy.deepcopy(base_tokenizer)
-    tokenizer.add_special_tokens({"additional_special_tokens": config["additional_special_tokens"]})
-    tokenizer.bos_token, tokenizer.eos_token = config["bos_token"], config["eos_token"]
-    tokenizer.chat_template = config["chat_template"]
-    tokenizer.save_pretrained(tmp_path)
-    return AutoTokenizer.from_pretrained(tmp_path)
 
 
 @pytest.fixture(scope="session")
@@ -91,12 +46,3 @@ def llama3_generation_tokenizer(smollm2_tokenizer, llama3_config, tmp_path_facto
         llama3_config, chat_template=(LLAMA3_FIXTURE / "generation_variant.jinja").read_text().rstrip("\n")
     )
     return pair_with_vocabulary(smollm2_tokenizer, variant, tmp_path_factory.mktemp("llama3_generation"))
-
-
-def write_jsonl(path: Path, records: list) -> Path:
-    path.write_text("".join((r if isinstance(r, str) else json.dumps(r)) + "\n" for r in records))
-    return path
-
-
-def sharegpt_record(identifier: str, *turns: tuple[str, str]) -> dict:
-    return {"id": identifier, "conversations": [{"from": f, "value": v} for f, v in turns]}

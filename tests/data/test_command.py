@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+from data_fixtures import sharegpt_record, write_jsonl
+
 from draftheads.cli import main
-from tests.data.conftest import sharegpt_record, write_jsonl
 
 
 def test_data_inspect_prints_the_report(tmp_path, tiny_base_dir, capsys):

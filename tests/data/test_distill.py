@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import json
 
+from data_fixtures import sharegpt_record, write_jsonl
+
 from draftheads.cli import main
 from draftheads.data.sources import read_conversations
-from tests.data.conftest import sharegpt_record, write_jsonl
 
 
 def test_distill_writes_regenerated_conversations_and_resumes(tmp_path, tiny_base_dir, capsys):

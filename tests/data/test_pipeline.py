@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import pytest
+from data_fixtures import sharegpt_record, write_jsonl
 
 from draftheads.config import DataConfig
 from draftheads.data.pipeline import DataReport, build_datasets, length_histogram
 from draftheads.data.sources import DataError
-from tests.data.conftest import sharegpt_record, write_jsonl
 
 
 @pytest.fixture

@@ -7,10 +7,10 @@ import json
 import time
 
 import pytest
+from data_fixtures import sharegpt_record, write_jsonl
 
 from draftheads.data import sources
 from draftheads.data.sources import DataError, read_conversations
-from tests.data.conftest import sharegpt_record, write_jsonl
 
 GOOD = sharegpt_record("a", ("human", "Hi"), ("gpt", "Hello!"))
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+from data_fixtures import CHATML_TEMPLATE, make_byte_tokenizer
 
 from draftheads.data.sources import read_conversations
 from draftheads.data.template import (
@@ -12,7 +13,6 @@ from draftheads.data.template import (
     encode_conversations,
     probe_template,
 )
-from tests.data.conftest import CHATML_TEMPLATE, make_byte_tokenizer
 
 CONVERSATION = [
     {"role": "system", "content": "Be terse."},
