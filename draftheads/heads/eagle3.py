@@ -98,7 +98,11 @@ def resolve_feature_layers(config: Eagle3Config, num_hidden_layers: int) -> tupl
     if len(set(layers)) != len(layers):
         raise ConfigError(
             f"head.feature_layers={list(layers)}: duplicate index"
-            + ("" if explicit else f" (the default for a {num_hidden_layers}-layer base); set head.feature_layers explicitly")
+            + (
+                ""
+                if explicit
+                else f" (the default for a {num_hidden_layers}-layer base); set head.feature_layers explicitly"
+            )
         )
     return tuple(layers)
 
@@ -183,7 +187,9 @@ class Eagle3Head(DraftHead):
         ``attention_mask`` is additive (B, 1, T, past + T); ``cache`` is extended in place."""
         layer = self.midlayer
         embeddings = self.embed_tokens(token_ids).to(hidden.dtype)  # (B, T, h)
-        attention_input = torch.cat([layer.input_layernorm(embeddings), layer.hidden_norm(hidden)], dim=-1)  # (B, T, 2h)
+        attention_input = torch.cat(
+            [layer.input_layernorm(embeddings), layer.hidden_norm(hidden)], dim=-1
+        )  # (B, T, 2h)
         attended, _ = layer.self_attn(
             hidden_states=attention_input,
             attention_mask=attention_mask,
@@ -198,7 +204,9 @@ class Eagle3Head(DraftHead):
         """(..., h) drafter state -> (..., N) draft-vocabulary logits."""
         return self.lm_head(self.norm(hidden))
 
-    def training_time_test(self, features: torch.Tensor, input_ids: torch.Tensor, attention_mask: torch.Tensor | None) -> list[torch.Tensor]:
+    def training_time_test(
+        self, features: torch.Tensor, input_ids: torch.Tensor, attention_mask: torch.Tensor | None
+    ) -> list[torch.Tensor]:
         """Unroll the drafter ``ttt_steps`` times over a training batch (EAGLE-3's training-time test).
 
         Step j, row i sits at position i + j, consumes token t_{i+j+1} and the state row i produced
@@ -210,7 +218,9 @@ class Eagle3Head(DraftHead):
         """
         batch, length = input_ids.shape
         hidden = self.fuse(features)  # (B, T, h)
-        causal = padded_causal_mask(attention_mask, batch, length, hidden.dtype, hidden.device)  # (B, 1, T, T)
+        causal = padded_causal_mask(
+            attention_mask, batch, length, hidden.dtype, hidden.device
+        )  # (B, 1, T, T)
         own_row = additive_mask(torch.eye(length, dtype=torch.bool, device=hidden.device), hidden.dtype)
         own_row = own_row[None, None].expand(batch, 1, length, length)  # (B, 1, T, T)
         positions = torch.arange(length, device=hidden.device)[None].expand(batch, length)  # (B, T)

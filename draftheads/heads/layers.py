@@ -82,7 +82,13 @@ def build_rms_norm(base_config, size: int | None = None) -> nn.Module:
 def replace_linear_input(linear: nn.Linear, in_features: int) -> nn.Linear:
     """A fresh projection like ``linear`` (same output size, bias, dtype, device) reading ``in_features``."""
     weight = linear.weight
-    return nn.Linear(in_features, linear.out_features, bias=linear.bias is not None, device=weight.device, dtype=weight.dtype)
+    return nn.Linear(
+        in_features,
+        linear.out_features,
+        bias=linear.bias is not None,
+        device=weight.device,
+        dtype=weight.dtype,
+    )
 
 
 def shift_left(token_ids: torch.Tensor, count: int) -> torch.Tensor:
@@ -103,7 +109,9 @@ def additive_mask(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return torch.where(allowed, zeros, torch.finfo(dtype).min)
 
 
-def padded_causal_mask(attention_mask: torch.Tensor | None, batch: int, length: int, dtype: torch.dtype, device) -> torch.Tensor:
+def padded_causal_mask(
+    attention_mask: torch.Tensor | None, batch: int, length: int, dtype: torch.dtype, device
+) -> torch.Tensor:
     """(B, 1, T, T) causal mask over a training batch whose padding is 0 in ``attention_mask`` (B, T).
 
     Every query also sees itself, so a padding row is never fully masked (its output is unused).
@@ -126,7 +134,9 @@ def prefix_causal_mask(batch: int, past_length: int, length: int, dtype: torch.d
     return additive_mask(allowed, dtype)
 
 
-def prefix_and_self_mask(batch: int, past_length: int, length: int, dtype: torch.dtype, device) -> torch.Tensor:
+def prefix_and_self_mask(
+    batch: int, past_length: int, length: int, dtype: torch.dtype, device
+) -> torch.Tensor:
     """(B, 1, N, past + N): each of N new queries sees the cached prefix and only itself."""
     prefix = torch.ones(length, past_length, dtype=torch.bool, device=device)
     own = torch.eye(length, dtype=torch.bool, device=device)

@@ -73,12 +73,14 @@ class MedusaHead(DraftHead):
         super().__init__(config, base_config, base_name)
         hidden_size, vocab_size = base_config.hidden_size, base_config.vocab_size
         self.heads = nn.ModuleList(
-            MedusaHeadModule(hidden_size, vocab_size, config.num_layers, own_lm_head=not config.shared_lm_head)
+            MedusaHeadModule(
+                hidden_size, vocab_size, config.num_layers, own_lm_head=not config.shared_lm_head
+            )
             for _ in range(config.num_heads)
         )
 
     def init_from_base(self, base_model) -> None:
-        """Each head's own vocab projection starts as a copy of the base lm_head (paper, section 2.1.1)."""
+        """Each head's own vocab projection starts as a copy of the base lm_head (Medusa paper, "Medusa heads")."""
         if self.config.shared_lm_head:
             return
         base_weight = base_model.get_output_embeddings().weight

@@ -138,13 +138,19 @@ class MtpHead(DraftHead):
         """Module ``index`` (0-based) on (B, T, h) states and (B, T) tokens t_{i+index+1} -> (B, T, h)."""
         embeddings = self.embed_tokens(token_ids).to(hidden.dtype)  # (B, T, h)
         position_embeddings = self.rotary_emb(hidden, position_ids)
-        return self.module_list[index](hidden, embeddings, position_ids, attention_mask, position_embeddings, cache)
+        return self.module_list[index](
+            hidden, embeddings, position_ids, attention_mask, position_embeddings, cache
+        )
 
-    def unroll(self, features: torch.Tensor, input_ids: torch.Tensor, attention_mask: torch.Tensor | None) -> list[torch.Tensor]:
+    def unroll(
+        self, features: torch.Tensor, input_ids: torch.Tensor, attention_mask: torch.Tensor | None
+    ) -> list[torch.Tensor]:
         """Training forward: every module over a whole batch. Returns h^1..h^D, each (B, T, h); row i
         of h^k predicts t_{i+k+1} (rows with i + k + 1 >= T are padding)."""
         batch, length = input_ids.shape
-        mask = padded_causal_mask(attention_mask, batch, length, features.dtype, features.device)  # (B, 1, T, T)
+        mask = padded_causal_mask(
+            attention_mask, batch, length, features.dtype, features.device
+        )  # (B, 1, T, T)
         positions = torch.arange(length, device=features.device)[None].expand(batch, length)  # (B, T)
         hidden, states = features, []
         for index in range(self.config.num_modules):
@@ -183,7 +189,9 @@ class MtpHead(DraftHead):
             if ready == 0:
                 continue  # nothing for this module yet, hence nothing new for the next one either
             module_cache = cache[index]
-            mask = prefix_causal_mask(batch, module_cache.get_seq_length(), ready, hidden.dtype, hidden.device)
+            mask = prefix_causal_mask(
+                batch, module_cache.get_seq_length(), ready, hidden.dtype, hidden.device
+            )
             tokens = torch.gather(next_token_ids, 1, token_index[:, :ready])  # (B, ready)
             hidden = self.run_module(index, hidden, tokens, positions, mask, module_cache)  # (B, ready, h)
             if index == 0:
@@ -196,7 +204,9 @@ class MtpHead(DraftHead):
         ``draft_caches(cache)[depth]`` (its ``past`` differs per module); each node should see that
         cached prefix and itself only; ``attention_mask=None`` builds exactly that mask."""
         if not 1 <= depth < self.config.num_modules:
-            raise ValueError(f"mtp head with {self.config.num_modules} modules drafts depths 1..{self.config.num_modules - 1}, got depth {depth}")
+            raise ValueError(
+                f"mtp head with {self.config.num_modules} modules drafts depths 1..{self.config.num_modules - 1}, got depth {depth}"
+            )
         module_cache = cache[depth]
         batch, count, _ = hidden.shape
         past = module_cache.get_seq_length()
@@ -207,5 +217,7 @@ class MtpHead(DraftHead):
                 f"mtp draft_step depth {depth}: attention_mask covers {attention_mask.shape[-1]} keys, but module "
                 f"{depth + 1}'s cache holds {past} rows + {count} nodes = {past + count}"
             )
-        hidden = self.run_module(depth, hidden, token_ids, position_ids, attention_mask, module_cache)  # (B, N, h)
+        hidden = self.run_module(
+            depth, hidden, token_ids, position_ids, attention_mask, module_cache
+        )  # (B, N, h)
         return hidden, self.module_logits(depth, hidden)  # (B, N, h), (B, N, V)

@@ -66,7 +66,9 @@ def eagle_loss(
         predicted_logits, target_logits: (..., V) lm_head of each (the target side without grad).
         mask: (...) supervised positions.
     """
-    regression = F.smooth_l1_loss(predicted_features.float(), target_features.float(), reduction="none").mean(-1)
+    regression = F.smooth_l1_loss(predicted_features.float(), target_features.float(), reduction="none").mean(
+        -1
+    )
     target_probs = F.softmax(target_logits.float(), dim=-1)  # (..., V)
     classification = soft_cross_entropy(target_probs, predicted_logits)
     return masked_mean(regression, mask) + probability_weight * masked_mean(classification, mask)
@@ -97,7 +99,9 @@ def eagle3_loss(
     (..., N) target probabilities (``eagle3_targets``), (...) mask (supervised and in the draft vocab)."""
     terms = [
         decay**j * masked_mean(soft_cross_entropy(target_probs, logits), mask)
-        for j, (logits, target_probs, mask) in enumerate(zip(step_logits, step_target_probs, step_masks, strict=True))
+        for j, (logits, target_probs, mask) in enumerate(
+            zip(step_logits, step_target_probs, step_masks, strict=True)
+        )
     ]
     return torch.stack(terms).sum()
 

@@ -32,7 +32,9 @@ TOP_K = 5  # the second accuracy reported per step
 @dataclass
 class ObjectiveOutput:
     loss: torch.Tensor  # scalar, differentiable
-    top1_correct: torch.Tensor  # (S,) correct top-1 predictions per draft step, summed over supervised positions
+    top1_correct: (
+        torch.Tensor
+    )  # (S,) correct top-1 predictions per draft step, summed over supervised positions
     top5_correct: torch.Tensor  # (S,)
     counted: torch.Tensor  # (S,) supervised positions counted per step
 
@@ -45,7 +47,7 @@ class SupervisedTokens:
     position: torch.Tensor
 
     @classmethod
-    def from_masks(cls, loss_mask: torch.Tensor, attention_mask: torch.Tensor | None) -> "SupervisedTokens":
+    def from_masks(cls, loss_mask: torch.Tensor, attention_mask: torch.Tensor | None) -> SupervisedTokens:
         supervised = loss_mask.bool()
         if attention_mask is not None:
             supervised = supervised & attention_mask.bool()
@@ -118,7 +120,9 @@ def eagle_objective(head, hidden_states, input_ids, loss_mask, attention_mask) -
     if head.training and head.config.feature_noise > 0:
         noise = head.config.feature_noise
         inputs = features + (torch.rand_like(features) * 2 - 1) * noise  # U(-noise, noise)
-    mask = padded_causal_mask(attention_mask, batch_size, length, features.dtype, features.device)  # (B, 1, T, T)
+    mask = padded_causal_mask(
+        attention_mask, batch_size, length, features.dtype, features.device
+    )  # (B, 1, T, T)
     positions = torch.arange(length, device=features.device)[None].expand(batch_size, length)  # (B, T)
     # Row i: (f_i, t_{i+1}) -> f_hat_{i+1}; the last row has no next token and is never supervised.
     predicted = head.predict_features(inputs, shift_left(input_ids, 1), positions, mask)  # (B, T, h)
@@ -198,5 +202,7 @@ def compute_objective(head, hidden_states, input_ids, loss_mask, attention_mask)
             (B, T), 0 on padding (or None).
     """
     if head.kind not in OBJECTIVES:
-        raise ValueError(f"no training objective for head kind '{head.kind}'; known kinds: {', '.join(sorted(OBJECTIVES))}")
+        raise ValueError(
+            f"no training objective for head kind '{head.kind}'; known kinds: {', '.join(sorted(OBJECTIVES))}"
+        )
     return OBJECTIVES[head.kind](head, hidden_states, input_ids, loss_mask, attention_mask)

@@ -11,7 +11,7 @@ from draftheads.heads import build_head
 from draftheads.heads.layers import prefix_and_self_mask, prefix_causal_mask
 
 LENGTH = 9
-TOLERANCE = dict(rtol=1e-5, atol=1e-5)
+TOLERANCE = {"rtol": 1e-5, "atol": 1e-5}
 
 
 @pytest.fixture
@@ -49,14 +49,21 @@ def test_catch_up_at_once_equals_position_by_position(kind, tiny_llama, sequence
         hidden, logits = head.catch_up(whole, features, next_tokens, positions)
         stepwise = head.new_cache()
         for i in range(LENGTH):
-            step_hidden, step_logits = head.catch_up(stepwise, features[:, i : i + 1], next_tokens[:, i : i + 1], positions[:, i : i + 1])
+            step_hidden, step_logits = head.catch_up(
+                stepwise, features[:, i : i + 1], next_tokens[:, i : i + 1], positions[:, i : i + 1]
+            )
         # and in uneven chunks
         chunked = head.new_cache()
         for start, end in ((0, 4), (4, 5), (5, LENGTH)):
-            chunk_hidden, chunk_logits = head.catch_up(chunked, features[:, start:end], next_tokens[:, start:end], positions[:, start:end])
+            chunk_hidden, chunk_logits = head.catch_up(
+                chunked, features[:, start:end], next_tokens[:, start:end], positions[:, start:end]
+            )
     assert hidden.shape == (2, 64)
     assert logits.shape == (2, 64 if kind == "eagle3" else 256)
-    for other_hidden, other_logits, other_cache in ((step_hidden, step_logits, stepwise), (chunk_hidden, chunk_logits, chunked)):
+    for other_hidden, other_logits, other_cache in (
+        (step_hidden, step_logits, stepwise),
+        (chunk_hidden, chunk_logits, chunked),
+    ):
         torch.testing.assert_close(other_hidden, hidden, **TOLERANCE)
         torch.testing.assert_close(other_logits, logits, **TOLERANCE)
         for expected, actual in zip(cached_keys(head, whole), cached_keys(head, other_cache), strict=True):
@@ -68,7 +75,9 @@ def test_mtp_modules_lag_by_the_tokens_they_need(tiny_llama, sequence):
     head = make_head("mtp", tiny_llama)
     with torch.no_grad():
         cache = head.new_cache()
-        head.catch_up(cache, head.select_features(hidden_states)[:, :LENGTH], input_ids[:, 1:], positions[:, :LENGTH])
+        head.catch_up(
+            cache, head.select_features(hidden_states)[:, :LENGTH], input_ids[:, 1:], positions[:, :LENGTH]
+        )
     # Module k at position i needs t_{i+k}; t_9 is the newest token, so module k reached 9 - k.
     assert [part.get_seq_length() for part in head.draft_caches(cache)] == [9, 8, 7]
     assert cache.pending_hidden[0] is None
@@ -95,7 +104,9 @@ def test_mtp_catch_up_matches_the_training_forward(tiny_llama, sequence):
     features = head.select_features(hidden_states)
     with torch.no_grad():
         states = head.unroll(features, input_ids, None)  # row i of module k uses t_{i+k}
-        hidden, logits = head.catch_up(head.new_cache(), features[:, :LENGTH], input_ids[:, 1:], positions[:, :LENGTH])
+        hidden, logits = head.catch_up(
+            head.new_cache(), features[:, :LENGTH], input_ids[:, 1:], positions[:, :LENGTH]
+        )
     torch.testing.assert_close(hidden, states[0][:, LENGTH - 1], **TOLERANCE)
     torch.testing.assert_close(logits, head.module_logits(0, states[0][:, LENGTH - 1]), **TOLERANCE)
 
@@ -110,7 +121,9 @@ def test_eagle3_training_time_test_equals_drafting_a_chain(tiny_llama, sequence)
     with torch.no_grad():
         states = head.training_time_test(features, input_ids, None)  # 3 x (2, 10, h)
         cache = head.new_cache()
-        hidden, _ = head.catch_up(cache, features[:, : row + 1], input_ids[:, 1 : row + 2], positions[:, : row + 1])
+        hidden, _ = head.catch_up(
+            cache, features[:, : row + 1], input_ids[:, 1 : row + 2], positions[:, : row + 1]
+        )
         torch.testing.assert_close(hidden, states[0][:, row], **TOLERANCE)
         for depth in (1, 2):
             past = cache.get_seq_length()
@@ -144,7 +157,11 @@ def test_draft_step_on_a_frontier_matches_per_node_steps(kind, tiny_llama, seque
         for n in range(3):
             crop_to(cache, past)
             alone, _ = head.draft_step(
-                cache, 1, parents[:, n : n + 1], nodes[:, n : n + 1], node_positions[:, n : n + 1],
+                cache,
+                1,
+                parents[:, n : n + 1],
+                nodes[:, n : n + 1],
+                node_positions[:, n : n + 1],
                 prefix_causal_mask(2, past, 1, parents.dtype, parents.device),
             )
             torch.testing.assert_close(alone[:, 0], together[:, n], **TOLERANCE)
@@ -163,7 +180,11 @@ def test_mtp_draft_step_uses_the_next_module_at_the_root_position(tiny_llama, se
         node_positions = torch.full((2, 2), LENGTH - 1)
         built, built_logits = head.draft_step(cache, 1, parents, nodes, node_positions, None)
         assert built.shape == (2, 2, 64) and built_logits.shape == (2, 2, 256)
-        assert [part.get_seq_length() for part in head.draft_caches(cache)] == [lengths[0], lengths[1] + 2, lengths[2]]
+        assert [part.get_seq_length() for part in head.draft_caches(cache)] == [
+            lengths[0],
+            lengths[1] + 2,
+            lengths[2],
+        ]
         crop_to(head.draft_caches(cache)[1], lengths[1])
         mask = prefix_and_self_mask(2, lengths[1], 2, parents.dtype, parents.device)
         given, _ = head.draft_step(cache, 1, parents, nodes, node_positions, mask)

@@ -29,7 +29,9 @@ def test_feature_layer_beyond_the_base_depth_is_refused():
 
 
 def test_default_that_repeats_a_layer_on_a_shallow_base_says_to_set_it(tiny_llama):
-    with pytest.raises(ConfigError, match=r"feature_layers=\[2, 2, 1\]: duplicate index.*set head.feature_layers"):
+    with pytest.raises(
+        ConfigError, match=r"feature_layers=\[2, 2, 1\]: duplicate index.*set head.feature_layers"
+    ):
         build_head(tiny_llama, Eagle3Config())
 
 

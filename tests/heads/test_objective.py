@@ -31,7 +31,9 @@ def test_every_registered_kind_has_an_objective():
 def test_output_shapes_and_counts(kind, tiny_llama, batch):  # noqa: F811
     input_ids, loss_mask, attention_mask = batch
     head = build_head(tiny_llama, HEAD_CONFIGS[kind])
-    output = compute_objective(head, base_hidden_states(tiny_llama, input_ids, attention_mask), input_ids, loss_mask, attention_mask)
+    output = compute_objective(
+        head, base_hidden_states(tiny_llama, input_ids, attention_mask), input_ids, loss_mask, attention_mask
+    )
     assert isinstance(output, ObjectiveOutput)
     steps = {"medusa": 3, "eagle": 1, "eagle3": 3, "mtp": 3}[kind]
     assert output.loss.dim() == 0 and output.loss.requires_grad
