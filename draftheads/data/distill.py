@@ -100,15 +100,24 @@ def distill(
     conversations: list[Conversation],
     out: Path,
     config: DistillConfig,
+    max_length: int | None = None,
     progress: bool = True,
 ) -> dict[str, int]:
-    """Regenerate and append ``conversations`` not yet in ``out``; returns counts."""
+    """Regenerate and append ``conversations`` not yet in ``out``; returns counts.
+
+    A conversation stops at the first turn whose prompt + ``max_new_tokens`` exceeds
+    ``max_length`` (training truncates examples there, so later turns would never be trained on)
+    or the model's context.
+    """
     from tqdm import tqdm
 
     done_ids = written_ids(out)
     pending = [c for c in conversations if c.id not in done_ids]
-    context = getattr(model.config, "max_position_embeddings", None)
-    counts = {"written": 0, "skipped_existing": len(conversations) - len(pending), "cut_at_context": 0}
+    limits = [getattr(model.config, "max_position_embeddings", None), max_length]
+    context = min((limit for limit in limits if limit), default=None)
+    counts = {"written": 0, "skipped_existing": len(conversations) - len(pending), "cut_at_length": 0}
+    # Similar lengths in one batch waste less left padding; the output order does not matter (ids).
+    pending.sort(key=lambda c: sum(len(m["content"]) for m in c.messages))
     tokenizer.padding_side = "left"  # generation continues from the right edge of every row
     turns = sum(m["role"] == "assistant" for c in pending for m in c.messages)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -126,7 +135,7 @@ def distill(
                         )
                         length = len(tokenizer(text, add_special_tokens=False)["input_ids"])
                         if context is not None and length + config.max_new_tokens > context:
-                            counts["cut_at_context"] += 1
+                            counts["cut_at_length"] += 1
                             bar.update(
                                 sum(
                                     m["role"] == "assistant"
@@ -175,6 +184,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--temperature", type=float, default=config.temperature, help="0: greedy")
     parser.add_argument("--max-new-tokens", type=int, default=config.max_new_tokens)
     parser.add_argument("--batch-size", type=int, default=config.batch_size)
+    parser.add_argument(
+        "--max-length",
+        type=int,
+        default=data.max_length,
+        help="stop a conversation where its prompt reaches this",
+    )
     parser.add_argument("--dtype", default=model.dtype)
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--seed", type=int, default=0, help="sampling seed (temperature > 0)")
@@ -197,10 +212,10 @@ def run(args: argparse.Namespace) -> int:
     config = DistillConfig(
         temperature=args.temperature, max_new_tokens=args.max_new_tokens, batch_size=args.batch_size
     )
-    counts = distill(model, tokenizer, conversations, args.out, config)
+    counts = distill(model, tokenizer, conversations, args.out, config, max_length=args.max_length)
     print(
         f"[distill] wrote {counts['written']} conversations to {args.out} "
-        f"({counts['skipped_existing']} already there, {counts['cut_at_context']} cut at the context length) "
+        f"({counts['skipped_existing']} already there, {counts['cut_at_length']} stopped at --max-length) "
         f"in {time.perf_counter() - start:.1f} s"
     )
     return 0

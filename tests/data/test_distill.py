@@ -81,3 +81,16 @@ def test_greedy_distill_is_deterministic(tmp_path, tiny_base_dir):
         )
         outputs.append(out.read_text())
     assert outputs[0] == outputs[1]
+
+
+def test_conversation_stops_where_the_prompt_reaches_max_length(tmp_path, tiny_base_dir, capsys):
+    record = sharegpt_record("a", ("human", "first"), ("gpt", "x"), ("human", "second " * 10), ("gpt", "y"))
+    source = write_jsonl(tmp_path / "chats.jsonl", [record])
+    out = tmp_path / "out.jsonl"
+    arguments = ["distill", "--base", str(tiny_base_dir), "--data", str(source), "--out", str(out)]
+    assert main([*arguments, "--max-new-tokens", "4", "--max-length", "110"]) == 0
+    turns = json.loads(out.read_text())["conversations"]
+    assert [t["from"] for t in turns] == [
+        "human",
+        "gpt",
+    ] and "1 stopped at --max-length" in capsys.readouterr().out
