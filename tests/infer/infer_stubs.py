@@ -172,3 +172,47 @@ class ModuleStub(_StubHead):
         AutoregressiveStub._append(cache[depth], count)
         state = torch.stack([position_ids.float(), torch.full_like(position_ids, depth, dtype=torch.float)], dim=-1)
         return state, self._logits(position_ids + depth + 2)
+
+
+class _History(DynamicCache):
+    """A stub drafter cache that also remembers the accepted tokens."""
+
+    def __init__(self, first_token: int):
+        super().__init__()
+        self.tokens = [first_token]
+
+
+class SelfDraftStub(_StubHead):
+    """Drafts with the base model itself, recomputed from scratch at every node: its proposals are
+    the base model's own most likely tokens, so acceptance is high (sampling tests need both many
+    acceptances and many rejections). The state of a node is its path of draft tokens (-1 padded)."""
+
+    kind: ClassVar[str] = "stub-self-draft"
+    drafting: ClassVar[str] = "autoregressive"
+    draft_attends_ancestors: ClassVar[bool] = True
+    MAX_DEPTH = 8
+
+    def __init__(self, model, first_token: int):
+        super().__init__(model, torch.zeros(0, dtype=torch.long), right=True)
+        self._base = (model,)  # a tuple: not registered as a submodule
+        self.first_token = first_token
+
+    def new_cache(self):
+        return _History(self.first_token)
+
+    def _base_logits(self, sequences: list[list[int]]) -> torch.Tensor:
+        with torch.no_grad():
+            return self._base[0](torch.tensor(sequences)).logits[:, -1].float()  # (n, V)
+
+    def catch_up(self, cache, features, next_token_ids, position_ids):
+        AutoregressiveStub._append(cache, features.shape[1])
+        cache.tokens.extend(next_token_ids[0].tolist())
+        state = torch.full((1, self.MAX_DEPTH), -1.0)
+        return state, self._base_logits([cache.tokens])  # (1, L), (1, V)
+
+    def draft_step(self, cache, depth, hidden, token_ids, position_ids, attention_mask):
+        AutoregressiveStub._append(cache, token_ids.shape[1])
+        paths = hidden[0].clone()  # (N, L)
+        paths[:, depth - 1] = token_ids[0].float()
+        sequences = [cache.tokens + [int(t) for t in path[:depth]] for path in paths]
+        return paths[None], self._base_logits(sequences)[None]  # (1, N, L), (1, N, V)
