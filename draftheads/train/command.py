@@ -20,7 +20,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from draftheads.base import BaseModelError
     from draftheads.config import ConfigError, load_run_config
+    from draftheads.data.sources import DataError
+    from draftheads.heads import HeadMismatchError
     from draftheads.train.loop import run_training
 
     if args.local_rank is not None:
@@ -28,7 +31,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         config = load_run_config(args.config, args.overrides)
         run_training(config)
-    except ConfigError as err:
+    except (ConfigError, DataError, BaseModelError, HeadMismatchError) as err:  # bad input: no traceback
         print(f"draftheads train: {err}")
         return 2
     return 0

@@ -1,0 +1,163 @@
+"""The real training loop (DeepSpeed on CPU, one gloo process) on a tiny random Llama."""
+
+import json
+
+import datasets
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from draftheads.config import ConfigError, load_run_config
+from draftheads.heads import load_head
+from draftheads.train import checkpoint
+from draftheads.train.loop import run_training
+from draftheads.train.reporting import read_metrics
+
+HEAD_OVERRIDES = {
+    "medusa": ["head.kind=medusa", "head.num_heads=2"],
+    "eagle": ["head.kind=eagle"],
+    "eagle3": ["head.kind=eagle3", "head.feature_layers=[1,2,3]", "head.draft_vocab_size=64", "head.ttt_steps=2"],
+    "mtp": ["head.kind=mtp", "head.num_modules=2"],
+}
+
+
+def _patterned_dataset(rows=8, length=24):
+    """Rows that count up by a per-row stride: every next token is predictable from the context."""
+    ids, masks = [], []
+    for row in range(rows):
+        stride = 1 + row % 3
+        start = 3 + 7 * row
+        ids.append([3 + (start + stride * j) % 60 for j in range(length)])
+        masks.append([0] * 4 + [1] * (length - 4))
+    return datasets.Dataset.from_dict(
+        {"input_ids": ids, "loss_mask": masks, "length": [length] * rows, "id": [str(i) for i in range(rows)]}
+    )
+
+
+def _config(tmp_path, kind, *overrides):
+    return load_run_config(
+        None,
+        HEAD_OVERRIDES[kind]
+        + [
+            f"train.output_dir={tmp_path / kind}",
+            "train.max_steps=30",
+            "train.micro_batch_size=4",
+            "train.learning_rate=2e-2",
+            "train.warmup_steps=2",
+            "train.log_every=1",
+            "train.eval_every=15",
+            "train.save_every=15",
+            "train.base_throughput_batches=2",
+            *overrides,
+        ],
+    )
+
+
+@pytest.fixture
+def confident_llama(tiny_llama):
+    """The tiny Llama with a sharpened lm_head: a random model's next-token distribution is almost
+    uniform, which puts the floor of soft-target losses (EAGLE, EAGLE-3) near ln(V) and hides
+    learning; peaked targets make every head's loss able to fall far."""
+    with torch.no_grad():
+        tiny_llama.lm_head.weight.mul_(20.0)
+    return tiny_llama
+
+
+@pytest.mark.parametrize("kind", sorted(HEAD_OVERRIDES))
+def test_overfitting_a_fixed_dataset_lowers_the_loss(tmp_path, confident_llama, kind):
+    tiny_llama = confident_llama
+    dataset = _patterned_dataset()
+    summary = run_training(_config(tmp_path, kind), base_model=tiny_llama, datasets=(dataset, dataset))
+    records = read_metrics(tmp_path / kind)
+    losses = [r["loss"] for r in records if "loss" in r]
+    assert len(losses) == 30
+    assert sum(losses[-3:]) / 3 < 0.6 * sum(losses[:3]) / 3, losses
+    first_accuracy = sum(r["top1"][0] for r in records[:3]) / 3
+    assert summary.eval["top1"][0] > max(0.1, first_accuracy + 0.05), (first_accuracy, summary.eval)
+    assert summary.steps == 30 and summary.tokens == 30 * 4 * 24
+    assert summary.base_forward_tokens_per_second > 0
+    # The exported head loads without DeepSpeed and carries the training summary.
+    head = load_head(tmp_path / kind / "head", tiny_llama)
+    assert head.kind == kind
+    saved = json.loads((tmp_path / kind / "head" / "config.json").read_text())
+    assert saved["training"]["steps"] == 30
+    assert (tmp_path / kind / "curves.png").stat().st_size > 0
+    assert [p.name for p in checkpoint.list_checkpoints(tmp_path / kind)] == ["step-00000015", "step-00000030"]
+
+
+@pytest.mark.parametrize("kind", ["eagle", "medusa"])  # eagle draws feature noise: RNG must resume too
+def test_a_resumed_run_ends_with_the_same_weights(tmp_path, tiny_llama, kind):
+    dataset = _patterned_dataset()
+    options = ["train.max_steps=8", "train.save_every=4", "train.eval_every=4", "train.gradient_accumulation_steps=2",
+               "train.micro_batch_size=2", "train.base_throughput_batches=0"]
+    whole = _config(tmp_path / "whole", kind, *options)
+    run_training(whole, base_model=tiny_llama, datasets=(dataset, dataset))
+    # A run that stopped after step 4: only the step-4 checkpoint survives in its output dir.
+    stopped = tmp_path / "stopped" / kind
+    (stopped / "checkpoints").mkdir(parents=True)
+    (tmp_path / "whole" / kind / "checkpoints" / "step-00000004").rename(stopped / "checkpoints" / "step-00000004")
+    resumed = _config(tmp_path / "stopped", kind, *options, "train.resume=true")
+    summary = run_training(resumed, base_model=tiny_llama, datasets=(dataset, dataset))
+    assert summary.steps == 8
+    expected = load_file(str(tmp_path / "whole" / kind / "head" / "model.safetensors"))
+    actual = load_file(str(stopped / "head" / "model.safetensors"))
+    assert expected.keys() == actual.keys()
+    for name in expected:
+        torch.testing.assert_close(actual[name], expected[name], rtol=1e-5, atol=1e-6, msg=name)
+    whole_records = [r for r in read_metrics(tmp_path / "whole" / kind) if "loss" in r]
+    resumed_records = [r for r in read_metrics(stopped) if "loss" in r]
+    assert [r["loss"] for r in resumed_records] == pytest.approx([r["loss"] for r in whole_records[4:]])
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (["train.micro_batch_size=0"], "train.micro_batch_size must be >= 1"),
+        (["train.deepspeed_config=configs/deepspeed/nope.json"], "nope.json"),
+        (["train.precision=fp16"], "train.precision must be one of"),
+        (["train.report_to=tensorboard"], "train.report_to"),
+        (["model.dtype=bfloat16", "train.precision=fp32"], "disagrees with model.dtype"),
+    ],
+)
+def test_config_errors_name_the_field(tmp_path, tiny_llama, overrides, message):
+    dataset = _patterned_dataset(4)
+    with pytest.raises(ConfigError, match=message):
+        run_training(_config(tmp_path, "medusa", *overrides), base_model=tiny_llama, datasets=(dataset, dataset))
+
+
+def test_eagle3_layer_beyond_the_base_depth_is_a_config_error(tmp_path, tiny_llama):
+    dataset = _patterned_dataset(4)
+    run = _config(tmp_path, "eagle3", "head.feature_layers=[1,2,9]")
+    with pytest.raises(ConfigError, match="feature_layers"):
+        run_training(run, base_model=tiny_llama, datasets=(dataset, dataset))
+
+
+def test_deepspeed_json_may_not_own_train_fields(tmp_path, tiny_llama):
+    path = tmp_path / "ds.json"
+    path.write_text(json.dumps({"zero_optimization": {"stage": 0}, "gradient_clipping": 1.0}))
+    dataset = _patterned_dataset(4)
+    with pytest.raises(ConfigError, match="'gradient_clipping' is set from train.grad_clip"):
+        run_training(
+            _config(tmp_path, "medusa", f"train.deepspeed_config={path}"), base_model=tiny_llama, datasets=(dataset, dataset)
+        )
+
+
+def test_existing_checkpoints_need_resume(tmp_path, tiny_llama):
+    dataset = _patterned_dataset(4)
+    run = _config(tmp_path, "medusa", "train.max_steps=2", "train.save_every=0", "train.eval_every=0")
+    run_training(run, base_model=tiny_llama, datasets=(dataset, dataset))
+    with pytest.raises(ConfigError, match="already holds checkpoints; set train.resume=true"):
+        run_training(run, base_model=tiny_llama, datasets=(dataset, dataset))
+
+
+def test_wandb_offline_and_zero2(tmp_path, tiny_llama, monkeypatch):
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    dataset = _patterned_dataset(4)
+    run = _config(
+        tmp_path, "medusa", "train.max_steps=3", "train.report_to=wandb",
+        "train.deepspeed_config=configs/deepspeed/zero2.json",
+    )
+    summary = run_training(run, base_model=tiny_llama, datasets=(dataset, dataset))
+    assert summary.steps == 3
+    assert list((tmp_path / "medusa" / "wandb").glob("offline-run-*"))
