@@ -1,0 +1,26 @@
+import os
+from pathlib import Path
+
+from draftheads.cli import main
+
+MEDUSA = str(Path(__file__).resolve().parents[2] / "configs" / "medusa-smollm2.yaml")
+
+
+def test_bad_config_value_exits_2_with_the_field_named(capsys):
+    code = main(["train", "--config", MEDUSA, "train.micro_batch_size=0"])
+    assert code == 2
+    assert "train.micro_batch_size must be >= 1" in capsys.readouterr().out
+
+
+def test_unknown_key_and_missing_file(capsys, tmp_path):
+    assert main(["train", "--config", MEDUSA, "train.micro_batchsize=2"]) == 2
+    assert "did you mean 'micro_batch_size'" in capsys.readouterr().out
+    assert main(["train", "--config", str(tmp_path / "nope.yaml")]) == 2
+    assert "nope.yaml" in capsys.readouterr().out
+
+
+def test_the_launcher_local_rank_argument_is_accepted(capsys, monkeypatch):
+    monkeypatch.delenv("LOCAL_RANK", raising=False)
+    assert main(["train", "--local_rank=3", "--config", MEDUSA, "train.max_steps=0"]) == 2
+    assert "train.max_steps must be >= 1" in capsys.readouterr().out
+    assert os.environ["LOCAL_RANK"] == "3"
