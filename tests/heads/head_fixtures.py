@@ -1,10 +1,13 @@
 """Shared by the head tests: one small config per kind, a batch, base hidden states.
 
-(Not named conftest.py: test modules import ``conftest`` by name, and a second one would shadow
-the root fixtures module.)
+Imported by name (pytest puts this folder on sys.path, under ``pytest`` and ``python -m pytest``
+alike). Not a conftest.py: a second module named ``conftest`` would shadow the root one.
 """
 
 from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
 
 import pytest
 import torch
@@ -20,6 +23,20 @@ HEAD_CONFIGS = {
 }
 KINDS = tuple(HEAD_CONFIGS)
 AUTOREGRESSIVE_KINDS = ("eagle", "eagle3", "mtp")
+
+
+def _load_root_conftest():
+    """tests/conftest.py loaded by path under its own name (for make_tiny_llama, TINY_LLAMA)."""
+    path = Path(__file__).resolve().parents[1] / "conftest.py"
+    spec = importlib.util.spec_from_file_location("draftheads_heads_root_conftest", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+_ROOT = _load_root_conftest()
+make_tiny_llama = _ROOT.make_tiny_llama
+TINY_LLAMA = _ROOT.TINY_LLAMA
 
 
 def base_hidden_states(model, input_ids, attention_mask=None):

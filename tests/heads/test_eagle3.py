@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import pytest
 import torch
+from head_fixtures import TINY_LLAMA
 from transformers import LlamaConfig
 
 from draftheads.config import ConfigError
 from draftheads.heads import Eagle3Config, Eagle3Head, build_head
 from draftheads.heads.base import head_config_from_dict
-from tests.conftest import TINY_LLAMA
 
 
 def thirty_layer_config(**overrides):

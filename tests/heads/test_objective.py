@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-from head_fixtures import HEAD_CONFIGS, KINDS, base_hidden_states, batch, token_counts  # noqa: F401
+from head_fixtures import HEAD_CONFIGS, KINDS, base_hidden_states, batch, make_tiny_llama, token_counts  # noqa: F401
 
 from draftheads.heads import MedusaConfig, build_head
 from draftheads.train.objective import OBJECTIVES, ObjectiveOutput, compute_objective
-from tests.conftest import make_tiny_llama
 
 
 @pytest.fixture

@@ -7,12 +7,18 @@ import sys
 
 import pytest
 import torch
-from head_fixtures import AUTOREGRESSIVE_KINDS, HEAD_CONFIGS, KINDS, base_hidden_states, token_counts
+from head_fixtures import (
+    AUTOREGRESSIVE_KINDS,
+    HEAD_CONFIGS,
+    KINDS,
+    base_hidden_states,
+    make_tiny_llama,
+    token_counts,
+)
 
 from draftheads.config import ConfigError
 from draftheads.heads import HeadMismatchError, build_head, head_class, load_head
 from draftheads.heads.base import head_config_from_dict
-from tests.conftest import make_tiny_llama
 
 
 def draft_outputs(head, model, input_ids):
