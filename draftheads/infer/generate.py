@@ -236,21 +236,17 @@ class SpeculativeGenerator:
         self.model = base_model
         self.head = head.attach(base_model).eval()
         self.tokenizer = tokenizer
-        device_type = base_model.device.type if base_model.device.type in ("cpu", "cuda") else "cuda"
+        device_type = "cuda" if base_model.device.type == "cuda" else "cpu"
         chosen = resolve_tree(tree if tree is not None else DEFAULT_TREES[(head.drafting, device_type)])
         if head.drafting == "parallel" and not isinstance(chosen, StaticTree):
             raise ValueError(f"{head.kind} heads draft all depths at once; give a static tree, not '{chosen.name}'")
-        if head.num_draft_steps >= 0:
-            chosen = chosen.truncated(head.num_draft_steps) if isinstance(chosen, StaticTree) else chosen.capped(
-                head.num_draft_steps
-            )
-        self.tree = chosen
+        self.tree = chosen.truncated(head.num_draft_steps)  # -1 (EAGLE): no limit
         if pad_to_multiple is None:
             pad_to_multiple = 4 if base_model.dtype == torch.float32 and base_model.device.type == "cpu" else 1
         self.pad_to_multiple = pad_to_multiple
         self.eos_ids = _eos_ids(base_model, tokenizer)
         self.max_length = getattr(base_model.config, "max_position_embeddings", None)
-        self._static_topologies: dict[int, tuple[StaticTree, TreeTopology]] = {}
+        self._static_topologies: dict[int, TreeTopology] = {}  # by depth (cut near the context limit)
 
     @classmethod
     def from_pretrained(
@@ -279,16 +275,10 @@ class SpeculativeGenerator:
 
     # ---- trees for one step -------------------------------------------------------------------
 
-    def _step_tree(self, max_depth: int) -> StaticTree | DynamicTree:
-        """The tree, cut to ``max_depth`` when the context limit is near."""
-        if isinstance(self.tree, StaticTree):
-            return self.tree.truncated(max_depth)
-        return self.tree.capped(max_depth)
-
     def _static_topology(self, tree: StaticTree) -> TreeTopology:
         if tree.depth not in self._static_topologies:
-            self._static_topologies[tree.depth] = (tree, tree.topology(self.pad_to_multiple))
-        return self._static_topologies[tree.depth][1]
+            self._static_topologies[tree.depth] = tree.topology(self.pad_to_multiple)
+        return self._static_topologies[tree.depth]
 
     # ---- inputs -------------------------------------------------------------------------------
 
@@ -370,7 +360,7 @@ class SpeculativeGenerator:
         while True:
             # Node depth d lands at position past + d; accepting d drafts makes the sequence
             # past + d + 2 long, which must stay within the context.
-            tree = self._step_tree(max_depth=(self.max_length or 2**62) - past - 2)
+            tree = self.tree.truncated((self.max_length or 2**62) - past - 2)
             if head.drafting == "parallel":
                 draft = draft_parallel(head, last_features, root, tree, self._static_topology(tree))
             else:

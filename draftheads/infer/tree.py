@@ -175,7 +175,7 @@ class StaticTree:
         return 1 + max((path[-1] for path in self.choices if len(path) == depth), default=-1)
 
     def truncated(self, max_depth: int) -> StaticTree:
-        """The same tree without the nodes deeper than ``max_depth`` (a head's draft steps)."""
+        """The same tree without the nodes deeper than ``max_depth`` (negative: no limit)."""
         if max_depth < 0 or self.depth <= max_depth:
             return self
         kept = tuple(path for path in self.choices if len(path) <= max_depth)
@@ -208,8 +208,8 @@ class DynamicTree:
             if getattr(self, key) < 1:
                 raise ValueError(f"dynamic tree '{self.name}': {key} must be >= 1, got {getattr(self, key)}")
 
-    def capped(self, max_depth: int) -> DynamicTree:
-        """The same settings with depth at most ``max_depth`` (MTP: its number of modules)."""
+    def truncated(self, max_depth: int) -> DynamicTree:
+        """The same settings with depth at most ``max_depth`` (negative: no limit)."""
         if max_depth < 0 or self.depth <= max_depth:
             return self
         return DynamicTree(f"{self.name}[:{max_depth}]", self.top_k, max_depth, self.total_tokens)

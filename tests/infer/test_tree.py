@@ -56,10 +56,10 @@ def test_bad_choices_are_named():
         DynamicTree("bad", top_k=0, depth=2, total_tokens=4)
 
 
-def test_truncated_and_capped():
+def test_truncated():
     tree = TREES["mc_sim_7b_63"].truncated(2)
     assert tree.depth == 2 and all(len(p) <= 2 for p in tree.choices)
-    assert TREES["dynamic-gpu"].capped(3).depth == 3
+    assert TREES["dynamic-gpu"].truncated(3).depth == 3
     assert TREES["cpu-8"].truncated(-1) is TREES["cpu-8"]
 
 

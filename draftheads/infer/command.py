@@ -1,0 +1,55 @@
+"""``draftheads generate``: stream an answer decoded with a draft head, then print tau and tokens/s.
+
+    draftheads generate --heads runs/eagle/final --prompt "Explain KV caches." --max-new-tokens 128
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from draftheads.infer.generate import DEFAULT_MAX_NEW_TOKENS
+from draftheads.infer.tree import TREES
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--heads", required=True, help="head directory (config.json + model.safetensors)")
+    parser.add_argument("--base", default=None, help="base model (default: the one recorded in the head's config)")
+    parser.add_argument("--prompt", required=True, help="user message, formatted with the chat template")
+    parser.add_argument("--raw", action="store_true", help="use the prompt as plain text, without the chat template")
+    parser.add_argument("--max-new-tokens", type=int, default=DEFAULT_MAX_NEW_TOKENS)
+    parser.add_argument("--temperature", type=float, default=0.0, help="0: greedy (lossless either way)")
+    parser.add_argument("--top-p", type=float, default=1.0)
+    parser.add_argument("--top-k", type=int, default=0)
+    parser.add_argument("--seed", type=int, default=None)
+    parser.add_argument("--tree", default=None, choices=sorted(TREES), help="draft tree (default: by head and device)")
+    parser.add_argument("--dtype", default="auto", help="auto (bf16 on GPU, fp32 on CPU) | float32 | bfloat16")
+    parser.add_argument("--device", default="cpu")
+
+
+def run(args: argparse.Namespace) -> int:
+    from draftheads.infer.generate import SpeculativeGenerator
+
+    generator = SpeculativeGenerator.from_pretrained(
+        args.heads, base=args.base, dtype=args.dtype, device=args.device, tree=args.tree
+    )
+    prompt = args.prompt if args.raw else [{"role": "user", "content": args.prompt}]
+    stream = generator.generate(
+        prompt,
+        max_new_tokens=args.max_new_tokens,
+        temperature=args.temperature,
+        top_p=args.top_p,
+        top_k=args.top_k,
+        seed=args.seed,
+        stream=True,
+    )
+    for piece in stream:
+        print(piece, end="", flush=True)
+    print()
+    stats = stream.result.stats
+    print(
+        f"[{generator.head.kind} head, tree {stats.tree}] {stats.summary()}; "
+        f"{stats.forward_passes} base forwards",
+        file=sys.stderr,
+    )
+    return 0

@@ -1,0 +1,109 @@
+"""The real model: SmolLM2-135M-Instruct in fp32 with untrained heads of every kind decodes exactly
+what ``model.generate(do_sample=False)`` does; the CLI streams an answer and reports tau.
+
+Kept short for the suite (2 prompts x 32 tokens per kind); the issue's full check (>= 20 prompts x
+64 tokens) is run by hand with ``python tests/infer/test_integration.py KIND [PROMPTS] [TOKENS]``.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+
+import pytest
+import torch
+from infer_stubs import single_thread  # noqa: F401
+
+from draftheads.heads import Eagle3Config, EagleConfig, MedusaConfig, MtpConfig, build_head
+from draftheads.infer import SpeculativeGenerator
+
+BASE = "smollm2-135m-instruct"
+HEAD_CONFIGS = {
+    "medusa": (MedusaConfig(num_heads=3), "cpu-8"),
+    "eagle": (EagleConfig(), "dynamic-cpu"),
+    "eagle3": (Eagle3Config(draft_vocab_size=8000), "dynamic-cpu"),
+    "mtp": (MtpConfig(num_modules=2), "cpu-8"),
+}
+QUESTIONS = [
+    "What is the capital of France?",
+    "Write a haiku about the sea.",
+    "Explain what a hash table is.",
+    "List three uses of copper.",
+    "How do vaccines work?",
+    "Give me a recipe for pancakes.",
+    "What is 17 times 23?",
+    "Translate 'good morning' into Spanish.",
+    "Why is the sky blue?",
+    "Write a Python function that reverses a string.",
+    "Summarise the plot of Romeo and Juliet.",
+    "What are the planets of the solar system?",
+    "Describe a cat to someone who has never seen one.",
+    "What is the difference between weather and climate?",
+    "Suggest a name for a bakery.",
+    "How many legs does a spider have?",
+    "Explain recursion with an example.",
+    "What causes earthquakes?",
+    "Write a short thank-you note to a teacher.",
+    "What is photosynthesis?",
+]
+
+
+def chat_ids(tokenizer, question: str) -> torch.Tensor:
+    ids = tokenizer.apply_chat_template([{"role": "user", "content": question}], add_generation_prompt=True, return_dict=False)
+    return torch.tensor([ids])
+
+
+def check_kind(model, tokenizer, kind: str, prompts: int, tokens: int, report=None) -> list[bool]:
+    config, tree = HEAD_CONFIGS[kind]
+    torch.manual_seed(0)
+    generator = SpeculativeGenerator(model, build_head(model, config, BASE), tokenizer, tree=tree)
+    matches = []
+    for question in QUESTIONS[:prompts]:
+        prompt = chat_ids(tokenizer, question)
+        started = time.perf_counter()
+        expected = model.generate(prompt, max_new_tokens=tokens, do_sample=False)
+        plain_seconds = time.perf_counter() - started
+        result = generator.generate(prompt, max_new_tokens=tokens)
+        matches.append(result.sequences.tolist() == expected.tolist())
+        if report:
+            report(f"{kind} match={matches[-1]} tau={result.stats.tau:.2f} "
+                   f"speculative={result.stats.seconds:.1f}s plain={plain_seconds:.1f}s {question!r}")
+    return matches
+
+
+pytestmark = pytest.mark.usefixtures("single_thread")
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("kind", list(HEAD_CONFIGS))
+def test_smollm2_greedy_matches_generate(smollm2, kind):
+    model, tokenizer = smollm2
+    assert all(check_kind(model, tokenizer, kind, prompts=2, tokens=32))
+
+
+@pytest.mark.integration
+def test_generate_command_streams(smollm2, tmp_path, capsys):
+    from draftheads.cli import main
+
+    model, tokenizer = smollm2
+    torch.manual_seed(0)
+    build_head(model, MedusaConfig(num_heads=2), BASE).save_pretrained(tmp_path / "head")
+    question = QUESTIONS[0]
+    assert main(["generate", "--heads", str(tmp_path / "head"), "--prompt", question, "--max-new-tokens", "12"]) == 0
+    captured = capsys.readouterr()
+    prompt = chat_ids(tokenizer, question)
+    expected = model.generate(prompt, max_new_tokens=12, do_sample=False)
+    expected_text = tokenizer.decode(expected[0, prompt.shape[1] :], skip_special_tokens=True)
+    assert captured.out.strip() == expected_text.strip()
+    assert "tau" in captured.err and "tokens/s" in captured.err
+
+
+if __name__ == "__main__":  # the full check, by hand
+    from draftheads.base import load_base
+
+    torch.set_num_threads(1)
+    kind = sys.argv[1]
+    prompts, tokens = (int(sys.argv[2]), int(sys.argv[3])) if len(sys.argv) > 3 else (20, 64)
+    model, tokenizer = load_base(BASE, dtype="float32")
+    results = check_kind(model, tokenizer, kind, prompts, tokens, report=lambda line: print(line, flush=True))
+    print(f"{kind}: {sum(results)}/{len(results)} prompts x {tokens} tokens identical to model.generate")
