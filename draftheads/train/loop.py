@@ -246,7 +246,7 @@ class Session:
     head: nn.Module
     stream: BatchStream
     eval_batches: list[dict]
-    reporter: Reporter
+    reporter: Reporter | None
     total_steps: int
     train_examples: int
     step: int = 0
@@ -261,6 +261,48 @@ def _log_rank0(session_rank: int, message: str) -> None:
         from tqdm import tqdm
 
         tqdm.write(f"[draftheads] {message}")
+
+
+def load_datasets(run: RunConfig, tokenizer, rank: int):
+    """(train, validation) from the data pipeline; the build report goes next to the run."""
+    from draftheads.data.pipeline import build_datasets  # lazy: data/ imports datasets
+
+    train_dataset, val_dataset, report = build_datasets(run.data, tokenizer, run.model.base)
+    _log_rank0(
+        rank,
+        f"data: {report.train_examples} train / {report.validation_examples} validation examples, "
+        f"{report.assistant_tokens} of {report.tokens} tokens supervised",
+    )
+    if rank == 0:
+        output_dir = Path(run.train.output_dir)
+        output_dir.mkdir(parents=True, exist_ok=True)
+        (output_dir / "data_report.json").write_text(json.dumps(dataclasses.asdict(report), indent=2) + "\n")
+    return train_dataset, val_dataset
+
+
+def build_engine(head: nn.Module, train: TrainConfig, deepspeed_config: dict, total_steps: int, device: torch.device):
+    """The DeepSpeed engine over ``ObjectiveModule(head)``: our AdamW and warmup-cosine schedule."""
+    import deepspeed
+
+    deepspeed.utils.logger.setLevel(logging.WARNING)
+    module = ObjectiveModule(head)
+    parameters = [p for p in module.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(
+        parameters,
+        lr=train.learning_rate,
+        betas=tuple(train.adam_betas),
+        weight_decay=train.weight_decay,
+        fused=device.type == "cuda",
+    )
+    engine, _, _, _ = deepspeed.initialize(
+        model=module,
+        model_parameters=parameters,
+        optimizer=optimizer,
+        # DeepSpeed calls this with the optimizer it wraps and steps it at each accumulation boundary.
+        lr_scheduler=lambda wrapped: build_scheduler(wrapped, train.warmup_steps, total_steps, train.min_lr_ratio),
+        config=deepspeed_config,
+    )
+    return engine
 
 
 # ---- setup -> train -> save -> cleanup -------------------------------------------------------------
@@ -294,20 +336,7 @@ def setup(run: RunConfig, base_model=None, tokenizer=None, datasets=None) -> Ses
     elif base_model.dtype != dtype:
         raise ConfigError(f"the given base model is {base_model.dtype} but the run trains in {dtype}")
     base_model.eval().requires_grad_(False)
-    if datasets is None:
-        from draftheads.data.pipeline import build_datasets  # lazy: data/ imports datasets
-
-        train_dataset, val_dataset, report = build_datasets(run.data, tokenizer, run.model.base)
-        _log_rank0(
-            rank,
-            f"data: {report.train_examples} train / {report.validation_examples} validation examples, "
-            f"{report.assistant_tokens} of {report.tokens} tokens supervised",
-        )
-        if rank == 0:
-            output_dir.mkdir(parents=True, exist_ok=True)
-            (output_dir / "data_report.json").write_text(json.dumps(dataclasses.asdict(report), indent=2) + "\n")
-    else:
-        train_dataset, val_dataset = datasets
+    train_dataset, val_dataset = datasets or load_datasets(run, tokenizer, rank)
     pad_token_id = (tokenizer.pad_token_id if tokenizer is not None else None) or base_model.config.pad_token_id or 0
 
     # The head's initial weights depend only on the seed, never on the rank or the data order.
@@ -321,30 +350,11 @@ def setup(run: RunConfig, base_model=None, tokenizer=None, datasets=None) -> Ses
     head.init_from_data(supervised_token_counts(train_dataset, base_model.config.vocab_size))
     head.train()
 
-    import deepspeed
-
-    deepspeed.utils.logger.setLevel(logging.WARNING)
-    module = ObjectiveModule(head)
-    parameters = [p for p in module.parameters() if p.requires_grad]
-    optimizer = torch.optim.AdamW(
-        parameters,
-        lr=train.learning_rate,
-        betas=tuple(train.adam_betas),
-        weight_decay=train.weight_decay,
-        fused=device.type == "cuda",
-    )
     stream = BatchStream(
         train_dataset, train.micro_batch_size, pad_token_id, train.seed, train.group_by_length, rank, world_size
     )
     total_steps = total_optimizer_steps(train, stream.batches_per_epoch())
-    engine, _, _, _ = deepspeed.initialize(
-        model=module,
-        model_parameters=parameters,
-        optimizer=optimizer,
-        # DeepSpeed calls this with the optimizer it wraps and steps it at each accumulation boundary.
-        lr_scheduler=lambda wrapped: build_scheduler(wrapped, train.warmup_steps, total_steps, train.min_lr_ratio),
-        config=deepspeed_config,
-    )
+    engine = build_engine(head, train, deepspeed_config, total_steps, device)
 
     validation = fixed_batches(val_dataset, train.micro_batch_size, pad_token_id, train.seed, train.eval_batches)
     if len(validation) < world_size:  # every rank needs a share to join the all-reduce
@@ -366,13 +376,7 @@ def setup(run: RunConfig, base_model=None, tokenizer=None, datasets=None) -> Ses
     )
     latest = checkpoint.latest_checkpoint(output_dir) if train.resume else None
     if latest is not None:
-        state = checkpoint.load_checkpoint(engine, latest, rank)
-        stream.load_state_dict(state["data_position"])
-        session.step, session.tokens = state["step"], state["tokens"]
-        session.train_seconds = state.get("train_seconds", 0.0)
-        session.last_eval = EvalResult(**state["eval"]) if state.get("eval") else None
-        session.last_eval_step = state.get("eval_step", -1)
-        _log_rank0(rank, f"resumed from {latest} at step {session.step}")
+        restore(session, latest)
     else:
         if train.resume:
             _log_rank0(rank, f"train.resume: no checkpoint in {output_dir / checkpoint.CHECKPOINTS_DIR}; starting fresh")
@@ -389,6 +393,17 @@ def setup(run: RunConfig, base_model=None, tokenizer=None, datasets=None) -> Ses
         enabled=rank == 0,
     )
     return session
+
+
+def restore(session: Session, path: Path) -> None:
+    """Continue from checkpoint ``path``: engine, RNG, data position and loop counters."""
+    state = checkpoint.load_checkpoint(session.engine, path, session.rank)
+    session.stream.load_state_dict(state["data_position"])
+    session.step, session.tokens = state["step"], state["tokens"]
+    session.train_seconds = state["train_seconds"]
+    session.last_eval = EvalResult(**state["eval"]) if state["eval"] else None
+    session.last_eval_step = state["eval_step"]
+    _log_rank0(session.rank, f"resumed from {path} at step {session.step}")
 
 
 def _evaluate(session: Session) -> EvalResult:
