@@ -1,6 +1,6 @@
 """EAGLE-1/2 (Li et al., ICML 2024): autoregression at the feature level.
 
-Drafter row i consumes ``fc(concat(emb(t_{i+1}), f_i))`` (2h -> h, with bias; embedding first, as
+Drafter row i consumes ``fc(concat(emb(t_{i+1}), f_i))`` (2h -> h, with bias unless ``fc_bias`` is false; embedding first, as
 the EAGLE reference ``cnets.py`` concatenates ``(inputs_embeds, hidden_states)``), where f_i is the
 base model's last, normed hidden state (``hs[L]``, what enters lm_head) and emb the frozen base
 embedding, then runs ONE decoder layer of the base architecture whose first input_layernorm is
@@ -36,6 +36,9 @@ class EagleConfig(HeadConfig):
     # Training: input features get U(-a, a) noise so the drafter tolerates its own imprecise
     # features at inference (EAGLE trains with U(-0.1, 0.1), REFERENCE.md section 1); 0 disables it.
     feature_noise: float = 0.1
+    # EAGLE's fc has a bias; vLLM's EagleLlamaForCausalLM loads none (see heads/formats.py), so
+    # heads meant for vLLM's ``eagle`` format train with fc_bias: false.
+    fc_bias: bool = True
 
     def __post_init__(self):
         if self.feature_noise < 0:
@@ -51,7 +54,7 @@ class EagleHead(DraftHead):
     def __init__(self, config: EagleConfig, base_config, base_name: str | None = None):
         super().__init__(config, base_config, base_name)
         hidden_size = base_config.hidden_size
-        self.fc = nn.Linear(2 * hidden_size, hidden_size, bias=True)
+        self.fc = nn.Linear(2 * hidden_size, hidden_size, bias=config.fc_bias)
         self.layer = build_decoder_layer(base_config, layer_idx=0)
         self.layer.input_layernorm = nn.Identity()
         self.rotary_emb = build_rotary_embedding(base_config)  # buffers only, not saved

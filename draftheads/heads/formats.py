@@ -270,7 +270,7 @@ def write_eagle(head: DraftHead, directory: Path, options: ExportOptions) -> dic
             "vLLM's EagleLlamaForCausalLM builds fc without a bias (vllm/model_executor/models/llama_eagle.py), "
             f"but this head's fc.bias is non-zero (max |b| = {float(bias.abs().max()):.3g}); dropping it would "
             "change the drafts. Export with --format eagle-sglang (SGLang keeps the bias) or train with a "
-            "bias-free fc."
+            "bias-free fc (head.fc_bias=false)."
         )
     config = _draft_layer_config(head, "EagleLlamaForCausalLM")
     config[DRAFTHEADS_KEY] = _metadata(head)
@@ -678,6 +678,8 @@ def load_foreign_head(directory: str | Path, saved: dict[str, Any], base_model=N
                 raise HeadMismatchError(f"{where}: the lm_heads written for a shared-lm_head Medusa head differ "
                                         "from this base model's lm_head")
     expected = head.state_dict()
+    if kind == "eagle" and "fc.bias" not in expected:  # trained with fc_bias: false; the file has none
+        state.pop("fc.bias", None)
     missing = sorted(set(expected) - set(state))
     unexpected = sorted(set(state) - set(expected))
     if missing or unexpected:

@@ -410,3 +410,18 @@ def test_unknown_layout_error_lists_readable_formats(tmp_path):
     save_file({"wte.weight": torch.zeros(2, 2)}, str(tmp_path / "model.safetensors"))
     with pytest.raises(FormatError, match="readable: draftheads, eagle3"):
         load_head(tmp_path)
+
+
+def test_bias_free_eagle_exports_to_vllm_and_round_trips(tmp_path, tiny_llama):
+    """A head trained with fc_bias=false is what vLLM's EagleLlamaForCausalLM can hold."""
+    from draftheads.heads import build_head, load_head
+    from draftheads.heads.eagle import EagleConfig
+    from draftheads.heads.formats import write_head
+
+    head = build_head(tiny_llama, EagleConfig(fc_bias=False))
+    assert head.fc.bias is None
+    write_head(head, tmp_path / "vllm", "eagle")
+    loaded = load_head(tmp_path / "vllm", base_model=tiny_llama)
+    assert loaded.fc.bias is None
+    for name, tensor in head.state_dict().items():
+        assert torch.equal(tensor, loaded.state_dict()[name]), name
