@@ -161,3 +161,16 @@ def test_wandb_offline_and_zero2(tmp_path, tiny_llama, monkeypatch):
     summary = run_training(run, base_model=tiny_llama, datasets=(dataset, dataset))
     assert summary.steps == 3
     assert list((tmp_path / "medusa" / "wandb").glob("offline-run-*"))
+
+
+def test_bf16_training_on_cpu(tmp_path, tiny_llama):
+    base = tiny_llama.to(torch.bfloat16)
+    dataset = _patterned_dataset()
+    run = _config(
+        tmp_path, "medusa", "train.precision=bf16", "train.max_steps=10", "train.base_throughput_batches=0",
+        "train.deepspeed_config=configs/deepspeed/zero2.json",
+    )
+    run_training(run, base_model=base, datasets=(dataset, dataset))
+    losses = [r["loss"] for r in read_metrics(tmp_path / "medusa") if "loss" in r]
+    assert losses[-1] < 0.6 * losses[0], losses
+    assert load_head(tmp_path / "medusa" / "head", base).heads[0].lm_head.weight.dtype == torch.bfloat16
