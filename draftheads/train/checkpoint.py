@@ -89,7 +89,7 @@ def restore_rng_state(state: dict[str, Any]) -> None:
 
 
 def _barrier() -> None:
-    import torch.distributed as distributed
+    from torch import distributed
 
     if distributed.is_available() and distributed.is_initialized():
         distributed.barrier()

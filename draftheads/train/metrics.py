@@ -49,7 +49,7 @@ class EvalResult:
 
 
 def _all_reduce_sum(tensor: torch.Tensor) -> torch.Tensor:
-    import torch.distributed as distributed
+    from torch import distributed
 
     if distributed.is_available() and distributed.is_initialized() and distributed.get_world_size() > 1:
         distributed.all_reduce(tensor)

@@ -1,3 +1,4 @@
+import itertools
 import math
 
 import pytest
@@ -16,7 +17,7 @@ def test_warmup_is_linear_then_cosine_reaches_the_floor():
     assert factors[20] == pytest.approx(floor)
     assert factors[24] == pytest.approx(floor)  # stays at the floor past total_steps
     decay = factors[4:21]
-    assert all(a >= b for a, b in zip(decay, decay[1:]))
+    assert all(a >= b for a, b in itertools.pairwise(decay))
 
 
 def test_no_warmup_starts_at_peak():
