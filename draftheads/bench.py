@@ -1,0 +1,395 @@
+"""``draftheads bench``: acceptance length and wall-clock speedup, side by side, in one run.
+
+Every method decodes the same prompts on the same machine, interleaved prompt by prompt (so drift
+in machine speed hits all methods alike): plain HF ``generate``, HF prompt-lookup decoding, and
+draftheads speculative decoding with each given head. Times are medians over repeats, warm-up
+excluded. tau is reported as tokens emitted per base-model forward, counting the token the base
+model produces itself (so plain decoding has tau = 1; REFERENCE.md section 3).
+"""
+
+from __future__ import annotations
+
+import json
+import platform
+import statistics
+import time
+from collections import defaultdict
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+
+TAU_CONVENTION = "tokens per base-model forward, counting the token the base model produces itself (plain decoding = 1)"
+PROMPT_LOOKUP_TOKENS = 10  # HF's documented default n-gram continuation length for prompt lookup
+
+
+@dataclass(frozen=True)
+class BenchPrompt:
+    id: str
+    category: str
+    input_ids: torch.Tensor  # (1, T)
+
+
+@dataclass
+class Sample:
+    """One method on one prompt: the generated tokens and the median time over repeats."""
+
+    method: str
+    prompt_id: str
+    category: str
+    new_tokens: int
+    seconds: float
+    forwards: int
+    accepted_per_depth: list[int] = field(default_factory=list)  # drafts accepted at depth 1, 2, ...
+    steps: int = 0  # decoding steps that could accept drafts (for per-depth rates)
+    agrees: bool | None = None  # identical to plain generate's output (T = 0 only)
+    tokens: list[int] = field(default_factory=list)
+
+
+class ForwardCounter:
+    """Counts forward calls of a module while active (HF generate does not report them)."""
+
+    def __init__(self, module: torch.nn.Module):
+        self.module = module
+        self.count = 0
+        self._handle = None
+
+    def __enter__(self) -> "ForwardCounter":
+        self.count = 0
+        self._handle = self.module.register_forward_hook(self._hook)
+        return self
+
+    def _hook(self, *_):
+        self.count += 1
+
+    def __exit__(self, *exc):
+        self._handle.remove()
+
+
+def _sampling_kwargs(temperature: float, seed: int) -> dict:
+    if temperature <= 0:
+        return {"do_sample": False}
+    torch.manual_seed(seed)
+    return {"do_sample": True, "temperature": temperature, "top_p": 1.0, "top_k": 0}
+
+
+class HFMethod:
+    """Plain HF ``generate`` or its prompt-lookup variant, as a bench method."""
+
+    def __init__(self, name: str, model, tokenizer, prompt_lookup: int | None = None):
+        self.name = name
+        self.model = model
+        self.tokenizer = tokenizer
+        self.prompt_lookup = prompt_lookup
+
+    def run(self, prompt: BenchPrompt, max_new_tokens: int, temperature: float, seed: int) -> Sample:
+        kwargs = _sampling_kwargs(temperature, seed)
+        if self.prompt_lookup:
+            kwargs["prompt_lookup_num_tokens"] = self.prompt_lookup
+        ids = prompt.input_ids.to(self.model.device)
+        with ForwardCounter(self.model) as counter, torch.inference_mode():
+            start = time.perf_counter()
+            out = self.model.generate(
+                ids,
+                attention_mask=torch.ones_like(ids),
+                max_new_tokens=max_new_tokens,
+                pad_token_id=self.tokenizer.pad_token_id,
+                **kwargs,
+            )
+            seconds = time.perf_counter() - start
+        tokens = out[0, ids.shape[1] :].tolist()
+        return Sample(self.name, prompt.id, prompt.category, len(tokens), seconds, counter.count, tokens=tokens)
+
+
+class SpeculativeMethod:
+    """draftheads decoding with one head, as a bench method."""
+
+    def __init__(self, name: str, generator):
+        self.name = name
+        self.generator = generator
+
+    def run(self, prompt: BenchPrompt, max_new_tokens: int, temperature: float, seed: int) -> Sample:
+        result = self.generator.generate(
+            prompt.input_ids, max_new_tokens=max_new_tokens, temperature=temperature, seed=seed
+        )
+        stats = result.stats
+        tokens = result.sequences[0, prompt.input_ids.shape[1] :].tolist()
+        return Sample(
+            self.name,
+            prompt.id,
+            prompt.category,
+            len(tokens),
+            stats.seconds,
+            stats.forward_passes,
+            accepted_per_depth=list(stats.accepted_per_depth),
+            steps=stats.verification_steps,
+            tokens=tokens,
+        )
+
+
+def _median_run(method, prompt, max_new_tokens, temperature, seed, repeats) -> Sample:
+    runs = [method.run(prompt, max_new_tokens, temperature, seed) for _ in range(repeats)]
+    sample = runs[0]
+    sample.seconds = statistics.median(run.seconds for run in runs)
+    return sample
+
+
+def run_bench(methods, prompts, max_new_tokens: int, temperature: float, repeats: int = 1, seed: int = 0,
+              warmup_tokens: int = 16, progress: bool = True) -> list[Sample]:
+    """Decode every prompt with every method, interleaved; the first method is the reference."""
+    from tqdm.auto import tqdm
+
+    for method in methods:  # warm-up: allocator, kernels, caches; not timed
+        method.run(prompts[0], warmup_tokens, temperature, seed)
+    samples: list[Sample] = []
+    bar = tqdm(total=len(prompts) * len(methods), desc="bench", unit="run", disable=not progress)
+    for index, prompt in enumerate(prompts):
+        reference = None
+        for method in methods:
+            sample = _median_run(method, prompt, max_new_tokens, temperature, seed + index, repeats)
+            if reference is None:
+                reference = sample
+            if temperature <= 0:
+                sample.agrees = sample.tokens == reference.tokens
+            samples.append(sample)
+            bar.set_postfix(method=method.name, tok_s=f"{sample.new_tokens / max(sample.seconds, 1e-9):.1f}")
+            bar.update()
+    bar.close()
+    return samples
+
+
+@dataclass(frozen=True)
+class Summary:
+    method: str
+    category: str
+    prompts: int
+    tokens: int
+    seconds: float
+    tokens_per_second: float
+    tau: float
+    speedup: float
+    implied_overhead: float  # tau / speedup: what a step costs relative to one plain decode step
+    acceptance_by_depth: list[float]  # P(draft at depth d accepted) per decoding step
+    agreement: float | None  # share of prompts identical to plain generate (T = 0)
+
+
+def summarize(samples: list[Sample], reference_method: str) -> list[Summary]:
+    """Per (method, category) and per method overall ('all')."""
+    groups: dict[tuple[str, str], list[Sample]] = defaultdict(list)
+    for sample in samples:
+        groups[(sample.method, sample.category)].append(sample)
+        groups[(sample.method, "all")].append(sample)
+    rates = {}
+    for key, group in groups.items():
+        rates[key] = sum(s.new_tokens for s in group) / max(sum(s.seconds for s in group), 1e-9)
+    summaries = []
+    for (method, category), group in groups.items():
+        tokens = sum(s.new_tokens for s in group)
+        forwards = sum(s.forwards for s in group)
+        tau = tokens / max(forwards, 1)
+        speedup = rates[(method, category)] / rates[(reference_method, category)]
+        steps = sum(s.steps for s in group)
+        depth = max((len(s.accepted_per_depth) for s in group), default=0)
+        acceptance = [
+            sum(s.accepted_per_depth[d] for s in group if d < len(s.accepted_per_depth)) / max(steps, 1)
+            for d in range(depth)
+        ]
+        agreement = None
+        if all(s.agrees is not None for s in group):
+            agreement = sum(bool(s.agrees) for s in group) / len(group)
+        summaries.append(
+            Summary(method, category, len(group), tokens, sum(s.seconds for s in group),
+                    rates[(method, category)], tau, speedup, tau / speedup if speedup else float("nan"),
+                    acceptance, agreement)
+        )
+    summaries.sort(key=lambda s: (s.category != "all", s.category, s.method))
+    return summaries
+
+
+def machine_info(dtype: torch.dtype, device: str) -> dict:
+    import transformers
+
+    cpu = platform.processor()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    info = {
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "cpu": cpu,
+        "cpu_threads": torch.get_num_threads(),
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "dtype": str(dtype).replace("torch.", ""),
+        "device": device,
+    }
+    if torch.cuda.is_available() and device.startswith("cuda"):
+        info["gpu"] = torch.cuda.get_device_name(0)
+    return info
+
+
+def markdown_table(summaries: list[Summary]) -> str:
+    lines = [
+        "| category | method | tau | tokens/s | speedup | overhead (tau/speedup) | acceptance by depth | agreement |",
+        "|---|---|---:|---:|---:|---:|---|---:|",
+    ]
+    for s in summaries:
+        acceptance = " / ".join(f"{a:.2f}" for a in s.acceptance_by_depth) or "-"
+        agreement = "-" if s.agreement is None else f"{s.agreement:.0%}"
+        lines.append(
+            f"| {s.category} | {s.method} | {s.tau:.2f} | {s.tokens_per_second:.1f} | {s.speedup:.2f}x | "
+            f"{s.implied_overhead:.2f} | {acceptance} | {agreement} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def plot(summaries: list[Summary], out_dir: Path) -> list[Path]:
+    """speedup_by_category.png and acceptance_by_depth.png."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    written = []
+    methods = sorted({s.method for s in summaries})
+    categories = sorted({s.category for s in summaries}, key=lambda c: (c == "all", c))
+    fig, ax = plt.subplots(figsize=(max(6, 1.2 * len(categories) * max(1, len(methods)) / 2), 4))
+    width = 0.8 / max(len(methods), 1)
+    for i, method in enumerate(methods):
+        values = [next((s.speedup for s in summaries if s.method == method and s.category == c), 0) for c in categories]
+        ax.bar([x + i * width for x in range(len(categories))], values, width, label=method)
+    ax.axhline(1.0, color="grey", linewidth=0.8)
+    ax.set_xticks([x + width * (len(methods) - 1) / 2 for x in range(len(categories))], categories, rotation=30)
+    ax.set_ylabel("speedup over plain generate")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    path = out_dir / "speedup_by_category.png"
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    written.append(path)
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for s in summaries:
+        if s.category == "all" and s.acceptance_by_depth:
+            ax.plot(range(1, len(s.acceptance_by_depth) + 1), s.acceptance_by_depth, marker="o", label=s.method)
+    ax.set_xlabel("draft depth")
+    ax.set_ylabel("P(accepted) per decoding step")
+    ax.set_ylim(0, 1)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    path = out_dir / "acceptance_by_depth.png"
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    written.append(path)
+    return written
+
+
+def write_results(samples, summaries, info: dict, settings: dict, out_dir: Path) -> list[Path]:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    record = {
+        "tau_convention": TAU_CONVENTION,
+        "machine": info,
+        "settings": settings,
+        "summaries": [asdict(s) for s in summaries],
+        "samples": [{k: v for k, v in asdict(s).items() if k != "tokens"} for s in samples],
+    }
+    json_path = out_dir / "bench.json"
+    json_path.write_text(json.dumps(record, indent=2) + "\n")
+    md_path = out_dir / "bench.md"
+    header = (
+        f"Settings: {json.dumps(settings)}\n\nMachine: {json.dumps(info)}\n\n"
+        f"tau = {TAU_CONVENTION}.\n\n"
+    )
+    md_path.write_text(header + markdown_table(summaries))
+    return [json_path, md_path, *plot(summaries, out_dir)]
+
+
+# ---- command ------------------------------------------------------------------------------------
+
+
+def build_prompts(name: str, tokenizer, limit: int | None, categories: list[str] | None = None) -> list[BenchPrompt]:
+    """First turns of an eval set, rendered with the base model's chat template."""
+    from draftheads.data.prompts import load_prompts
+
+    prompts = []
+    for item in load_prompts(name):
+        if categories and item.category not in categories:
+            continue
+        ids = tokenizer.apply_chat_template(
+            [{"role": "user", "content": item.turns[0]}], add_generation_prompt=True, return_tensors="pt"
+        )["input_ids"]
+        prompts.append(BenchPrompt(str(item.id), item.category, ids))
+    if limit:
+        prompts = _spread(prompts, limit)
+    return prompts
+
+
+def _spread(prompts: list[BenchPrompt], limit: int) -> list[BenchPrompt]:
+    """Up to ``limit`` prompts, taken round-robin over categories so every category is present."""
+    by_category: dict[str, list[BenchPrompt]] = defaultdict(list)
+    for prompt in prompts:
+        by_category[prompt.category].append(prompt)
+    chosen: list[BenchPrompt] = []
+    queues = [list(v) for v in by_category.values()]
+    while len(chosen) < limit and any(queues):
+        for queue in queues:
+            if queue and len(chosen) < limit:
+                chosen.append(queue.pop(0))
+    return chosen
+
+
+def add_arguments(parser) -> None:
+    parser.add_argument("--heads", nargs="*", default=[], help="head directories (draftheads or engine format)")
+    parser.add_argument("--base", default=None, help="base model (default: the one recorded in the first head)")
+    parser.add_argument("--prompts", default="mt-bench", help="mt-bench | humaneval | FILE.jsonl")
+    parser.add_argument("--limit", type=int, default=None, help="number of prompts (spread over categories)")
+    parser.add_argument("--categories", nargs="*", default=None)
+    parser.add_argument("--max-new-tokens", type=int, default=256)
+    parser.add_argument("--temperature", type=float, default=0.0)
+    parser.add_argument("--dtype", default="float32", help="float32 | bfloat16")
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--repeats", type=int, default=1, help="timed repeats per prompt (median kept)")
+    parser.add_argument("--tree", default=None, help="tree name or tuned-tree file (default: the head's tuned tree)")
+    parser.add_argument("--no-prompt-lookup", action="store_true", help="skip the prompt-lookup baseline")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out", default="bench-results", help="output directory")
+
+
+def run(args) -> int:
+    from draftheads.base import load_base, resolve_dtype
+    from draftheads.heads import load_head
+    from draftheads.infer import SpeculativeGenerator
+
+    base_name = args.base
+    if base_name is None:
+        if not args.heads:
+            raise SystemExit("draftheads bench: give --base or at least one --heads directory")
+        base_name = json.loads((Path(args.heads[0]) / "config.json").read_text())["base_model"]["name_or_path"]
+    model, tokenizer = load_base(base_name, dtype=args.dtype, device=args.device)
+    methods = [HFMethod("generate", model, tokenizer)]
+    if not args.no_prompt_lookup:
+        methods.append(HFMethod("prompt-lookup", model, tokenizer, prompt_lookup=PROMPT_LOOKUP_TOKENS))
+    for head_dir in args.heads:
+        head = load_head(head_dir, base_model=model, map_location=args.device)
+        generator = SpeculativeGenerator(model, head, tokenizer, tree=args.tree)
+        name = f"{generator.head.kind}:{Path(head_dir).name}"
+        methods.append(SpeculativeMethod(name, generator))
+    prompts = build_prompts(args.prompts, tokenizer, args.limit, args.categories)
+    print(f"bench: {len(prompts)} prompts x {len(methods)} methods, max_new_tokens={args.max_new_tokens}, "
+          f"T={args.temperature}, {args.dtype} on {args.device}")
+    samples = run_bench(methods, prompts, args.max_new_tokens, args.temperature, args.repeats, args.seed)
+    summaries = summarize(samples, reference_method="generate")
+    settings = {
+        "base": base_name, "heads": args.heads, "prompts": args.prompts, "limit": args.limit,
+        "max_new_tokens": args.max_new_tokens, "temperature": args.temperature, "dtype": args.dtype,
+        "repeats": args.repeats, "tree": args.tree, "seed": args.seed,
+    }
+    paths = write_results(samples, summaries, machine_info(resolve_dtype(args.dtype), args.device), settings,
+                          Path(args.out))
+    print(markdown_table([s for s in summaries if s.category == "all"]))
+    print("wrote " + ", ".join(str(p) for p in paths))
+    return 0

@@ -1,0 +1,58 @@
+"""draftheads bench: interleaved runs, summaries (tau, speedup, overhead, acceptance), outputs."""
+
+import json
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from draftheads.bench import BenchPrompt, HFMethod, Sample, SpeculativeMethod, run_bench, summarize, write_results
+from draftheads.heads import build_head
+from draftheads.heads.medusa import MedusaConfig
+from draftheads.infer import SpeculativeGenerator
+
+
+def _sample(method, category, tokens, seconds, forwards, accepted=(), steps=0, agrees=True):
+    return Sample(method, f"{category}-{method}", category, tokens, seconds, forwards, list(accepted), steps, agrees)
+
+
+def test_summary_arithmetic():
+    samples = [
+        _sample("generate", "a", 10, 1.0, 10),
+        _sample("generate", "b", 10, 3.0, 10),
+        _sample("head", "a", 10, 0.5, 5, accepted=(4, 1), steps=4),
+        _sample("head", "b", 10, 1.0, 4, accepted=(3, 2), steps=3, agrees=False),
+    ]
+    summaries = {(s.method, s.category): s for s in summarize(samples, "generate")}
+    overall = summaries[("head", "all")]
+    assert overall.tau == pytest.approx(20 / 9)
+    assert overall.tokens_per_second == pytest.approx(20 / 1.5)
+    assert overall.speedup == pytest.approx((20 / 1.5) / (20 / 4.0))
+    assert overall.implied_overhead == pytest.approx(overall.tau / overall.speedup)
+    assert overall.acceptance_by_depth == pytest.approx([7 / 7, 3 / 7])
+    assert overall.agreement == pytest.approx(0.5)
+    assert summaries[("head", "a")].speedup == pytest.approx(2.0)
+    assert summaries[("generate", "all")].tau == pytest.approx(1.0)
+
+
+def test_bench_on_tiny_model_writes_results(tmp_path, tiny_llama):
+    tokenizer = SimpleNamespace(pad_token_id=0)
+    head = build_head(tiny_llama, MedusaConfig(num_heads=2))
+    methods = [
+        HFMethod("generate", tiny_llama, tokenizer),
+        HFMethod("prompt-lookup", tiny_llama, tokenizer, prompt_lookup=3),
+        SpeculativeMethod("medusa", SpeculativeGenerator(tiny_llama, head)),
+    ]
+    torch.manual_seed(0)
+    prompts = [BenchPrompt(str(i), ["x", "y"][i % 2], torch.randint(3, 256, (1, 12))) for i in range(4)]
+    samples = run_bench(methods, prompts, max_new_tokens=12, temperature=0.0, progress=False)
+    assert len(samples) == 12
+    # Greedy speculative decoding and prompt lookup are lossless: identical to plain generate.
+    assert all(s.agrees for s in samples)
+    summaries = summarize(samples, "generate")
+    paths = write_results(samples, summaries, {"cpu": "test"}, {"max_new_tokens": 12}, tmp_path)
+    assert {p.name for p in paths} == {"bench.json", "bench.md", "speedup_by_category.png", "acceptance_by_depth.png"}
+    record = json.loads((tmp_path / "bench.json").read_text())
+    assert "tau_convention" in record and len(record["samples"]) == 12
+    assert {s["category"] for s in record["summaries"]} == {"all", "x", "y"}
+    assert "| all | medusa |" in (tmp_path / "bench.md").read_text()
