@@ -1,6 +1,6 @@
 """``draftheads generate``: stream an answer decoded with a draft head, then print tau and tokens/s.
 
-    draftheads generate --heads runs/eagle/final --prompt "Explain KV caches." --max-new-tokens 128
+draftheads generate --heads runs/eagle/final --prompt "Explain KV caches." --max-new-tokens 128
 """
 
 from __future__ import annotations
@@ -14,16 +14,24 @@ from draftheads.infer.tree import TREES
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--heads", required=True, help="head directory (config.json + model.safetensors)")
-    parser.add_argument("--base", default=None, help="base model (default: the one recorded in the head's config)")
+    parser.add_argument(
+        "--base", default=None, help="base model (default: the one recorded in the head's config)"
+    )
     parser.add_argument("--prompt", required=True, help="user message, formatted with the chat template")
-    parser.add_argument("--raw", action="store_true", help="use the prompt as plain text, without the chat template")
+    parser.add_argument(
+        "--raw", action="store_true", help="use the prompt as plain text, without the chat template"
+    )
     parser.add_argument("--max-new-tokens", type=int, default=DEFAULT_MAX_NEW_TOKENS)
     parser.add_argument("--temperature", type=float, default=0.0, help="0: greedy (lossless either way)")
     parser.add_argument("--top-p", type=float, default=1.0)
     parser.add_argument("--top-k", type=int, default=0)
     parser.add_argument("--seed", type=int, default=None)
-    parser.add_argument("--tree", default=None, choices=sorted(TREES), help="draft tree (default: by head and device)")
-    parser.add_argument("--dtype", default="auto", help="auto (bf16 on GPU, fp32 on CPU) | float32 | bfloat16")
+    parser.add_argument(
+        "--tree", default=None, choices=sorted(TREES), help="draft tree (default: by head and device)"
+    )
+    parser.add_argument(
+        "--dtype", default="auto", help="auto (bf16 on GPU, fp32 on CPU) | float32 | bfloat16"
+    )
     parser.add_argument("--device", default="cpu")
 
 

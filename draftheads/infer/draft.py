@@ -130,7 +130,10 @@ def _expand(
         prefix_length = lengths[depth]
         position = root_position - 1
     parent_states = torch.stack(
-        [root_state if proposals.parents[n] == ROOT_PARENT else proposals.states[proposals.parents[n]] for n in nodes]
+        [
+            root_state if proposals.parents[n] == ROOT_PARENT else proposals.states[proposals.parents[n]]
+            for n in nodes
+        ]
     )[None]  # (1, n, h)
     token_ids = torch.stack([proposals.tokens[n] for n in nodes])[None]  # (1, n)
     position_ids = torch.full_like(token_ids, position)  # (1, n)
@@ -198,11 +201,19 @@ def draft_autoregressive(
                     candidates[parent] = _children(head, log_probabilities[parent][None], width)
                 ids, scores = candidates[parent]
                 proposal_parent = ROOT_PARENT if parent == 0 else by_node[parent]
-                by_node[node] = proposals.add(proposal_parent, ids[0, rank : rank + 1], scores[0, rank : rank + 1])[0]
+                by_node[node] = proposals.add(
+                    proposal_parent, ids[0, rank : rank + 1], scores[0, rank : rank + 1]
+                )[0]
             expanding = [n for n in layer if n in set(tree.parents)]
             if expanding:
                 rows = _expand(
-                    head, cache, proposals, [by_node[n] for n in expanding], depth, root_state[0], root_position
+                    head,
+                    cache,
+                    proposals,
+                    [by_node[n] for n in expanding],
+                    depth,
+                    root_state[0],
+                    root_position,
                 )
                 log_probabilities.update(zip(expanding, rows))
         return _finish(proposals, list(range(len(proposals.tokens))), root, pad_to_multiple)

@@ -24,7 +24,6 @@ import torch
 from draftheads.infer.cache import cache_lengths, crop_to_lengths, keep_accepted, new_cache
 from draftheads.infer.draft import draft_autoregressive, draft_parallel
 from draftheads.infer.tree import (
-    DynamicTree,
     StaticTree,
     TreeTopology,
     resolve_tree,
@@ -239,10 +238,14 @@ class SpeculativeGenerator:
         device_type = "cuda" if base_model.device.type == "cuda" else "cpu"
         chosen = resolve_tree(tree if tree is not None else DEFAULT_TREES[(head.drafting, device_type)])
         if head.drafting == "parallel" and not isinstance(chosen, StaticTree):
-            raise ValueError(f"{head.kind} heads draft all depths at once; give a static tree, not '{chosen.name}'")
+            raise ValueError(
+                f"{head.kind} heads draft all depths at once; give a static tree, not '{chosen.name}'"
+            )
         self.tree = chosen.truncated(head.num_draft_steps)  # -1 (EAGLE): no limit
         if pad_to_multiple is None:
-            pad_to_multiple = 4 if base_model.dtype == torch.float32 and base_model.device.type == "cpu" else 1
+            pad_to_multiple = (
+                4 if base_model.dtype == torch.float32 and base_model.device.type == "cpu" else 1
+            )
         self.pad_to_multiple = pad_to_multiple
         self.eos_ids = _eos_ids(base_model, tokenizer)
         self.max_length = getattr(base_model.config, "max_position_embeddings", None)
@@ -284,13 +287,19 @@ class SpeculativeGenerator:
 
     def _prompt_ids(self, prompt) -> torch.Tensor:
         """(1, T) prompt ids from ids (list, (T,) or (1, T) tensor), text, or chat messages."""
-        if isinstance(prompt, (str, list)) and (isinstance(prompt, str) or (prompt and isinstance(prompt[0], dict))):
+        if isinstance(prompt, (str, list)) and (
+            isinstance(prompt, str) or (prompt and isinstance(prompt[0], dict))
+        ):
             if self.tokenizer is None:
-                raise ValueError("text or chat-message prompts need a tokenizer: SpeculativeGenerator(..., tokenizer=)")
+                raise ValueError(
+                    "text or chat-message prompts need a tokenizer: SpeculativeGenerator(..., tokenizer=)"
+                )
             if isinstance(prompt, str):
                 ids = self.tokenizer(prompt, add_special_tokens=True)["input_ids"]
             else:
-                ids = self.tokenizer.apply_chat_template(prompt, add_generation_prompt=True, return_dict=False)
+                ids = self.tokenizer.apply_chat_template(
+                    prompt, add_generation_prompt=True, return_dict=False
+                )
             prompt = ids
         ids = torch.as_tensor(prompt, dtype=torch.long)
         if ids.dim() == 1:
@@ -302,7 +311,9 @@ class SpeculativeGenerator:
         if ids.shape[1] == 0:
             raise ValueError("the prompt is empty")
         if self.max_length is not None and ids.shape[1] >= self.max_length:
-            raise ValueError(f"the prompt has {ids.shape[1]} tokens; the model's context is {self.max_length}")
+            raise ValueError(
+                f"the prompt has {ids.shape[1]} tokens; the model's context is {self.max_length}"
+            )
         return ids.to(self.model.device)
 
     # ---- the decode loop ----------------------------------------------------------------------
@@ -368,7 +379,9 @@ class SpeculativeGenerator:
                 draft = draft_autoregressive(
                     head, draft_cache, root, draft_state, draft_logits, past, tree, self.pad_to_multiple
                 )
-                crop_to_lengths(head.draft_caches(draft_cache), lengths)  # drafted entries are rebuilt from real features
+                crop_to_lengths(
+                    head.draft_caches(draft_cache), lengths
+                )  # drafted entries are rebuilt from real features
             tokens_in_tree = draft.padded_tokens  # (N,)
             output = tree_forward(model, cache, tokens_in_tree, draft.topology, hidden_layers)
             acceptance = verify_tree(output.logits[0], tokens_in_tree, draft.topology, params, generator)
@@ -432,12 +445,18 @@ class SpeculativeGenerator:
                 raise ValueError("stream=True needs a tokenizer to decode text")
             return TextStream(self._stream(input_ids, max_new_tokens, params, generator))
         tally = _Tally()
-        new_tokens = [t for chunk in self._decode(input_ids, max_new_tokens, params, generator, tally) for t in chunk]
+        new_tokens = [
+            t for chunk in self._decode(input_ids, max_new_tokens, params, generator, tally) for t in chunk
+        ]
         return self._result(input_ids, new_tokens, tally)
 
     def _result(self, input_ids: torch.Tensor, new_tokens: list[int], tally: _Tally) -> GenerationResult:
         sequences = torch.cat([input_ids.cpu(), torch.tensor([new_tokens], dtype=torch.long)], dim=1)
-        text = self.tokenizer.decode(new_tokens, skip_special_tokens=True) if self.tokenizer is not None else None
+        text = (
+            self.tokenizer.decode(new_tokens, skip_special_tokens=True)
+            if self.tokenizer is not None
+            else None
+        )
         return GenerationResult(sequences, input_ids.shape[1], tally.stats(self.tree.name), text)
 
     def _stream(self, input_ids, max_new_tokens, params, generator):

@@ -143,7 +143,9 @@ class StaticTree:
     ranks: tuple[int, ...] = field(init=False)  # (N,) candidate rank of each node at its parent (root 0)
 
     def __post_init__(self):
-        choices = tuple(sorted({tuple(int(i) for i in path) for path in self.choices}, key=lambda p: (len(p), p)))
+        choices = tuple(
+            sorted({tuple(int(i) for i in path) for path in self.choices}, key=lambda p: (len(p), p))
+        )
         if len(choices) != len(self.choices):
             raise ValueError(f"tree '{self.name}': duplicate paths in choices")
         index = {(): 0}

@@ -46,7 +46,9 @@ def greedy_reference(model, prompt: torch.Tensor, new_tokens: int) -> torch.Tens
     return torch.tensor(sequence)
 
 
-def stub_logits(reference: torch.Tensor, positions: torch.Tensor, vocab_size: int, right: bool) -> torch.Tensor:
+def stub_logits(
+    reference: torch.Tensor, positions: torch.Tensor, vocab_size: int, right: bool
+) -> torch.Tensor:
     """(..., V) logits for the tokens at ``positions`` (...,): the reference token first (right) or
     last (wrong); positions past the reference get uniform logits."""
     logits = torch.zeros(*positions.shape, vocab_size)
@@ -116,7 +118,9 @@ class AutoregressiveStub(_StubHead):
     def catch_up(self, cache, features, next_token_ids, position_ids):
         past = cache.get_seq_length()
         expected = torch.arange(past, past + features.shape[1])
-        assert torch.equal(position_ids[0].cpu(), expected), f"catch_up positions {position_ids} after {past} rows"
+        assert torch.equal(position_ids[0].cpu(), expected), (
+            f"catch_up positions {position_ids} after {past} rows"
+        )
         accepted = self.reference[past + 1 : past + 1 + features.shape[1]]  # greedy decoding accepts these
         assert torch.equal(next_token_ids[0].cpu(), accepted), "catch_up must get the accepted tokens"
         self._append(cache, features.shape[1])
@@ -168,9 +172,13 @@ class ModuleStub(_StubHead):
         past = cache[depth].get_seq_length()
         assert attention_mask.shape == (1, 1, count, past + count), (attention_mask.shape, past, count)
         assert torch.equal(position_ids.float(), hidden[..., 0]), "every module acts at the catch-up position"
-        assert bool((hidden[..., 1] == depth - 1).all()), "a node's parent state comes from the previous depth"
+        assert bool((hidden[..., 1] == depth - 1).all()), (
+            "a node's parent state comes from the previous depth"
+        )
         AutoregressiveStub._append(cache[depth], count)
-        state = torch.stack([position_ids.float(), torch.full_like(position_ids, depth, dtype=torch.float)], dim=-1)
+        state = torch.stack(
+            [position_ids.float(), torch.full_like(position_ids, depth, dtype=torch.float)], dim=-1
+        )
         return state, self._logits(position_ids + depth + 2)
 
 

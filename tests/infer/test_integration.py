@@ -49,7 +49,9 @@ QUESTIONS = [
 
 
 def chat_ids(tokenizer, question: str) -> torch.Tensor:
-    ids = tokenizer.apply_chat_template([{"role": "user", "content": question}], add_generation_prompt=True, return_dict=False)
+    ids = tokenizer.apply_chat_template(
+        [{"role": "user", "content": question}], add_generation_prompt=True, return_dict=False
+    )
     return torch.tensor([ids])
 
 
@@ -66,8 +68,10 @@ def check_kind(model, tokenizer, kind: str, prompts: int, tokens: int, report=No
         result = generator.generate(prompt, max_new_tokens=tokens)
         matches.append(result.sequences.tolist() == expected.tolist())
         if report:
-            report(f"{kind} match={matches[-1]} tau={result.stats.tau:.2f} "
-                   f"speculative={result.stats.seconds:.1f}s plain={plain_seconds:.1f}s {question!r}")
+            report(
+                f"{kind} match={matches[-1]} tau={result.stats.tau:.2f} "
+                f"speculative={result.stats.seconds:.1f}s plain={plain_seconds:.1f}s {question!r}"
+            )
     return matches
 
 
@@ -89,7 +93,10 @@ def test_generate_command_streams(smollm2, tmp_path, capsys):
     torch.manual_seed(0)
     build_head(model, MedusaConfig(num_heads=2), BASE).save_pretrained(tmp_path / "head")
     question = QUESTIONS[0]
-    assert main(["generate", "--heads", str(tmp_path / "head"), "--prompt", question, "--max-new-tokens", "12"]) == 0
+    assert (
+        main(["generate", "--heads", str(tmp_path / "head"), "--prompt", question, "--max-new-tokens", "12"])
+        == 0
+    )
     captured = capsys.readouterr()
     prompt = chat_ids(tokenizer, question)
     expected = model.generate(prompt, max_new_tokens=12, do_sample=False)

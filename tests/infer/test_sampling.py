@@ -14,7 +14,6 @@ import pytest
 import torch
 from infer_stubs import SelfDraftStub, single_thread  # noqa: F401
 from scipy.stats import chisquare
-from tests.conftest import make_tiny_llama
 from transformers.generation.logits_process import (
     LogitsProcessorList,
     TemperatureLogitsWarper,
@@ -26,6 +25,7 @@ import draftheads.infer.generate as generate_module
 from draftheads.infer import SpeculativeGenerator
 from draftheads.infer.tree import DynamicTree
 from draftheads.infer.verify import Acceptance, sample_token, target_probabilities
+from tests.conftest import make_tiny_llama
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
@@ -39,7 +39,12 @@ TREE = DynamicTree("sampling-test", top_k=3, depth=3, total_tokens=8)
 @pytest.fixture(scope="module")
 def model():
     model = make_tiny_llama(
-        seed=2, vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2, max_position_embeddings=64
+        seed=2,
+        vocab_size=VOCAB,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        max_position_embeddings=64,
     )
     # A random init gives near-uniform next-token distributions; sharpen them so that acceptance
     # and truncation (top-k/top-p) matter.
@@ -88,7 +93,9 @@ def chi_square_p_value(counts: torch.Tensor, probabilities: torch.Tensor) -> flo
     small = expected < 5
     expected = torch.cat([expected[~small], expected[small].sum()[None]])
     observed = torch.cat([observed[~small], observed[small].sum()[None]])
-    return float(chisquare(observed.numpy(), expected.numpy() * observed.sum().item() / expected.sum().item()).pvalue)
+    return float(
+        chisquare(observed.numpy(), expected.numpy() * observed.sum().item() / expected.sum().item()).pvalue
+    )
 
 
 @pytest.mark.parametrize("temperature,top_k,top_p", [(1.0, 0, 1.0), (0.7, 6, 0.9)])

@@ -3,6 +3,8 @@ over random trees and random accepted paths."""
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 import torch
 from hypothesis import given, settings
@@ -163,7 +165,7 @@ def test_greedy_accepts_the_planted_path(tree, data):
     tokens = torch.tensor([3 + node for node in range(count)])  # distinct everywhere
     padded = topology.pad_tokens(tokens)
     logits = torch.randn(topology.size, vocab, generator=torch.Generator().manual_seed(count))
-    for parent, child in zip(path, path[1:]):
+    for parent, child in itertools.pairwise(path):
         logits[parent, padded[child]] = 100.0
     logits[path[-1], 1] = 100.0  # token 1 is nobody's: the path ends here
     acceptance = verify_greedy(logits, padded, topology)

@@ -47,7 +47,7 @@ def test_root_only_tree():
 
 
 def test_sampling_params_validated():
-    for bad in (dict(temperature=-1), dict(top_p=0), dict(top_k=-2), dict(acceptance="fast")):
+    for bad in ({"temperature": -1}, {"top_p": 0}, {"top_k": -2}, {"acceptance": "fast"}):
         with pytest.raises(ValueError):
             SamplingParams(**bad)
     assert SamplingParams().greedy
@@ -55,7 +55,9 @@ def test_sampling_params_validated():
         target_probabilities(torch.zeros(4), SamplingParams())
 
 
-@pytest.mark.parametrize("temperature,top_k,top_p", [(1.0, 0, 1.0), (0.5, 5, 1.0), (1.3, 0, 0.8), (0.7, 20, 0.6)])
+@pytest.mark.parametrize(
+    "temperature,top_k,top_p", [(1.0, 0, 1.0), (0.5, 5, 1.0), (1.3, 0, 0.8), (0.7, 20, 0.6)]
+)
 def test_target_probabilities_match_transformers(temperature, top_k, top_p):
     logits = torch.randn(6, 50, generator=torch.Generator().manual_seed(0)) * 3
     ours = target_probabilities(logits, SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p))
