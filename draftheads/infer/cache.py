@@ -39,11 +39,6 @@ def _layers(cache: DynamicCache) -> list[DynamicLayer]:
     return layers
 
 
-def cache_length(cache) -> int:
-    """Entries held by a base cache (all its layers hold the same number)."""
-    return cache.get_seq_length()
-
-
 def cache_lengths(caches: Sequence[DynamicCache]) -> tuple[int, ...]:
     """Entries held by each of a drafter's caches."""
     return tuple(cache.get_seq_length() for cache in caches)
