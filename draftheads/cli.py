@@ -17,7 +17,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "data": ("draftheads.data.command", "inspect a data pipeline: conversations, tokens, masks"),
     "distill": ("draftheads.data.distill", "regenerate assistant turns with the base model"),
     "train": ("draftheads.train.command", "train a draft head on a frozen base model"),
-    "cache-features": ("draftheads.train.features_command", "cache base hidden states for offline training"),
+    "cache-features": ("draftheads.data.features_command", "cache base hidden states for offline training"),
     "generate": ("draftheads.infer.command", "decode with a draft head (lossless speculative decoding)"),
     "export": ("draftheads.export", "export a head for the Hub, vLLM or SGLang"),
     "bench": ("draftheads.bench", "benchmark heads against plain and prompt-lookup decoding"),

@@ -49,6 +49,9 @@ class DataConfig:
     validation_size: int = 64  # held-out conversations for evaluation
     seed: int = 0  # the train/validation split is a deterministic function of this
     cache_dir: str | None = None  # datasets cache; default under DRAFTHEADS_CACHE
+    # Hidden-state cache from `draftheads cache-features` (it writes here; training reads it
+    # instead of running the base model). None: online training.
+    features: str | None = None
 
 
 @dataclass
@@ -92,6 +95,34 @@ class TrainConfig:
     base_throughput_batches: int = 8
 
 
+# Peak head-loss weight lambda0 of Medusa-2 per base loss (Medusa paper section 2.2.2; REFERENCE.md
+# section 1): 0.2 when the base learns real next tokens; ~0.01 with self-distillation, where the
+# KL term is small and a larger weight would let the heads pull the base off its distribution.
+LAMBDA0_BY_BASE_LOSS = {"lm": 0.2, "kl": 0.01}
+
+
+@dataclass
+class JointConfig:
+    """Medusa-2 (``head.joint: true``): a LoRA adapter on the base trains together with the heads,
+    L = L_base + lambda0 * sum_k 0.8^k CE_k. Paper defaults (REFERENCE.md section 1)."""
+
+    lora_rank: int = 32
+    lora_alpha: float = 16.0
+    lora_dropout: float = 0.05
+    lora_target_modules: str | tuple[str, ...] = "all-linear"  # peft: every linear layer but lm_head
+    head_lr_multiple: float = 4.0  # heads train at train.learning_rate, the adapter at learning_rate / this
+    # kl: self-distilled data (`draftheads distill`), L_base = KL(p_original || p_adapted) with the
+    # adapter-disabled base as teacher; lm: real data, L_base = next-token CE on assistant tokens.
+    base_loss: str = "kl"
+    lambda0: float | None = None  # peak head-loss weight; None: LAMBDA0_BY_BASE_LOSS[base_loss]
+    # lambda0 rises as sin(pi/2 * step / (ratio * total steps)) and then stays at its peak
+    # (the Medusa reference's "sine" scheduler; ratio 1 ramps over the whole run).
+    lambda0_warmup_ratio: float = 1.0
+
+    def peak_lambda0(self) -> float:
+        return self.lambda0 if self.lambda0 is not None else LAMBDA0_BY_BASE_LOSS[self.base_loss]
+
+
 @dataclass
 class RunConfig:
     """A whole run: base model, data, the head and its training."""
@@ -101,6 +132,7 @@ class RunConfig:
     distill: DistillConfig = field(default_factory=DistillConfig)
     head: Any = None  # a head config dataclass, chosen by ``head.kind`` (see heads.base)
     train: TrainConfig = field(default_factory=TrainConfig)
+    joint: JointConfig = field(default_factory=JointConfig)  # used when the head says joint: true
 
 
 # ----------------------------------------------------------------------------------------------

@@ -1,0 +1,448 @@
+"""Offline hidden-state caches: the frozen base model's hidden states, computed once (issue 7).
+
+Training many epochs, or many head variants, on the same data runs the base model's body for
+every batch again; offline training reads its hidden states from disk instead. A cache holds,
+for every example of the train and validation splits, only what the configured head reads:
+``head.required_hidden_states``, i.e. its feature layers plus ``hs[L]``, the normed state that
+enters lm_head (HF ``output_hidden_states`` indices, see ``draftheads.heads.base``).
+
+Soft targets (EAGLE-1, EAGLE-3) are ``lm_head(hs[L])``, recomputed at training time from the
+stored ``hs[L]``: exact, and h values per token. The base's top-k logits would cost k values plus
+k indices per token (6k bytes in bf16 + int32) and drop the tail of the distribution, so they are
+smaller only for k < h / 3 (192 for SmolLM2's h = 576) and never exact; this cache does not store them.
+
+Layout::
+
+    index.json                          identity + progress (rewritten after every shard)
+    train/shard-00000.safetensors       examples [0, E) of the split, E = examples_per_shard
+    validation/shard-00000.safetensors
+
+A shard holds ``hidden_states.{i}`` (N, h) for each stored index i, concatenated over its
+examples' tokens (no padding), ``offsets`` (E' + 1,) int64 and ``input_ids`` (N,) int32 (checked
+against the batch on reading, so a cache can never be read against other rows). Shards are
+written atomically and the index is updated after each one, so an interrupted run resumes after
+the last complete shard.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from draftheads.data.sources import DataError
+
+INDEX_NAME = "index.json"
+FORMAT = "draftheads-features"
+FORMAT_VERSION = 1
+SPLITS = ("train", "validation")
+DEFAULT_DTYPE = "bfloat16"  # the issue's compact choice; float32 caches reproduce fp32 training bit for bit
+DEFAULT_EXAMPLES_PER_SHARD = 256
+DEFAULT_BATCH_SIZE = 8
+STORAGE_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+# Entries of the base config that do not change what the model computes.
+VOLATILE_CONFIG_KEYS = ("_name_or_path", "dtype", "torch_dtype", "transformers_version", "_attn_implementation",
+                        "attn_implementation", "_commit_hash", "architectures")
+
+
+class FeatureCacheError(DataError):
+    """A feature cache that cannot be used: another base model, tokenizer, head or data; or damaged."""
+
+
+# ---- identity ---------------------------------------------------------------------------------
+
+
+def base_config_hash(config) -> str:
+    """Hash of everything in the base config that shapes the hidden states."""
+    data = {key: value for key, value in config.to_dict().items() if key not in VOLATILE_CONFIG_KEYS}
+    return hashlib.sha256(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def base_weights_hash(model, probe: int = 4096) -> str:
+    """Cheap fingerprint of the weights: name, shape and the first and last ``probe`` values of
+    every tensor. Two checkpoints of one architecture (another seed, a fine-tune) differ here
+    while reading O(number of tensors) values, not the whole model."""
+    digest = hashlib.sha256()
+    for name, tensor in sorted(model.state_dict().items()):
+        flat = tensor.detach().reshape(-1)
+        sample = torch.cat([flat[:probe], flat[-probe:]]).float().cpu()
+        digest.update(f"{name}:{tuple(tensor.shape)}".encode())
+        digest.update(sample.numpy().tobytes())
+    return digest.hexdigest()[:16]
+
+
+def tokenizer_hash(tokenizer) -> str:
+    """Hash of the tokenizer's vocabulary, special tokens and chat template."""
+    from draftheads.data.pipeline import tokenizer_identity
+
+    return tokenizer_identity(tokenizer)[:16]
+
+
+def rows_fingerprint(dataset) -> str:
+    """Hash of a split's rows (input_ids and loss_mask, in order): the cache's rows must be the
+    training rows, whatever config or file produced them."""
+    import numpy
+
+    digest = hashlib.sha256()
+    for ids, mask in zip(dataset["input_ids"], dataset["loss_mask"]):
+        digest.update(numpy.asarray(ids, dtype=numpy.int32).tobytes())
+        digest.update(numpy.asarray(mask, dtype=numpy.int8).tobytes())
+        digest.update(b"|")
+    return digest.hexdigest()[:16]
+
+
+@dataclass(frozen=True)
+class CacheIdentity:
+    """What a cache was made for. Training refuses a cache whose identity differs in any field
+    but ``base_model`` (a name; the hashes identify the model wherever it was loaded from)."""
+
+    base_model: str
+    base_config_hash: str
+    base_weights_hash: str
+    tokenizer_vocab_size: int | None  # None: rows given without a tokenizer (tests)
+    tokenizer_hash: str | None
+    head_kind: str
+    hidden_state_layers: tuple[int, ...]
+    max_length: int | None
+    rows: dict[str, str]  # split -> rows_fingerprint
+    examples: dict[str, int]  # split -> rows
+
+    @classmethod
+    def build(cls, base_model, base_name: str, tokenizer, head, splits: dict[str, Any], max_length: int | None):
+        return cls(
+            base_model=base_name,
+            base_config_hash=base_config_hash(base_model.config),
+            base_weights_hash=base_weights_hash(base_model),
+            tokenizer_vocab_size=len(tokenizer) if tokenizer is not None else None,
+            tokenizer_hash=tokenizer_hash(tokenizer) if tokenizer is not None else None,
+            head_kind=head.kind,
+            hidden_state_layers=tuple(head.required_hidden_states),
+            max_length=max_length,
+            rows={name: rows_fingerprint(dataset) for name, dataset in splits.items()},
+            examples={name: len(dataset) for name, dataset in splits.items()},
+        )
+
+    @classmethod
+    def from_dict(cls, data: dict) -> CacheIdentity:
+        return cls(**{**data, "hidden_state_layers": tuple(data["hidden_state_layers"])})
+
+
+# field -> what differs, for the refusal message
+_IDENTITY_CHECKS = (
+    ("base_config_hash", "base model (config)"),
+    ("base_weights_hash", "base model (weights)"),
+    ("tokenizer_vocab_size", "tokenizer (vocabulary size)"),
+    ("tokenizer_hash", "tokenizer (vocabulary, special tokens or chat template)"),
+    ("head_kind", "head kind"),
+    ("hidden_state_layers", "head feature layers"),
+    ("examples", "data (number of examples per split)"),
+    ("rows", "data (tokens or loss masks; data config or source changed)"),
+)
+
+
+def check_identity(found: CacheIdentity, expected: CacheIdentity, where: str) -> None:
+    """Raise FeatureCacheError naming the first field where the cache differs from the run.
+    Tokenizer fields are compared only when both sides know their tokenizer."""
+    for name, meaning in _IDENTITY_CHECKS:
+        have, want = getattr(found, name), getattr(expected, name)
+        if name.startswith("tokenizer") and (have is None or want is None):
+            continue
+        if have != want:
+            raise FeatureCacheError(
+                f"{where} was made for another {meaning}: {name} is {have!r} in the cache "
+                f"(base model '{found.base_model}', head '{found.head_kind}') but {want!r} for this run "
+                f"(base model '{expected.base_model}', head '{expected.head_kind}'); "
+                "rebuild it with `draftheads cache-features` or point data.features elsewhere"
+            )
+
+
+# ---- writing ----------------------------------------------------------------------------------
+
+
+def shard_path(directory: Path, split: str, shard: int) -> Path:
+    return directory / split / f"shard-{shard:05d}.safetensors"
+
+
+def _row_lengths(dataset) -> list[int]:
+    if "length" in dataset.column_names:
+        return [int(length) for length in dataset["length"]]
+    return [len(ids) for ids in dataset["input_ids"]]
+
+
+def bytes_per_token(hidden_size: int, layers: int, dtype: torch.dtype) -> int:
+    """Disk bytes per cached token: ``layers`` states of ``hidden_size`` plus the int32 token id."""
+    return layers * hidden_size * torch.empty((), dtype=dtype).element_size() + 4
+
+
+def _write_index(directory: Path, index: dict) -> None:
+    temporary = directory / (INDEX_NAME + ".tmp")
+    temporary.write_text(json.dumps(index, indent=2) + "\n")
+    os.replace(temporary, directory / INDEX_NAME)
+
+
+@torch.no_grad()
+def _hidden_states(base_model, rows: list[list[int]], layers: tuple[int, ...]) -> list[dict[int, torch.Tensor]]:
+    """Per row, {index: (T_i, h)} of the base model's hidden_states for a right-padded batch.
+    Right padding with a causal mask leaves every real position's states as computed alone."""
+    device = base_model.device
+    longest = max(len(row) for row in rows)
+    input_ids = torch.zeros((len(rows), longest), dtype=torch.long, device=device)  # (B, T)
+    attention_mask = torch.zeros_like(input_ids)  # (B, T)
+    for index, row in enumerate(rows):
+        input_ids[index, : len(row)] = torch.as_tensor(row, dtype=torch.long)
+        attention_mask[index, : len(row)] = 1
+    outputs = base_model.base_model(
+        input_ids=input_ids, attention_mask=attention_mask, output_hidden_states=True, use_cache=False
+    )
+    return [{layer: outputs.hidden_states[layer][index, : len(row)] for layer in layers} for index, row in enumerate(rows)]
+
+
+def _write_shard(path: Path, examples: list[dict[int, torch.Tensor]], rows: list[list[int]], dtype: torch.dtype) -> None:
+    from safetensors.torch import save_file
+
+    lengths = torch.tensor([0] + [len(row) for row in rows], dtype=torch.int64)
+    tensors = {
+        f"hidden_states.{layer}": torch.cat([example[layer] for example in examples]).to(dtype=dtype, device="cpu")
+        for layer in examples[0]
+    }  # each (N, h)
+    tensors["offsets"] = lengths.cumsum(0)  # (E' + 1,)
+    tensors["input_ids"] = torch.tensor([token for row in rows for token in row], dtype=torch.int32)  # (N,)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    temporary = path.with_suffix(".tmp")
+    save_file({name: tensor.contiguous() for name, tensor in tensors.items()}, str(temporary), metadata={"format": "pt"})
+    os.replace(temporary, path)
+
+
+def _human(size: float) -> str:
+    for unit in ("B", "KB", "MB", "GB"):
+        if size < 1024 or unit == "GB":
+            return f"{size:.1f} {unit}" if unit != "B" else f"{int(size)} B"
+        size /= 1024
+    return f"{size:.1f} TB"
+
+
+@dataclass(frozen=True)
+class CacheSummary:
+    """What ``write_feature_cache`` did."""
+
+    directory: str
+    tokens: int
+    examples: int
+    written_examples: int  # in this call (fewer than ``examples`` after a resume)
+    estimated_bytes: int
+    actual_bytes: int
+    bytes_per_token: float
+    seconds: float
+
+
+def cache_size(directory: str | Path) -> int:
+    """Bytes on disk of every shard and the index."""
+    directory = Path(directory)
+    return sum(path.stat().st_size for path in directory.rglob("*") if path.is_file())
+
+
+def write_feature_cache(
+    base_model,
+    splits: dict[str, Any],
+    directory: str | Path,
+    identity: CacheIdentity,
+    dtype: str = DEFAULT_DTYPE,
+    examples_per_shard: int = DEFAULT_EXAMPLES_PER_SHARD,
+    batch_size: int = DEFAULT_BATCH_SIZE,
+    progress: bool = True,
+) -> CacheSummary:
+    """Write (or continue writing) the hidden-state cache of ``splits`` into ``directory``.
+
+    Args:
+        base_model: the frozen base causal LM (its ``base_model`` body runs, not lm_head).
+        splits: split name -> dataset with ``input_ids`` rows (train and validation).
+        identity: ``CacheIdentity.build(...)`` for this base, tokenizer, head and rows; its
+            ``hidden_state_layers`` are the indices stored.
+        dtype: storage dtype name (``STORAGE_DTYPES``); bf16 halves fp32's size.
+        examples_per_shard: examples per file (the unit of resumption).
+        batch_size: examples per base forward.
+    Prints the estimated size before and the actual size after. An existing index in
+    ``directory`` must have the same identity and storage settings; writing resumes after its
+    last complete shard.
+    """
+    from tqdm import tqdm
+
+    if dtype not in STORAGE_DTYPES:
+        raise FeatureCacheError(f"feature cache dtype must be one of {sorted(STORAGE_DTYPES)}, got '{dtype}'")
+    if examples_per_shard < 1 or batch_size < 1:
+        raise FeatureCacheError(f"examples_per_shard and batch_size must be >= 1, got {examples_per_shard}, {batch_size}")
+    started = time.perf_counter()
+    directory = Path(directory)
+    settings = {"dtype": dtype, "examples_per_shard": examples_per_shard}
+    index_path = directory / INDEX_NAME
+    if index_path.is_file():
+        index = read_index(directory)
+        check_identity(CacheIdentity.from_dict(index["identity"]), identity, f"feature cache {directory}")
+        for name, value in settings.items():
+            if index[name] != value:
+                raise FeatureCacheError(
+                    f"feature cache {directory} is being written with {name}={index[name]!r}; "
+                    f"resume with the same value (got {value!r}) or choose another directory"
+                )
+    else:
+        directory.mkdir(parents=True, exist_ok=True)
+        index = {
+            "format": FORMAT,
+            "format_version": FORMAT_VERSION,
+            "identity": dataclasses.asdict(identity),
+            **settings,
+            "hidden_size": base_model.config.hidden_size,
+            "complete_shards": {name: 0 for name in splits},
+            "shard_tokens": {name: [] for name in splits},
+        }
+        _write_index(directory, index)
+
+    storage = STORAGE_DTYPES[dtype]
+    layers = tuple(identity.hidden_state_layers)
+    per_token = bytes_per_token(base_model.config.hidden_size, len(layers), storage)
+    lengths = {name: _row_lengths(dataset) for name, dataset in splits.items()}
+    tokens = sum(sum(values) for values in lengths.values())
+    estimate = tokens * per_token
+    done = {name: index["complete_shards"][name] * examples_per_shard for name in splits}
+    remaining = sum(sum(lengths[name][done[name]:]) for name in splits)
+    print(
+        f"[draftheads] feature cache {directory}: {len(layers)} hidden state(s) {list(layers)} x "
+        f"{base_model.config.hidden_size} in {dtype} = {per_token} bytes/token; {tokens:,} tokens -> "
+        f"about {_human(estimate)} on disk" + (f" ({remaining:,} tokens left to write)" if remaining < tokens else "")
+    )
+    bar = tqdm(total=tokens, initial=tokens - remaining, unit="tok", desc="cache-features", disable=not progress,
+               dynamic_ncols=True)
+    written = 0
+    for name, dataset in splits.items():
+        shards = -(-len(dataset) // examples_per_shard)
+        for shard in range(index["complete_shards"][name], shards):
+            start, stop = shard * examples_per_shard, min((shard + 1) * examples_per_shard, len(dataset))
+            rows = [list(dataset[i]["input_ids"]) for i in range(start, stop)]
+            # Similar lengths share a forward (less padding); results go back to row order.
+            order = sorted(range(len(rows)), key=lambda i: len(rows[i]))
+            computed: dict[int, dict[int, torch.Tensor]] = {}
+            for first in range(0, len(order), batch_size):
+                group = order[first : first + batch_size]
+                for row, states in zip(group, _hidden_states(base_model, [rows[i] for i in group], layers)):
+                    computed[row] = {layer: state.to(dtype=storage, device="cpu") for layer, state in states.items()}
+                bar.update(sum(len(rows[i]) for i in group))
+            examples = [computed[i] for i in range(len(rows))]
+            _write_shard(shard_path(directory, name, shard), examples, rows, storage)
+            index["complete_shards"][name] = shard + 1
+            index["shard_tokens"][name] = index["shard_tokens"][name][:shard] + [sum(len(row) for row in rows)]
+            _write_index(directory, index)
+            written += len(rows)
+    bar.close()
+    actual = cache_size(directory)
+    summary = CacheSummary(
+        directory=str(directory),
+        tokens=tokens,
+        examples=sum(len(dataset) for dataset in splits.values()),
+        written_examples=written,
+        estimated_bytes=estimate,
+        actual_bytes=actual,
+        bytes_per_token=actual / max(1, tokens),
+        seconds=time.perf_counter() - started,
+    )
+    print(
+        f"[draftheads] feature cache {directory}: {_human(actual)} on disk "
+        f"({summary.bytes_per_token:.0f} bytes/token; estimated {_human(estimate)})"
+    )
+    return summary
+
+
+# ---- reading ----------------------------------------------------------------------------------
+
+
+def read_index(directory: str | Path) -> dict:
+    directory = Path(directory)
+    path = directory / INDEX_NAME
+    if not path.is_file():
+        raise FeatureCacheError(
+            f"data.features: {directory} holds no feature cache ({INDEX_NAME} missing); "
+            "write one with `draftheads cache-features --config FILE`"
+        )
+    try:
+        index = json.loads(path.read_text())
+    except json.JSONDecodeError as err:
+        raise FeatureCacheError(f"{path}: invalid JSON: {err}") from err
+    if index.get("format") != FORMAT or index.get("format_version") != FORMAT_VERSION:
+        raise FeatureCacheError(
+            f"{path}: not a {FORMAT} v{FORMAT_VERSION} index (format {index.get('format')!r}, "
+            f"version {index.get('format_version')!r})"
+        )
+    return index
+
+
+class FeatureCache:
+    """Reads a complete cache: hidden states of any rows of a split, padded into a batch."""
+
+    def __init__(self, directory: str | Path):
+        self.directory = Path(directory)
+        self.index = read_index(self.directory)
+        self.identity = CacheIdentity.from_dict(self.index["identity"])
+        self.examples_per_shard = int(self.index["examples_per_shard"])
+        self._handles: dict[Path, Any] = {}
+        for split, examples in self.identity.examples.items():
+            needed = -(-examples // self.examples_per_shard)
+            if self.index["complete_shards"].get(split, 0) < needed:
+                raise FeatureCacheError(
+                    f"feature cache {self.directory} is incomplete: {self.index['complete_shards'].get(split, 0)} "
+                    f"of {needed} '{split}' shards written; run `draftheads cache-features` again to finish it"
+                )
+
+    @property
+    def layers(self) -> tuple[int, ...]:
+        return self.identity.hidden_state_layers
+
+    def check(self, expected: CacheIdentity) -> None:
+        check_identity(self.identity, expected, f"feature cache {self.directory}")
+
+    def _handle(self, split: str, shard: int):
+        from safetensors import safe_open
+
+        path = shard_path(self.directory, split, shard)
+        if path not in self._handles:
+            if not path.is_file():
+                raise FeatureCacheError(f"feature cache shard missing: {path}")
+            self._handles[path] = safe_open(str(path), framework="pt")
+        return self._handles[path]
+
+    def row(self, split: str, row: int) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
+        """``(input_ids (T,), {index: (T, h)})`` of example ``row`` of ``split``."""
+        if not 0 <= row < self.identity.examples.get(split, 0):
+            raise FeatureCacheError(f"feature cache {self.directory}: no row {row} in split '{split}'")
+        handle = self._handle(split, row // self.examples_per_shard)
+        local = row % self.examples_per_shard
+        start, stop = handle.get_slice("offsets")[local : local + 2].tolist()
+        input_ids = handle.get_slice("input_ids")[start:stop]  # (T,)
+        states = {layer: handle.get_slice(f"hidden_states.{layer}")[start:stop] for layer in self.layers}  # (T, h)
+        return input_ids, states
+
+    def batch(self, split: str, rows: list[int], input_ids: torch.Tensor, dtype: torch.dtype) -> dict[int, torch.Tensor]:
+        """{index: (B, T, h)} for ``rows`` of ``split``, right-padded with zeros to ``input_ids``
+        (B, T); raises if a cached row's tokens differ from the batch's."""
+        batch_size, length = input_ids.shape
+        hidden_size = int(self.index["hidden_size"])
+        out = {
+            layer: torch.zeros((batch_size, length, hidden_size), dtype=dtype, device=input_ids.device)
+            for layer in self.layers
+        }  # each (B, T, h)
+        for position, row in enumerate(rows):
+            cached_ids, states = self.row(split, row)
+            count = cached_ids.numel()
+            if count > length or not torch.equal(cached_ids.to(input_ids.device, torch.long), input_ids[position, :count]):
+                raise FeatureCacheError(
+                    f"feature cache {self.directory}: row {row} of '{split}' holds other tokens than the batch; "
+                    "the cache was written for other data"
+                )
+            for layer, state in states.items():
+                out[layer][position, :count] = state.to(device=input_ids.device, dtype=dtype)
+        return out

@@ -1,0 +1,74 @@
+"""``draftheads cache-features --config FILE [key=value ...]``: write a run's hidden-state cache.
+
+Uses the same run config as ``draftheads train``: the base model, the data pipeline and the head
+section decide what is stored (``head.required_hidden_states`` of that head); the cache goes to
+``data.features``, which is also where training with that config reads it. Re-running continues
+after the last complete shard.
+
+    draftheads cache-features --config configs/medusa-smollm2.yaml data.features=/tmp/medusa-features
+    draftheads train --config configs/medusa-smollm2.yaml data.features=/tmp/medusa-features
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from draftheads.data.features import (
+    DEFAULT_BATCH_SIZE,
+    DEFAULT_DTYPE,
+    DEFAULT_EXAMPLES_PER_SHARD,
+    STORAGE_DTYPES,
+)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--config", required=True, help="run config YAML (see configs/); data.features is the output")
+    parser.add_argument(
+        "overrides", nargs="*", metavar="key=value", help="dotted overrides, e.g. data.features=/tmp/features"
+    )
+    parser.add_argument("--dtype", default=DEFAULT_DTYPE, choices=sorted(STORAGE_DTYPES), help="storage dtype")
+    parser.add_argument("--examples-per-shard", type=int, default=DEFAULT_EXAMPLES_PER_SHARD)
+    parser.add_argument("--batch-size", type=int, default=DEFAULT_BATCH_SIZE, help="examples per base forward")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+
+def run(args: argparse.Namespace) -> int:
+    import torch
+
+    from draftheads.base import BaseModelError, load_base, resolve_dtype
+    from draftheads.config import ConfigError, load_run_config
+    from draftheads.data.features import CacheIdentity, write_feature_cache
+    from draftheads.data.pipeline import build_datasets
+    from draftheads.data.sources import DataError
+    from draftheads.heads import build_head
+
+    try:
+        run = load_run_config(args.config, args.overrides)
+        if not run.data.features:
+            raise ConfigError("data.features: set the cache directory to write, e.g. data.features=/tmp/features")
+        if run.head is None:
+            raise ConfigError("head: missing; the head decides which hidden states are cached")
+        device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        dtype = resolve_dtype(run.model.dtype, device)
+        base_model, tokenizer = load_base(run.model.base, dtype, device, run.model.attn_implementation)
+        train, validation, _ = build_datasets(run.data, tokenizer, run.model.base)
+        try:
+            head = build_head(base_model, run.head, run.model.base)
+        except (ValueError, IndexError) as err:
+            raise ConfigError(f"head ({run.head.kind}): {err}") from err
+        splits = {"train": train, "validation": validation}
+        identity = CacheIdentity.build(base_model, run.model.base, tokenizer, head, splits, run.data.max_length)
+        write_feature_cache(
+            base_model,
+            splits,
+            run.data.features,
+            identity,
+            dtype=args.dtype,
+            examples_per_shard=args.examples_per_shard,
+            batch_size=args.batch_size,
+            progress=not args.no_progress,
+        )
+    except (ConfigError, DataError, BaseModelError) as err:  # bad input: no traceback
+        print(f"draftheads cache-features: {err}")
+        return 2
+    return 0
