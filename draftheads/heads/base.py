@@ -281,7 +281,9 @@ def build_head(base_model, config: HeadConfig, base_name: str | None = None) -> 
 
 def load_head(directory: str | Path, base_model=None, map_location: str | torch.device = "cpu") -> DraftHead:
     """Load a head saved with ``save_pretrained``; if ``base_model`` is given, check it fits and
-    attach to it (a mismatch raises HeadMismatchError naming the field)."""
+    attach to it (a mismatch raises HeadMismatchError naming the field). A joint (Medusa-2) head
+    first merges its base adapter into ``base_model``, in place (``draftheads.heads.adapter``):
+    it drafts for, and must be verified by, the adapted base."""
     from safetensors.torch import load_file
     from transformers import AutoConfig
 
@@ -310,6 +312,11 @@ def load_head(directory: str | Path, base_model=None, map_location: str | torch.
         raise ValueError(f"{directory / WEIGHTS_NAME}: missing keys {missing[:5]}, unexpected keys {unexpected[:5]}")
     head.to(map_location)
     if base_model is not None:
+        if getattr(config, "joint", False):
+            from draftheads.heads.adapter import merge_adapter
+
+            head.base_spec.check_fits(base_model.config, where=f"{head.kind} head in {directory}")
+            merge_adapter(base_model, directory)
         head.to(dtype=base_model.dtype, device=base_model.device)
         head.attach(base_model)
     return head

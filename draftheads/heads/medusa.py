@@ -27,6 +27,10 @@ class MedusaConfig(HeadConfig):
     num_heads: int = 4  # K: the paper's Vicuna heads use 4-5
     num_layers: int = 1  # residual blocks per head
     shared_lm_head: bool = False  # True: project with the frozen base lm_head (no per-head copy)
+    # Medusa-2: the heads were trained jointly with a LoRA adapter on the base (training options in
+    # the run config's ``joint`` section); the head directory then holds the adapter, and the head
+    # drafts for (and verifies with) the adapted base (``draftheads.heads.adapter``).
+    joint: bool = False
 
     def __post_init__(self):
         if self.num_heads < 1:

@@ -66,6 +66,12 @@ def collate(rows: Sequence[dict], pad_token_id: int) -> dict[str, torch.Tensor]:
     return {"input_ids": input_ids, "attention_mask": attention_mask, "loss_mask": loss_mask}
 
 
+def with_row_index(batch: dict[str, torch.Tensor], indices: Sequence[int]) -> dict[str, torch.Tensor]:
+    """Add ``row_index`` (B,): the dataset rows of the batch (offline training reads their cached
+    hidden states by it)."""
+    return {**batch, "row_index": torch.tensor(list(indices), dtype=torch.long)}
+
+
 def _row_lengths(dataset) -> list[int]:
     # The data pipeline stores a ``length`` column; reading it avoids decoding every input_ids row.
     if "length" in getattr(dataset, "column_names", ()):
@@ -136,7 +142,7 @@ class BatchStream:
             batches = self.rank_batches(self.position.epoch)
         indices = batches[self.position.index]
         self.position = DataPosition(self.position.epoch, self.position.index + 1)
-        return collate([self.dataset[i] for i in indices], self.pad_token_id)
+        return with_row_index(collate([self.dataset[i] for i in indices], self.pad_token_id), indices)
 
     def state_dict(self) -> dict[str, int]:
         return {"epoch": self.position.epoch, "index": self.position.index}
@@ -155,4 +161,4 @@ def fixed_batches(dataset, batch_size: int, pad_token_id: int, seed: int, limit:
     groups = epoch_batches(lengths, batch_size, seed, epoch=0, group_by_length=True)
     if limit is not None:
         groups = groups[:limit]
-    return [collate([dataset[i] for i in group], pad_token_id) for group in groups]
+    return [with_row_index(collate([dataset[i] for i in group], pad_token_id), group) for group in groups]

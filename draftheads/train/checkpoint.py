@@ -101,7 +101,13 @@ def _remove_stale_temporaries(root: Path) -> None:
 
 
 def save_checkpoint(
-    engine, output_dir: str | Path, step: int, trainer_state: dict[str, Any], keep: int, rank: int = 0
+    engine,
+    output_dir: str | Path,
+    step: int,
+    trainer_state: dict[str, Any],
+    keep: int,
+    rank: int = 0,
+    exclude_frozen: bool = False,
 ) -> Path:
     """Write checkpoint ``step`` atomically on every rank (all ranks must call) and prune old ones.
 
@@ -109,6 +115,8 @@ def save_checkpoint(
         engine: a DeepSpeed engine (anything with ``save_checkpoint(dir, tag=..., ...)``).
         trainer_state: JSON-serialisable loop state (step, data position, evaluation, ...).
         keep: how many checkpoints to keep (the newest; at least 1).
+        exclude_frozen: leave frozen parameters out of the engine state (Medusa-2: the engine's
+            module holds the whole base, of which only the LoRA adapter trains).
     """
     root = Path(output_dir) / CHECKPOINTS_DIR
     final = root / checkpoint_name(step)
@@ -118,7 +126,8 @@ def save_checkpoint(
         _remove_stale_temporaries(root)
     _barrier()
     try:
-        engine.save_checkpoint(str(temporary), tag=ENGINE_TAG, save_latest=False)
+        options = {"exclude_frozen_parameters": True} if exclude_frozen else {}
+        engine.save_checkpoint(str(temporary), tag=ENGINE_TAG, save_latest=False, **options)
         torch.save(capture_rng_state(), temporary / f"rng_state_{rank}.pt")
         _barrier()
         if rank == 0:
@@ -136,14 +145,19 @@ def save_checkpoint(
     return final
 
 
-def load_checkpoint(engine, checkpoint: str | Path, rank: int = 0) -> dict[str, Any]:
-    """Restore engine (weights, optimizer, scheduler) and this rank's RNG; return trainer state."""
+def load_checkpoint(engine, checkpoint: str | Path, rank: int = 0, exclude_frozen: bool = False) -> dict[str, Any]:
+    """Restore engine (weights, optimizer, scheduler) and this rank's RNG; return trainer state.
+    ``exclude_frozen``: the checkpoint was saved without frozen parameters (they stay as loaded)."""
     checkpoint = Path(checkpoint)
     state_path = checkpoint / STATE_NAME
     if not state_path.is_file():
         raise FileNotFoundError(f"{checkpoint} is not a complete checkpoint (no {STATE_NAME})")
     load_path, _ = engine.load_checkpoint(
-        str(checkpoint), tag=ENGINE_TAG, load_optimizer_states=True, load_lr_scheduler_states=True
+        str(checkpoint),
+        tag=ENGINE_TAG,
+        load_optimizer_states=True,
+        load_lr_scheduler_states=True,
+        load_module_strict=not exclude_frozen,
     )
     if load_path is None:
         raise FileNotFoundError(f"DeepSpeed found no engine state under {checkpoint / ENGINE_TAG}")

@@ -1,7 +1,10 @@
 """The training loop: setup -> train -> save -> cleanup, in one place you can read.
 
-The base model is frozen (eval mode, no grad) and produces hidden states online for every batch;
-only the draft head trains, through a DeepSpeed engine (ZeRO 0-3 from ``configs/deepspeed/``).
+The base model is frozen (eval mode, no grad) and produces hidden states online for every batch,
+or they are read from a feature cache (``data.features``, offline training); only the draft head
+trains, through a DeepSpeed engine (ZeRO 0-3 from ``configs/deepspeed/``). Medusa-2
+(``head.joint: true``) trains a LoRA adapter on the base with the heads in the same engine
+(``draftheads.train.joint``).
 On a CPU the same code runs as a single gloo process; on GPUs launch it with
 ``deepspeed --num_gpus N $(which draftheads) train --config FILE``.
 
@@ -20,7 +23,9 @@ import os
 import random
 import socket
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -30,9 +35,18 @@ from torch import nn
 import draftheads
 from draftheads.base import DTYPES, load_base, resolve_dtype
 from draftheads.config import ConfigError, RunConfig, TrainConfig, to_dict
+from draftheads.heads.adapter import ADAPTER_DIR
 from draftheads.train import checkpoint
 from draftheads.train.batching import BatchStream, fixed_batches
-from draftheads.train.metrics import EvalResult, base_forward_tokens_per_second, base_hidden_states, evaluate
+from draftheads.train.hidden_states import OnlineHiddenStates, TrainedBaseHiddenStates, open_feature_cache
+from draftheads.train.joint import (
+    JointObjectiveModule,
+    add_lora_adapter,
+    check_joint_config,
+    head_loss_weight,
+    is_joint,
+)
+from draftheads.train.metrics import EvalResult, base_forward_tokens_per_second, evaluate
 from draftheads.train.reporting import REPORT_TARGETS, Reporter, plot_curves
 from draftheads.train.schedule import build_scheduler
 
@@ -244,6 +258,7 @@ class Session:
     base_model: Any
     engine: Any
     head: nn.Module
+    hidden_states: Callable[[dict, str], Any]  # (batch, split) -> base hidden states (hidden_states.py)
     stream: BatchStream
     eval_batches: list[dict]
     reporter: Reporter | None
@@ -254,6 +269,7 @@ class Session:
     train_seconds: float = 0.0
     last_eval: EvalResult | None = None
     last_eval_step: int = -1
+    joint_module: JointObjectiveModule | None = None  # Medusa-2: base adapter + heads in one module
 
 
 def _log_rank0(session_rank: int, message: str) -> None:
@@ -280,15 +296,18 @@ def load_datasets(run: RunConfig, tokenizer, rank: int):
     return train_dataset, val_dataset
 
 
-def build_engine(head: nn.Module, train: TrainConfig, deepspeed_config: dict, total_steps: int, device: torch.device):
-    """The DeepSpeed engine over ``ObjectiveModule(head)``: our AdamW and warmup-cosine schedule."""
+def build_engine(
+    module: nn.Module, train: TrainConfig, deepspeed_config: dict, total_steps: int, device: torch.device,
+    parameter_groups: list[dict] | None = None,
+):
+    """The DeepSpeed engine over ``module`` (``ObjectiveModule(head)``, or the joint module with
+    its ``parameter_groups``): our AdamW and warmup-cosine schedule (it scales every group's LR)."""
     import deepspeed
 
     deepspeed.utils.logger.setLevel(logging.WARNING)
-    module = ObjectiveModule(head)
     parameters = [p for p in module.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(
-        parameters,
+        parameter_groups or parameters,
         lr=train.learning_rate,
         betas=tuple(train.adam_betas),
         weight_decay=train.weight_decay,
@@ -321,6 +340,14 @@ def setup(run: RunConfig, base_model=None, tokenizer=None, datasets=None) -> Ses
     check_train_config(train)
     if run.head is None:
         raise ConfigError("head: missing; add a 'head:' section with a 'kind' (e.g. kind: medusa)")
+    joint = is_joint(run.head)
+    if joint:
+        check_joint_config(run.joint)
+        if run.data.features:
+            raise ConfigError(
+                f"data.features ({run.data.features}) cannot feed head.joint training: the adapted base's "
+                "hidden states change every step; unset one of them"
+            )
     rank, world_size, device = init_distributed()
     dtype = resolve_precision(run, device)
     deepspeed_config = build_deepspeed_config(train, dtype, world_size)
@@ -350,11 +377,28 @@ def setup(run: RunConfig, base_model=None, tokenizer=None, datasets=None) -> Ses
     head.init_from_data(supervised_token_counts(train_dataset, base_model.config.vocab_size))
     head.train()
 
+    joint_module = None
+    if joint:  # Medusa-2: the base gains a LoRA adapter and trains inside the engine's module
+        joint_module = JointObjectiveModule(add_lora_adapter(base_model, run.joint), head, run.joint.base_loss)
+        hidden_states = TrainedBaseHiddenStates()
+    elif run.data.features:
+        splits = {"train": train_dataset, "validation": val_dataset}
+        hidden_states = open_feature_cache(
+            run.data.features, base_model, run.model.base, tokenizer, head, splits, run.data.max_length, dtype
+        )
+        _log_rank0(rank, f"offline: hidden states {list(hidden_states.cache.layers)} from {run.data.features}")
+    else:
+        hidden_states = OnlineHiddenStates(base_model)
+
     stream = BatchStream(
         train_dataset, train.micro_batch_size, pad_token_id, train.seed, train.group_by_length, rank, world_size
     )
     total_steps = total_optimizer_steps(train, stream.batches_per_epoch())
-    engine = build_engine(head, train, deepspeed_config, total_steps, device)
+    if joint_module is not None:
+        groups = joint_module.parameter_groups(train.learning_rate, run.joint.head_lr_multiple)
+        engine = build_engine(joint_module, train, deepspeed_config, total_steps, device, groups)
+    else:
+        engine = build_engine(ObjectiveModule(head), train, deepspeed_config, total_steps, device)
 
     validation = fixed_batches(val_dataset, train.micro_batch_size, pad_token_id, train.seed, train.eval_batches)
     if len(validation) < world_size:  # every rank needs a share to join the all-reduce
@@ -368,11 +412,13 @@ def setup(run: RunConfig, base_model=None, tokenizer=None, datasets=None) -> Ses
         base_model=base_model,
         engine=engine,
         head=head,
+        hidden_states=hidden_states,
         stream=stream,
         eval_batches=validation[rank::world_size],
         reporter=None,  # set below, once the resume step is known
         total_steps=total_steps,
         train_examples=len(train_dataset),
+        joint_module=joint_module,
     )
     latest = checkpoint.latest_checkpoint(output_dir) if train.resume else None
     if latest is not None:
@@ -397,7 +443,7 @@ def setup(run: RunConfig, base_model=None, tokenizer=None, datasets=None) -> Ses
 
 def restore(session: Session, path: Path) -> None:
     """Continue from checkpoint ``path``: engine, RNG, data position and loop counters."""
-    state = checkpoint.load_checkpoint(session.engine, path, session.rank)
+    state = checkpoint.load_checkpoint(session.engine, path, session.rank, exclude_frozen=session.joint_module is not None)
     session.stream.load_state_dict(state["data_position"])
     session.step, session.tokens = state["step"], state["tokens"]
     session.train_seconds = state["train_seconds"]
@@ -409,7 +455,8 @@ def restore(session: Session, path: Path) -> None:
 def _evaluate(session: Session) -> EvalResult:
     session.engine.eval()
     try:
-        result = evaluate(session.engine, session.base_model, session.eval_batches, session.device)
+        hidden_states_of = partial(session.hidden_states, split="validation")
+        result = evaluate(session.engine, hidden_states_of, session.eval_batches, session.device)
     finally:
         session.engine.train()
     session.last_eval, session.last_eval_step = result, session.step
@@ -433,24 +480,32 @@ def _global_sum(session: Session, value: float) -> float:
 
 def train_steps(session: Session) -> None:
     """Optimiser steps from ``session.step`` to ``session.total_steps``: each is
-    ``gradient_accumulation_steps`` micro-batches of frozen base forward + head forward/backward."""
+    ``gradient_accumulation_steps`` micro-batches of base hidden states (frozen base forward or
+    cache read; none in joint training) + head forward/backward."""
     from tqdm import tqdm
 
     train, engine = session.run.train, session.engine
     progress = tqdm(
         total=session.total_steps, initial=session.step, disable=session.rank != 0, dynamic_ncols=True, desc="train"
     )
-    window_loss, window_steps, window_tokens = 0.0, 0, 0
+    window_loss, window_base_loss, window_steps, window_tokens = 0.0, 0.0, 0, 0
     window_correct = window_counted = None
     window_start = time.perf_counter()
     while session.step < session.total_steps:
+        if session.joint_module is not None:  # Medusa-2's lambda0 ramp
+            joint = session.run.joint
+            session.joint_module.head_loss_weight = head_loss_weight(
+                session.step, session.total_steps, joint.peak_lambda0(), joint.lambda0_warmup_ratio
+            )
         for _ in range(train.gradient_accumulation_steps):
             batch = {name: tensor.to(session.device) for name, tensor in next(session.stream).items()}
-            hidden_states = base_hidden_states(session.base_model, batch["input_ids"], batch["attention_mask"])
+            hidden_states = session.hidden_states(batch, "train")
             output = engine(hidden_states, batch["input_ids"], batch["loss_mask"], batch["attention_mask"])
             engine.backward(output.loss)
             engine.step()  # DeepSpeed steps optimizer + scheduler only at the accumulation boundary
             window_loss += float(output.loss.detach()) / train.gradient_accumulation_steps
+            if output.base_loss is not None:
+                window_base_loss += float(output.base_loss.detach()) / train.gradient_accumulation_steps
             window_tokens += int(batch["attention_mask"].sum())
             correct, counted = output.top1_correct.detach().double(), output.counted.detach().double()
             window_correct = correct if window_correct is None else window_correct + correct
@@ -473,11 +528,14 @@ def train_steps(session: Session) -> None:
                 "tokens": session.tokens,
                 "tokens_per_second": tokens / elapsed,
             }
+            if session.joint_module is not None:
+                record["base_loss"] = window_base_loss / window_steps
+                record["head_loss_weight"] = session.joint_module.head_loss_weight
             session.reporter.log(record)
             progress.set_postfix(
                 loss=f"{record['loss']:.3f}", top1=f"{accuracy[0]:.3f}", tok_s=f"{record['tokens_per_second']:.0f}"
             )
-            window_loss, window_steps, window_tokens = 0.0, 0, 0
+            window_loss, window_base_loss, window_steps, window_tokens = 0.0, 0.0, 0, 0
             window_correct = window_counted = None
             window_start = time.perf_counter()
 
@@ -499,22 +557,38 @@ def save(session: Session) -> Path:
         "eval_step": session.last_eval_step,
     }
     return checkpoint.save_checkpoint(
-        session.engine, session.output_dir, session.step, state, session.run.train.keep_checkpoints, session.rank
+        session.engine,
+        session.output_dir,
+        session.step,
+        state,
+        session.run.train.keep_checkpoints,
+        session.rank,
+        exclude_frozen=session.joint_module is not None,
     )
 
 
 def export_head(session: Session, summary: TrainingSummary) -> Path:
-    """Write the final head with ``save_pretrained`` (loadable without DeepSpeed)."""
+    """Write the final head with ``save_pretrained`` (loadable without DeepSpeed); Medusa-2 also
+    writes the base adapter with peft's ``save_pretrained`` (safetensors) into ``head/adapter``."""
     import deepspeed
 
     head_dir = session.output_dir / HEAD_DIR
     extra = {"training": dataclasses.asdict(summary)}
-    if session.engine.zero_optimization_stage() == 3:  # ZeRO-3 partitions parameters: gather first
-        with deepspeed.zero.GatheredParameters(list(session.head.parameters()), modifier_rank=None):
-            if session.rank == 0:
-                session.head.save_pretrained(head_dir, extra=extra)
-    elif session.rank == 0:
+    parameters = list(session.head.parameters())
+    if session.joint_module is not None:
+        parameters += [p for p in session.joint_module.adapted_base.parameters() if p.requires_grad]
+
+    def write() -> None:
         session.head.save_pretrained(head_dir, extra=extra)
+        if session.joint_module is not None:
+            session.joint_module.adapted_base.save_pretrained(str(head_dir / ADAPTER_DIR), safe_serialization=True)
+
+    if session.engine.zero_optimization_stage() == 3:  # ZeRO-3 partitions parameters: gather first
+        with deepspeed.zero.GatheredParameters(parameters, modifier_rank=None):
+            if session.rank == 0:
+                write()
+    elif session.rank == 0:
+        write()
     return head_dir
 
 

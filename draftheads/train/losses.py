@@ -37,6 +37,14 @@ def soft_cross_entropy(target_probs: torch.Tensor, logits: torch.Tensor) -> torc
     return -(target_probs.float() * F.log_softmax(logits.float(), dim=-1)).sum(-1)
 
 
+def kl_divergence(teacher_logits: torch.Tensor, student_logits: torch.Tensor) -> torch.Tensor:
+    """Per-position KL(p_teacher || p_student): (..., V) logits each -> (...). Medusa-2's
+    self-distillation base loss, the teacher being the base with its adapter disabled."""
+    teacher_log_probs = F.log_softmax(teacher_logits.float(), dim=-1)  # (..., V)
+    student_log_probs = F.log_softmax(student_logits.float(), dim=-1)  # (..., V)
+    return (teacher_log_probs.exp() * (teacher_log_probs - student_log_probs)).sum(-1)
+
+
 def medusa_loss(
     head_logits: Sequence[torch.Tensor],
     head_targets: Sequence[torch.Tensor],

@@ -10,6 +10,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
+from typing import Any
 
 import torch
 
@@ -57,9 +58,14 @@ def _all_reduce_sum(tensor: torch.Tensor) -> torch.Tensor:
 
 
 @torch.no_grad()
-def evaluate(objective: Callable, base_model, batches: Sequence[dict], device: torch.device) -> EvalResult:
+def evaluate(
+    objective: Callable, hidden_states_of: Callable[[dict], Any], batches: Sequence[dict], device: torch.device
+) -> EvalResult:
     """Run ``objective(hidden_states, input_ids, loss_mask, attention_mask) -> ObjectiveOutput``
     over ``batches`` and aggregate accuracies over every supervised position.
+
+    ``hidden_states_of(batch)`` gives a batch's base hidden states (the frozen base online, a
+    feature cache offline: ``draftheads.train.hidden_states``).
 
     The caller puts the head in eval mode. Under data parallelism each rank passes its share of
     the batches; counts are summed over ranks, so every rank returns the same result.
@@ -68,8 +74,7 @@ def evaluate(objective: Callable, base_model, batches: Sequence[dict], device: t
     loss_sum = torch.zeros((), dtype=torch.float64, device=device)
     for batch in batches:
         batch = {name: tensor.to(device) for name, tensor in batch.items()}
-        hidden_states = base_hidden_states(base_model, batch["input_ids"], batch["attention_mask"])
-        output = objective(hidden_states, batch["input_ids"], batch["loss_mask"], batch["attention_mask"])
+        output = objective(hidden_states_of(batch), batch["input_ids"], batch["loss_mask"], batch["attention_mask"])
         if top1 is None:
             top1 = torch.zeros_like(output.top1_correct, dtype=torch.float64)  # (S,)
             top5 = torch.zeros_like(top1)

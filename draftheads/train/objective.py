@@ -37,6 +37,7 @@ class ObjectiveOutput:
     )  # (S,) correct top-1 predictions per draft step, summed over supervised positions
     top5_correct: torch.Tensor  # (S,)
     counted: torch.Tensor  # (S,) supervised positions counted per step
+    base_loss: torch.Tensor | None = None  # Medusa-2: the adapted base's own loss (part of ``loss``)
 
 
 @dataclass(frozen=True)

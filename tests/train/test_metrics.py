@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from draftheads.train.metrics import chain_acceptance, evaluate
+from draftheads.train.metrics import base_hidden_states, chain_acceptance, evaluate
 from draftheads.train.objective import ObjectiveOutput
 
 
@@ -30,7 +30,10 @@ def test_evaluate_sums_counts_over_batches(tiny_llama):
         "attention_mask": torch.ones(1, 3, dtype=torch.long),
         "loss_mask": torch.ones(1, 3, dtype=torch.long),
     }
-    result = evaluate(objective, tiny_llama, [batch, batch], torch.device("cpu"))
+    def hidden_states_of(batch):
+        return base_hidden_states(tiny_llama, batch["input_ids"], batch["attention_mask"])
+
+    result = evaluate(objective, hidden_states_of, [batch, batch], torch.device("cpu"))
     assert seen == [tiny_llama.config.num_hidden_layers + 1] * 2
     assert result.loss == pytest.approx(3.0)
     assert result.top1 == pytest.approx((4 / 8, 1 / 6))

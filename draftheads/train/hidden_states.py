@@ -1,0 +1,57 @@
+"""Where a batch's base hidden states come from: the frozen base (online) or a cache (offline).
+
+Each source is a callable ``(batch, split) -> hidden_states`` that the loop calls for every
+training and evaluation batch; ``compute_objective`` accepts what either returns (the HF tuple, or
+a dict index -> (B, T, h) holding the head's ``required_hidden_states``). In joint training
+(Medusa-2) the base trains inside the engine's module and the source returns None.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from draftheads.train.metrics import base_hidden_states
+
+
+@dataclass(frozen=True)
+class OnlineHiddenStates:
+    """Run the frozen base model's body on each batch."""
+
+    base_model: Any
+
+    def __call__(self, batch: dict, split: str) -> tuple:
+        return base_hidden_states(self.base_model, batch["input_ids"], batch["attention_mask"])
+
+
+@dataclass(frozen=True)
+class CachedHiddenStates:
+    """Read each batch's rows from a feature cache (``draftheads cache-features``), upcast to the
+    training dtype. Batches carry ``row_index`` (B,): their rows in ``split``'s dataset."""
+
+    cache: Any  # draftheads.data.features.FeatureCache
+    dtype: torch.dtype
+
+    def __call__(self, batch: dict, split: str) -> dict[int, torch.Tensor]:
+        return self.cache.batch(split, batch["row_index"].tolist(), batch["input_ids"], self.dtype)
+
+
+@dataclass(frozen=True)
+class TrainedBaseHiddenStates:
+    """Joint training: the engine's module runs the (adapted) base itself."""
+
+    def __call__(self, batch: dict, split: str) -> None:
+        return None
+
+
+def open_feature_cache(directory: str, base_model, base_name: str, tokenizer, head, splits: dict, max_length: int,
+                       dtype: torch.dtype) -> CachedHiddenStates:
+    """The cache at ``directory``, after checking it was made for this base model, tokenizer,
+    head and rows (FeatureCacheError naming the first field that differs)."""
+    from draftheads.data.features import CacheIdentity, FeatureCache
+
+    cache = FeatureCache(directory)
+    cache.check(CacheIdentity.build(base_model, base_name, tokenizer, head, splits, max_length))
+    return CachedHiddenStates(cache, dtype)
