@@ -1,0 +1,168 @@
+"""The hidden-state cache: what it stores, its size, resumption and refusal of stale caches."""
+
+from __future__ import annotations
+
+import json
+
+import datasets
+import pytest
+import torch
+from data_fixtures import load_root_conftest, make_byte_tokenizer
+
+from draftheads.data import features
+from draftheads.data.features import CacheIdentity, FeatureCache, FeatureCacheError, write_feature_cache
+from draftheads.heads import build_head
+from draftheads.heads.eagle3 import Eagle3Config
+from draftheads.heads.medusa import MedusaConfig
+from draftheads.heads.mtp import MtpConfig
+
+make_tiny_llama = load_root_conftest().make_tiny_llama
+
+
+def _rows(count=7, seed=0):
+    generator = torch.Generator().manual_seed(seed)
+    lengths = torch.randint(5, 30, (count,), generator=generator).tolist()
+    ids = [torch.randint(3, 250, (n,), generator=generator).tolist() for n in lengths]
+    return datasets.Dataset.from_dict(
+        {"input_ids": ids, "loss_mask": [[0, 0] + [1] * (n - 2) for n in lengths], "length": lengths,
+         "id": [str(i) for i in range(count)]}
+    )
+
+
+@pytest.fixture
+def splits():
+    return {"train": _rows(7), "validation": _rows(3, seed=1)}
+
+
+def _identity(model, head_config, splits, tokenizer=None):
+    head = build_head(model, head_config)
+    return CacheIdentity.build(model, "tiny", tokenizer, head, splits, max_length=64)
+
+
+@torch.no_grad()
+def _alone(model, ids):
+    """hidden_states of one row run alone (no padding, no batch)."""
+    return model.base_model(input_ids=torch.tensor([ids]), output_hidden_states=True).hidden_states
+
+
+def test_stores_exactly_the_required_hidden_states(tmp_path, tiny_llama, splits):
+    identity = _identity(tiny_llama, Eagle3Config(feature_layers=(1, 2, 3), draft_vocab_size=64), splits)
+    assert identity.hidden_state_layers == (1, 2, 3, 4)  # the 3 fused layers + hs[L] for the soft targets
+    write_feature_cache(tiny_llama, splits, tmp_path, identity, dtype="float32", examples_per_shard=3,
+                        batch_size=2, progress=False)
+    cache = FeatureCache(tmp_path)
+    for split, dataset in splits.items():
+        for row in range(len(dataset)):
+            input_ids, states = cache.row(split, row)
+            assert input_ids.tolist() == dataset[row]["input_ids"]
+            reference = _alone(tiny_llama, dataset[row]["input_ids"])
+            assert sorted(states) == [1, 2, 3, 4]
+            for layer, state in states.items():
+                torch.testing.assert_close(state, reference[layer][0], rtol=1e-5, atol=1e-5)
+
+
+def test_bf16_cache_size_matches_the_estimate(tmp_path, tiny_llama, splits, capsys):
+    identity = _identity(tiny_llama, MedusaConfig(num_heads=2), splits)
+    summary = write_feature_cache(tiny_llama, splits, tmp_path, identity, progress=False)
+    tokens = sum(sum(d["length"]) for d in splits.values())
+    per_token = 64 * 2 + 4  # hs[L] in bf16 + the int32 token id
+    assert summary.tokens == tokens and summary.estimated_bytes == tokens * per_token
+    # Actual = estimate + safetensors headers, offsets and the index: small on any real cache.
+    assert summary.estimated_bytes < summary.actual_bytes < summary.estimated_bytes + 8_000
+    output = capsys.readouterr().out
+    assert "about" in output and "bytes/token" in output and "on disk" in output
+    _, states = FeatureCache(tmp_path).row("train", 0)
+    assert states[4].dtype == torch.bfloat16
+    # bf16 keeps ~3 significant digits of the fp32 states.
+    reference = _alone(tiny_llama, splits["train"][0]["input_ids"])[4][0]
+    torch.testing.assert_close(states[4].float(), reference, rtol=1e-2, atol=1e-2)
+
+
+def test_an_interrupted_write_resumes_after_the_last_complete_shard(tmp_path, tiny_llama, splits, monkeypatch):
+    identity = _identity(tiny_llama, MedusaConfig(num_heads=2), splits)
+    options = dict(dtype="float32", examples_per_shard=2, batch_size=3, progress=False)
+    whole = write_feature_cache(tiny_llama, splits, tmp_path / "whole", identity, **options)
+    assert whole.written_examples == 10
+
+    calls = []
+    original = features._write_shard
+
+    def failing(path, *args):
+        calls.append(path.name)
+        if len(calls) == 3:
+            raise KeyboardInterrupt  # killed while writing the third shard
+        original(path, *args)
+
+    monkeypatch.setattr(features, "_write_shard", failing)
+    with pytest.raises(KeyboardInterrupt):
+        write_feature_cache(tiny_llama, splits, tmp_path / "resumed", identity, **options)
+    index = json.loads((tmp_path / "resumed" / "index.json").read_text())
+    assert index["complete_shards"] == {"train": 2, "validation": 0}
+    with pytest.raises(FeatureCacheError, match="incomplete: 2 of 4 'train' shards"):
+        FeatureCache(tmp_path / "resumed")
+    monkeypatch.setattr(features, "_write_shard", original)
+    resumed = write_feature_cache(tiny_llama, splits, tmp_path / "resumed", identity, **options)
+    assert resumed.written_examples == 10 - 4
+    for split in ("train", "validation"):
+        for path in sorted((tmp_path / "whole" / split).iterdir()):
+            assert path.read_bytes() == (tmp_path / "resumed" / split / path.name).read_bytes(), path
+
+
+def test_resuming_with_other_settings_is_refused(tmp_path, tiny_llama, splits):
+    identity = _identity(tiny_llama, MedusaConfig(num_heads=2), splits)
+    write_feature_cache(tiny_llama, splits, tmp_path, identity, examples_per_shard=4, progress=False)
+    with pytest.raises(FeatureCacheError, match="examples_per_shard=4"):
+        write_feature_cache(tiny_llama, splits, tmp_path, identity, examples_per_shard=2, progress=False)
+    eagle3 = _identity(tiny_llama, Eagle3Config(feature_layers=(1, 2, 3), draft_vocab_size=64), splits)
+    with pytest.raises(FeatureCacheError, match="head kind"):
+        write_feature_cache(tiny_llama, splits, tmp_path, eagle3, examples_per_shard=4, progress=False)
+
+
+@pytest.mark.parametrize(
+    ("change", "field"),
+    [
+        ("other base weights", "base_weights_hash"),
+        ("other base config", "base_config_hash"),
+        ("other tokenizer", "tokenizer_hash"),
+        ("other head kind", "head_kind"),
+        ("other feature layers", "hidden_state_layers"),
+        ("other rows", "rows"),
+    ],
+)
+def test_a_stale_cache_is_refused_naming_the_field(tmp_path, tiny_llama, splits, change, field):
+    tokenizer = make_byte_tokenizer()
+    identity = _identity(tiny_llama, Eagle3Config(feature_layers=(1, 2, 3), draft_vocab_size=64), splits, tokenizer)
+    write_feature_cache(tiny_llama, splits, tmp_path, identity, progress=False)
+    cache = FeatureCache(tmp_path)
+    cache.check(identity)  # the same run is accepted
+
+    model, head_config, rows = tiny_llama, Eagle3Config(feature_layers=(1, 2, 3), draft_vocab_size=64), splits
+    if change == "other base weights":
+        model = make_tiny_llama(seed=1)
+    elif change == "other base config":
+        model = make_tiny_llama(rms_norm_eps=1e-5)
+    elif change == "other tokenizer":
+        tokenizer = make_byte_tokenizer(chat_template="{% for m in messages %}{{ m['content'] }}{% endfor %}")
+    elif change == "other head kind":
+        head_config = MtpConfig(num_modules=1)
+    elif change == "other feature layers":
+        head_config = Eagle3Config(feature_layers=(0, 2, 3), draft_vocab_size=64)
+    else:
+        rows = {"train": _rows(7, seed=5), "validation": splits["validation"]}
+    with pytest.raises(FeatureCacheError, match=field):
+        cache.check(_identity(model, head_config, rows, tokenizer))
+
+
+def test_rows_that_differ_from_the_batch_are_refused(tmp_path, tiny_llama, splits):
+    identity = _identity(tiny_llama, MedusaConfig(num_heads=2), splits)
+    write_feature_cache(tiny_llama, splits, tmp_path, identity, progress=False)
+    cache = FeatureCache(tmp_path)
+    ids = torch.tensor([splits["train"][1]["input_ids"]])
+    assert cache.batch("train", [1], ids, torch.float32)[4].shape == (1, ids.shape[1], 64)
+    with pytest.raises(FeatureCacheError, match="row 0 of 'train' holds other tokens"):
+        cache.batch("train", [0], ids, torch.float32)
+
+
+def test_no_index_is_a_clear_error(tmp_path):
+    with pytest.raises(FeatureCacheError, match="holds no feature cache.*cache-features"):
+        FeatureCache(tmp_path)
