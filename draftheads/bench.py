@@ -342,6 +342,21 @@ def _spread(prompts: list[BenchPrompt], limit: int) -> list[BenchPrompt]:
     return chosen
 
 
+def bench_tree(tree: str | None, head_dir: str, model):
+    """``--tree``: a registered name, a tuned-tree file, or (None) the head's own tuned tree for this
+    device and dtype (``draftheads tune-tree``); None again means the generator's default."""
+    from draftheads.infer.tree import load_tuned_tree, tuned_tree_key
+
+    if tree is None:
+        return load_tuned_tree(head_dir, model.dtype, model.device)
+    if tree.endswith(".json"):
+        tuned = load_tuned_tree(tree, model.dtype, model.device)
+        if tuned is None:
+            raise SystemExit(f"draftheads bench: {tree} holds no tree tuned for {tuned_tree_key(model.dtype, model.device)}")
+        return tuned
+    return tree
+
+
 def add_arguments(parser) -> None:
     parser.add_argument("--heads", nargs="*", default=[], help="head directories (draftheads or engine format)")
     parser.add_argument("--base", default=None, help="base model (default: the one recorded in the first head)")
@@ -375,7 +390,7 @@ def run(args) -> int:
         methods.append(HFMethod("prompt-lookup", model, tokenizer, prompt_lookup=PROMPT_LOOKUP_TOKENS))
     for head_dir in args.heads:
         head = load_head(head_dir, base_model=model, map_location=args.device)
-        generator = SpeculativeGenerator(model, head, tokenizer, tree=args.tree)
+        generator = SpeculativeGenerator(model, head, tokenizer, tree=bench_tree(args.tree, head_dir, model))
         name = f"{generator.head.kind}:{Path(head_dir).name}"
         methods.append(SpeculativeMethod(name, generator))
     prompts = build_prompts(args.prompts, tokenizer, args.limit, args.categories)

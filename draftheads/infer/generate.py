@@ -26,6 +26,7 @@ from draftheads.infer.draft import draft_autoregressive, draft_parallel
 from draftheads.infer.tree import (
     StaticTree,
     TreeTopology,
+    load_tuned_tree,
     resolve_tree,
     tree_attention_mask,
     tree_position_ids,
@@ -261,7 +262,8 @@ class SpeculativeGenerator:
         tree=None,
     ) -> SpeculativeGenerator:
         """Load a saved head and its base model (by default the one recorded in the head's
-        config.json ``base_model.name_or_path``)."""
+        config.json ``base_model.name_or_path``). Without ``tree``, the head's tuned tree for this
+        device and dtype (``draftheads tune-tree``) is used if there is one, else the default."""
         from draftheads.base import load_base
         from draftheads.heads import load_head
 
@@ -274,6 +276,8 @@ class SpeculativeGenerator:
                 raise ValueError(f"{config_path}: base_model.name_or_path is empty; pass base=... explicitly")
         model, tokenizer = load_base(base, dtype=dtype, device=device)
         head = load_head(head_dir, base_model=model, map_location=device)
+        if tree is None:  # the tree `draftheads tune-tree` chose for this device and dtype, if any
+            tree = load_tuned_tree(head_dir, model.dtype, model.device)
         return cls(model, head, tokenizer, tree=tree)
 
     # ---- trees for one step -------------------------------------------------------------------

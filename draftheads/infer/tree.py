@@ -293,3 +293,67 @@ def resolve_tree(tree: str | StaticTree | DynamicTree | Sequence[Sequence[int]])
             raise ValueError(f"unknown tree '{tree}'; known trees: {', '.join(TREES)}")
         return TREES[tree]
     return StaticTree("custom", tuple(tuple(path) for path in tree))
+
+
+# ---- tuned trees (``draftheads tune-tree``) -----------------------------------------------------
+
+TUNED_TREE_FILE = "tree.json"  # in a head directory, next to config.json
+TUNED_TREE_FORMAT = "draftheads-tuned-tree"
+
+
+def tuned_tree_key(dtype: torch.dtype | str, device: torch.device | str) -> str:
+    """The setting a tuned tree is valid for, e.g. ``cpu/float32``: costs differ by device and dtype."""
+    return f"{torch.device(device).type}/{str(dtype).removeprefix('torch.')}"
+
+
+def tree_to_dict(tree: StaticTree | DynamicTree) -> dict:
+    if isinstance(tree, StaticTree):
+        return {"type": "static", "name": tree.name, "choices": [list(path) for path in tree.choices]}
+    return {
+        "type": "dynamic",
+        "name": tree.name,
+        "top_k": tree.top_k,
+        "depth": tree.depth,
+        "total_tokens": tree.total_tokens,
+    }
+
+
+def tree_from_dict(data: dict, where: str) -> StaticTree | DynamicTree:
+    """Inverse of ``tree_to_dict``; bad input raises ValueError naming ``where`` and the field."""
+    if not isinstance(data, dict) or data.get("type") not in ("static", "dynamic"):
+        raise ValueError(f"{where}: 'type' must be 'static' or 'dynamic', got {data!r:.80}")
+    name = str(data.get("name", "tuned"))
+    try:
+        if data["type"] == "static":
+            return StaticTree(name, tuple(tuple(int(i) for i in path) for path in data["choices"]))
+        return DynamicTree(name, int(data["top_k"]), int(data["depth"]), int(data["total_tokens"]))
+    except KeyError as err:
+        raise ValueError(f"{where}: missing field {err}") from err
+    except (TypeError, ValueError) as err:
+        raise ValueError(f"{where}: {err}") from err
+
+
+def load_tuned_tree(
+    path, dtype: torch.dtype | str, device: torch.device | str = "cpu"
+) -> StaticTree | DynamicTree | None:
+    """The tree ``draftheads tune-tree`` chose for this device and dtype, or None if it has not been
+    tuned for them. ``path`` is a head directory (reads its ``tree.json``) or a tuned-tree file."""
+    import json
+    from pathlib import Path
+
+    path = Path(path)
+    if path.is_dir():
+        path = path / TUNED_TREE_FILE
+    if not path.is_file():
+        return None
+    try:
+        saved = json.loads(path.read_text())
+    except json.JSONDecodeError as err:
+        raise ValueError(f"{path}: invalid JSON: {err}") from err
+    if not isinstance(saved, dict) or saved.get("format") != TUNED_TREE_FORMAT:
+        raise ValueError(f"{path}: 'format' must be '{TUNED_TREE_FORMAT}'")
+    key = tuned_tree_key(dtype, device)
+    entry = saved.get("trees", {}).get(key)
+    if entry is None:
+        return None
+    return tree_from_dict(entry.get("tree"), f"{path}: trees.{key}.tree")

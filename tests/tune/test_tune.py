@@ -1,0 +1,306 @@
+"""Tree tuning: the choice on synthetic acceptance/cost models is the known optimum; acceptance is
+measured right on stub heads that are always / never right and is a distribution on real heads;
+the saved tree loads back and is the default of the generator and of bench."""
+
+from __future__ import annotations
+
+import itertools
+import json
+
+import pytest
+import torch
+
+from draftheads.heads import Eagle3Config, MedusaConfig, MtpConfig, build_head
+from draftheads.infer.tree import DynamicTree, StaticTree, load_tuned_tree, tuned_tree_key
+from draftheads.tune import (
+    AcceptanceModel,
+    CostCurve,
+    DecodingBench,
+    TuneSettings,
+    acceptance_from_ranks,
+    choose_dynamic_tree,
+    choose_static_tree,
+    dynamic_proposals,
+    judgeable,
+    measure_acceptance,
+    save_tuned_tree,
+)
+from tests.conftest import make_tiny_llama
+from tests.infer.infer_stubs import AutoregressiveStub, ModuleStub, ParallelStub, greedy_reference
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # tiny models on a shared 2-core box: one thread is faster
+    yield
+    torch.set_num_threads(threads)
+
+
+# ---- choosing a tree on synthetic models --------------------------------------------------------
+
+SYNTHETIC = AcceptanceModel(((0.7, 0.2), (0.6, 0.25), (0.5, 0.3)), (100, 100, 100))
+
+
+def _closed_subsets(depth: int, top_k: int):
+    """Every tree (set of paths closed under taking parents) in the full top_k-ary tree of ``depth``."""
+    paths = [p for d in range(1, depth + 1) for p in itertools.product(range(top_k), repeat=d)]
+    for mask in range(1 << len(paths)):
+        chosen = {p for i, p in enumerate(paths) if mask >> i & 1}
+        if all(p[:-1] in chosen or len(p) == 1 for p in chosen):
+            yield chosen
+
+
+@pytest.mark.parametrize("pad", [1, 4])
+def test_static_choice_is_the_brute_force_optimum(pad):
+    def verify(n):
+        return 1.0 + 0.12 * (n - 1)
+
+    def draft(tree):
+        return 0.05
+
+    best, candidates = choose_static_tree(SYNTHETIC, verify, draft, max_nodes=15, pad_to_multiple=pad)
+    optimum, optimum_tree = 0.0, None
+    for subset in _closed_subsets(3, 2):
+        expected = 1 + sum(SYNTHETIC.path_probability(p) for p in subset)
+        size = len(subset) + 1
+        speedup = expected / (verify(-(-size // pad) * pad) + 0.05)
+        if speedup > optimum + 1e-12:
+            optimum, optimum_tree = speedup, subset
+    assert best.expected_speedup == pytest.approx(optimum)
+    assert set(best.tree.choices) == optimum_tree
+    assert [c.nodes for c in candidates] == list(range(1, 16))  # every size scored
+    # the greedy trees are nested: each adds the most likely remaining node
+    for smaller, larger in itertools.pairwise(candidates):
+        assert set(smaller.tree.choices) < set(larger.tree.choices)
+
+
+def test_static_choice_follows_the_cost_curve():
+    cheap = choose_static_tree(SYNTHETIC, lambda n: 1.0, lambda t: 0.0, max_nodes=15)[0]
+    dear = choose_static_tree(SYNTHETIC, lambda n: 1.0 + 0.5 * (n - 1), lambda t: 0.0, max_nodes=15)[0]
+    assert cheap.nodes == 15  # free verification: take everything
+    assert dear.tree.choices == ((0,),)  # each node costs half a step: only the likeliest pays
+
+
+def test_dynamic_proposals_follow_eagle2_selection():
+    model = AcceptanceModel(((0.6, 0.3), (0.5, 0.2)), (10, 10))
+    assert dynamic_proposals(model, top_k=2, depth=2) == pytest.approx([0.6, 0.3, 0.3, 0.12, 0.15, 0.06])
+    # with top_k 1, only the best frontier node is expanded
+    assert dynamic_proposals(model, top_k=1, depth=2) == pytest.approx([0.6, 0.3])
+
+
+def test_dynamic_choice_is_the_known_optimum():
+    # A perfect top-1 chain: depth d accepts d drafts. Verification is flat up to 4 tokens, then
+    # dear; drafting costs 0.01 per (top_k x depth). The best is a 3-deep chain, 4 tokens, top_k 1.
+    chain = AcceptanceModel(tuple((1.0, 0.0, 0.0) for _ in range(6)), (50,) * 6)
+
+    def verify(n):
+        return 1.0 if n <= 4 else 1.0 + (n - 4)
+
+    def draft(tree):
+        return 0.01 * tree.top_k * tree.depth
+
+    best, candidates = choose_dynamic_tree(chain, verify, draft, max_top_k=3, max_depth=6, max_nodes=12)
+    assert (best.tree.top_k, best.tree.depth, best.tree.total_tokens) == (1, 3, 4)
+    assert best.expected_tokens == pytest.approx(4.0)
+    assert best.expected_speedup == pytest.approx(4.0 / 1.03)
+    assert isinstance(best.tree, DynamicTree) and len(candidates) > 50
+
+
+# ---- the acceptance model from ranks ------------------------------------------------------------
+
+
+def test_acceptance_is_conditional_on_the_parent_in_reach():
+    # ranks per position and depth: 2 = a miss (top_k 2), -1 = not judgeable
+    ranks = torch.tensor([[0, 0, 1], [0, 1, -1], [1, 2, 0], [2, 0, 0], [0, -1, -1]])
+    model = acceptance_from_ranks(ranks, top_k=2)
+    assert model.counts == (5, 3, 1)  # depth 2: the rows whose depth 1 hit; depth 3: rows hitting both
+    assert model.probabilities[0] == pytest.approx((3 / 5, 1 / 5))
+    assert model.probabilities[1] == pytest.approx((1 / 3, 1 / 3))
+    assert model.probabilities[2] == pytest.approx((0.0, 1.0))
+    assert SYNTHETIC.path_probability((0, 1)) == pytest.approx(0.7 * 0.25)
+    assert SYNTHETIC.path_probability((0, 0, 0, 0)) == 0.0  # deeper than measured
+
+
+def test_judgeable_follows_the_greedy_chain():
+    tokens = torch.tensor([5, 6, 7, 9, 9])
+    greedy = torch.tensor([6, 7, 8, 9, 1])  # g[2] = 8 but x[3] = 9: the true path leaves greedy at t = 2
+    valid = judgeable(tokens, greedy, start=0, depth=3)
+    assert valid.tolist() == [
+        [True, True, False],  # t = 0: roots 6, 7 match; depth 3 needs x[3] == g[2]
+        [True, False, False],
+        [False, False, False],
+        [True, False, False],  # t = 3: root x[4] = g[3]; depth 2 would need position 5
+    ]
+
+
+def test_cost_curve_interpolates_over_a_monotone_envelope():
+    curve = CostCurve((1, 4, 8), (0.1, 0.2, 0.18))  # noise made 8 look cheaper than 4
+    assert curve.relative(1) == pytest.approx(1.0)
+    assert curve.relative(4) == pytest.approx(2.0)
+    assert curve.relative(8) == pytest.approx(2.0)
+    assert curve.relative(2) == pytest.approx(1 + 1 / 3)
+    assert curve.relative(12) == pytest.approx(2.0)  # flat last segment extends flat
+
+
+# ---- measuring acceptance on stubs and tiny heads -----------------------------------------------
+
+PROMPT_LENGTH, NEW_TOKENS = 6, 24
+
+
+@pytest.fixture
+def reference(tiny_llama):
+    prompt = torch.randint(3, 256, (1, PROMPT_LENGTH), generator=torch.Generator().manual_seed(1))
+    return greedy_reference(tiny_llama, prompt, NEW_TOKENS + 12)  # stubs need the future past the end
+
+
+@pytest.mark.parametrize("stub", [ParallelStub, AutoregressiveStub, ModuleStub])
+@pytest.mark.parametrize("right", [True, False])
+def test_stub_heads_are_measured_always_or_never_right(tiny_llama, reference, stub, right):
+    head = stub(tiny_llama, reference, right)
+    sequence = reference[: PROMPT_LENGTH + NEW_TOKENS]
+    depth = 3
+    model = measure_acceptance(tiny_llama, head, [(sequence, PROMPT_LENGTH)], depth, top_k=4, progress=False)
+    assert len(model.probabilities) == depth and all(len(row) == 4 for row in model.probabilities)
+    expected_first = 1.0 if right else 0.0
+    assert model.probabilities[0][0] == expected_first
+    assert model.counts[0] == NEW_TOKENS  # every generated token is a root once; g after the last exists
+    if right:
+        assert all(row == (1.0, 0.0, 0.0, 0.0) for row in model.probabilities)
+        assert model.counts == (NEW_TOKENS, NEW_TOKENS - 1, NEW_TOKENS - 2)
+    else:
+        assert all(sum(row) == 0.0 for row in model.probabilities[:1]) and model.counts[1:] == (0, 0)
+
+
+TINY_HEADS = {
+    "medusa": MedusaConfig(num_heads=3, num_layers=1),
+    "eagle3": Eagle3Config(feature_layers=(1, 2, 3), draft_vocab_size=64, ttt_steps=2),
+    "mtp": MtpConfig(num_modules=3),
+}
+
+
+@pytest.mark.parametrize("kind", sorted(TINY_HEADS))
+def test_real_heads_give_probabilities_of_the_right_shape(tiny_llama, reference, kind):
+    head = build_head(tiny_llama, TINY_HEADS[kind]).eval()
+    sequence = reference[: PROMPT_LENGTH + NEW_TOKENS]
+    model = measure_acceptance(tiny_llama, head, [(sequence, PROMPT_LENGTH)] * 2, 3, top_k=5, progress=False)
+    assert len(model.probabilities) == 3 and all(len(row) == 5 for row in model.probabilities)
+    for row in model.probabilities:
+        assert all(0.0 <= p <= 1.0 for p in row) and sum(row) <= 1.0 + 1e-9
+    assert model.counts[0] == 2 * NEW_TOKENS
+
+
+@pytest.mark.parametrize("kind", ["medusa", "eagle3", "mtp"])
+def test_timing_runs_the_real_drafting_code(tiny_llama, kind):
+    head = build_head(tiny_llama, TINY_HEADS[kind]).eval()
+    bench = DecodingBench(tiny_llama, head, torch.arange(3, 40), pad_to_multiple=4, repeats=2)
+    curve = bench.verify_cost([1, 4, 8], progress=False)
+    assert curve.sizes == (1, 4, 8) and all(s > 0 for s in curve.seconds)
+    assert bench.cache.get_seq_length() == bench.past  # every timed verification was rolled back
+    trees = [StaticTree("t", ((0,), (1,), (0, 0)))]
+    if kind != "medusa":
+        trees.append(DynamicTree("d", top_k=2, depth=2, total_tokens=4))
+    for tree in trees:
+        assert bench.draft_seconds(tree) > 0
+        assert bench.draft_seconds(tree) == bench.draft_seconds(tree)  # memoised
+
+
+# ---- saving and using the choice ----------------------------------------------------------------
+
+
+def test_saved_tree_loads_back_per_device_and_dtype(tmp_path):
+    from draftheads.tune import Candidate
+
+    static = Candidate(StaticTree("tuned-4", ((0,), (1,), (0, 0))), 4, 2.1, 1.2, 1.75)
+    dynamic = Candidate(DynamicTree("tuned-k2", 2, 3, 9), 9, 2.5, 1.5, 1.67)
+    record = {
+        "machine": {"cpu": "test"},
+        "acceptance": {"probabilities": [[0.5, 0.2]], "counts": [4]},
+        "verify_cost": {"sizes": [1, 4], "relative": [1.0, 1.2], "seconds": [0.1, 0.12]},
+        "setting": "cpu/float32",
+        "chosen": {"nodes": 4, "tree": {"name": "tuned-4"}},
+        "candidates": [{"nodes": 4, "expected_speedup": 1.75}],
+    }
+    save_tuned_tree(tmp_path, tuned_tree_key(torch.float32, "cpu"), static, record)
+    save_tuned_tree(tmp_path, tuned_tree_key(torch.bfloat16, "cpu"), dynamic, record)
+    assert load_tuned_tree(tmp_path, torch.float32, "cpu") == static.tree
+    assert load_tuned_tree(tmp_path, torch.bfloat16, "cpu") == dynamic.tree
+    assert load_tuned_tree(tmp_path, torch.float32, "cuda") is None  # never tuned there
+    assert load_tuned_tree(tmp_path / "elsewhere", torch.float32, "cpu") is None
+    assert (tmp_path / "tune-cpu-float32.png").stat().st_size > 0
+    saved = json.loads((tmp_path / "tree.json").read_text())
+    saved["trees"]["cpu/float32"]["tree"] = {"type": "static", "choices": [[0, 0]]}  # no parent path
+    (tmp_path / "tree.json").write_text(json.dumps(saved))
+    with pytest.raises(ValueError, match=r"tree.json: trees.cpu/float32.tree.*no parent path"):
+        load_tuned_tree(tmp_path, torch.float32, "cpu")
+
+
+@pytest.fixture
+def tiny_base_dir(tmp_path):
+    """The tiny Llama and a byte-level chat tokenizer in one directory (a valid ``--base``)."""
+    from tests.data.data_fixtures import make_byte_tokenizer
+
+    tokenizer = make_byte_tokenizer()
+    model = make_tiny_llama(
+        vocab_size=len(tokenizer),
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+    )
+    model.save_pretrained(tmp_path / "base")
+    tokenizer.save_pretrained(tmp_path / "base")
+    return tmp_path / "base"
+
+
+def test_tune_tree_saves_a_tree_the_generator_and_bench_use(tmp_path, tiny_base_dir):
+    from draftheads.base import load_base
+    from draftheads.bench import bench_tree
+    from draftheads.cli import main
+    from draftheads.infer import SpeculativeGenerator
+
+    model, _tokenizer = load_base(str(tiny_base_dir), dtype="float32")
+    head_dir = tmp_path / "head"
+    build_head(model, MtpConfig(num_modules=2), str(tiny_base_dir)).save_pretrained(head_dir)
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text("".join(json.dumps({"id": i, "turns": [f"Say {i}."]}) + "\n" for i in range(3)))
+    arguments = [
+        "tune-tree",
+        "--heads",
+        str(head_dir),
+        "--data",
+        str(prompts),
+        "--skip",
+        "0",
+        "--prompts",
+        "2",
+        "--max-new-tokens",
+        "12",
+        "--max-nodes",
+        "8",
+        "--repeats",
+        "1",
+        "--prefix-tokens",
+        "16",
+    ]
+    assert main(arguments) == 0
+    record = json.loads((head_dir / "tune-cpu-float32.json").read_text())
+    assert record["setting"] == "cpu/float32" and record["verify_cost"]["sizes"] == [1, 4, 8]
+    assert len(record["acceptance"]["probabilities"]) == 2  # MTP with 2 modules drafts 2 deep
+    tuned = load_tuned_tree(head_dir, torch.float32, "cpu")
+    assert isinstance(tuned, StaticTree) and tuned.name == record["chosen"]["tree"]["name"]
+    assert SpeculativeGenerator.from_pretrained(head_dir, dtype="float32").tree == tuned.truncated(2)
+    assert (
+        SpeculativeGenerator.from_pretrained(head_dir, dtype="float32", tree="chain-2").tree.name == "chain-2"
+    )
+    assert bench_tree(None, str(head_dir), model) == tuned
+    assert bench_tree("cpu-8", str(head_dir), model) == "cpu-8"
+    assert TuneSettings().skip > 2200  # the shipped configs train on ShareGPT's first 2,200
+
+
+def test_tune_tree_refuses_bad_arguments(tmp_path, capsys):
+    from draftheads.cli import main
+
+    assert main(["tune-tree", "--heads", str(tmp_path), "--top-k", "0"]) == 2
+    assert "--top-k must be >= 1" in capsys.readouterr().out
+    assert main(["tune-tree", "--heads", str(tmp_path)]) == 2
+    assert "no config.json" in capsys.readouterr().out
