@@ -1,0 +1,365 @@
+"""``draftheads demo`` (``make demo``): the main job end to end on the embedded defaults.
+
+1. distill: regenerate the first answer of a few ShareGPT conversations with SmolLM2 itself
+   (``draftheads distill``), so the head learns the base model's own text;
+2. train: an EAGLE-3 head on them (``configs/eagle3-smollm2.yaml``, shortened);
+3. tune: choose the draft tree for this machine from measured acceptance and costs (``tune-tree``);
+4. generate: answer an MT-bench question with the head (streamed), then with plain HF greedy
+   ``generate``, and report tau, both speeds, the speedup and whether the outputs are identical.
+
+Each stage reuses what a previous run left in the demo directory (a finished distillation, head or
+tuned tree; an interrupted training resumes from its last checkpoint), so a re-run goes straight to
+generation. Delete the directory (or a stage's part of it) to redo a stage.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import draftheads
+
+
+@dataclass(frozen=True)
+class DemoSettings:
+    """Every default of the demo, defined once (the CLI only overrides these)."""
+
+    out_dir: str = "runs/demo"
+    base: str = "smollm2-135m-instruct"
+    source: str = "sharegpt"  # conversations to distill (their first exchange)
+    conversations: int = 80
+    distill_max_new_tokens: int = 160  # short answers keep distillation to a few minutes here
+    distill_batch_size: int = 8
+    max_length: int = 384  # prompt + answer tokens per training example
+    config: str = "configs/eagle3-smollm2.yaml"
+    train_steps: int = 150  # ~12 min on an idle 2-core CPU (fp32, 4 x ~300 tokens per step)
+    micro_batch_size: int = 4
+    learning_rate: float = 1e-3  # higher than the long run's: few steps over a small set
+    warmup_steps: int = 10
+    save_every: int = 25  # checkpoints let an interrupted demo resume
+    train_overrides: tuple[str, ...] = ()  # extra key=value run-config overrides, applied last
+    tune: bool = True
+    tune_prompts: int = 4
+    tune_max_new_tokens: int = 96
+    tune_max_nodes: int = 32
+    tune_repeats: int = 3
+    question_id: str = (
+        "81"  # MT-bench: "Compose an engaging travel blog post about a recent trip to Hawaii..."
+    )
+    max_new_tokens: int = 128
+    warmup_tokens: int = 8
+
+
+@dataclass
+class StageTimes:
+    """Wall seconds per stage of this run (0 where a stage reused earlier output)."""
+
+    load: float = 0.0
+    distill: float = 0.0
+    train: float = 0.0
+    tune: float = 0.0
+    generate: float = 0.0
+    reused: list[str] = field(default_factory=list)
+
+
+def heading(number: int, title: str) -> None:
+    print(f"\n=== {number}/4 {title} ===", flush=True)
+
+
+# ---- stages -------------------------------------------------------------------------------------
+
+
+def first_exchanges(source: str, count: int):
+    """The first ``count`` conversations of ``source``, cut after their first assistant turn."""
+    from draftheads.data.sources import Conversation, read_conversations
+
+    conversations, report = read_conversations(source, limit=count)
+    cut = []
+    for conversation in conversations:
+        end = next(i for i, m in enumerate(conversation.messages) if m["role"] == "assistant")
+        cut.append(Conversation(conversation.id, conversation.messages[: end + 1]))
+    return cut, report
+
+
+def distill_stage(model, tokenizer, settings: DemoSettings, out_dir: Path) -> Path:
+    from draftheads.config import DistillConfig
+    from draftheads.data.distill import distill, written_ids
+
+    path = out_dir / "distilled.jsonl"
+    conversations, report = first_exchanges(settings.source, settings.conversations)
+    done = written_ids(path)
+    if done >= {c.id for c in conversations}:
+        print(f"reusing {path} ({len(done)} conversations)")
+        return path
+    print(
+        f"{len(conversations)} conversations from {report.source}: regenerating their first answer "
+        f"(greedy, <= {settings.distill_max_new_tokens} tokens)"
+    )
+    config = DistillConfig(
+        temperature=0.0,
+        max_new_tokens=settings.distill_max_new_tokens,
+        batch_size=settings.distill_batch_size,
+    )
+    counts = distill(model, tokenizer, conversations, path, config, max_length=settings.max_length)
+    print(
+        f"wrote {counts['written']} ({counts['skipped_existing']} already there, "
+        f"{counts['cut_at_length']} prompts longer than {settings.max_length} tokens skipped)"
+    )
+    if not written_ids(path):
+        raise ValueError(
+            f"distillation wrote no conversation to {path}: every prompt exceeds max_length "
+            f"{settings.max_length} - distill_max_new_tokens {settings.distill_max_new_tokens}"
+        )
+    return path
+
+
+def config_path(settings: DemoSettings) -> Path:
+    """The run config as given, or relative to the project checkout (configs/...)."""
+    path = Path(settings.config)
+    if not path.is_file() and not path.is_absolute():
+        path = Path(draftheads.__file__).resolve().parents[1] / settings.config
+    if not path.is_file():
+        raise FileNotFoundError(
+            f"demo config not found: {settings.config} (run from the draftheads checkout)"
+        )
+    return path
+
+
+def train_overrides(settings: DemoSettings, data_path: Path, train_dir: Path, resume: bool) -> list[str]:
+    steps = settings.train_steps
+    return [
+        f"model.base={settings.base}",
+        f"data.source={data_path}",
+        "data.limit=null",
+        f"data.max_length={settings.max_length}",
+        "data.validation_size=4",
+        f"data.cache_dir={train_dir.parent / 'data-cache'}",
+        f"train.output_dir={train_dir}",
+        f"train.max_steps={steps}",
+        f"train.micro_batch_size={settings.micro_batch_size}",
+        "train.gradient_accumulation_steps=1",
+        f"train.learning_rate={settings.learning_rate}",
+        f"train.warmup_steps={min(settings.warmup_steps, steps - 1)}",
+        f"train.eval_every={steps}",  # one evaluation, at the end
+        "train.eval_batches=1",
+        f"train.save_every={settings.save_every}",
+        "train.log_every=1",
+        "train.base_throughput_batches=0",
+        f"train.resume={str(resume).lower()}",
+        *settings.train_overrides,
+    ]
+
+
+def train_stage(
+    model, tokenizer, settings: DemoSettings, data_path: Path, out_dir: Path
+) -> tuple[Path, bool]:
+    """The trained head's directory, and whether it was reused from an earlier run."""
+    from draftheads.config import load_run_config
+    from draftheads.train import checkpoint
+    from draftheads.train.loop import HEAD_DIR, run_training
+
+    train_dir = out_dir / "eagle3"
+    head_dir = train_dir / HEAD_DIR
+    if (head_dir / "config.json").is_file():
+        print(f"reusing the trained head in {head_dir} (delete it to train again)")
+        return head_dir, True
+    resume = bool(checkpoint.list_checkpoints(train_dir))
+    run = load_run_config(config_path(settings), train_overrides(settings, data_path, train_dir, resume))
+    print(
+        f"EAGLE-3 head ({settings.config}, {settings.train_steps} steps of {settings.micro_batch_size} "
+        f"examples{', resuming' if resume else ''}); curves in {train_dir}"
+    )
+    summary = run_training(run, base_model=model, tokenizer=tokenizer)
+    if summary.eval:
+        top1 = " ".join(f"{a:.2f}" for a in summary.eval["top1"])
+        print(f"held-out top-1 accuracy by draft step: {top1}")
+    return head_dir, False
+
+
+def tune_stage(model, head, tokenizer, settings: DemoSettings, head_dir: Path) -> bool:
+    """Tune the tree unless it already is for this device and dtype; returns whether it was reused."""
+    from draftheads.infer.tree import load_tuned_tree
+    from draftheads.tune import TuneSettings, describe, tune_tree
+
+    if load_tuned_tree(head_dir, model.dtype, model.device) is not None:
+        print(f"reusing the tuned tree in {head_dir} (delete tree.json to tune again)")
+        return True
+    tune_settings = TuneSettings(
+        data=settings.source,
+        skip=settings.conversations,  # held out: after the distilled conversations
+        prompts=settings.tune_prompts,
+        max_new_tokens=settings.tune_max_new_tokens,
+        max_nodes=settings.tune_max_nodes,
+        repeats=settings.tune_repeats,
+    )
+    print(describe(tune_tree(model, head, tokenizer, head_dir, tune_settings)))
+    return False
+
+
+def question(settings: DemoSettings) -> str:
+    from draftheads.data.prompts import load_prompts
+
+    for prompt in load_prompts("mt-bench"):
+        if prompt.id == settings.question_id:
+            return prompt.turns[0]
+    raise ValueError(f"MT-bench has no question with id {settings.question_id}")
+
+
+def plain_generate(model, tokenizer, input_ids, max_new_tokens: int) -> tuple[list[int], float]:
+    import torch
+
+    with torch.inference_mode():
+        started = time.perf_counter()
+        output = model.generate(
+            input_ids,
+            attention_mask=torch.ones_like(input_ids),
+            max_new_tokens=max_new_tokens,
+            do_sample=False,
+            pad_token_id=tokenizer.pad_token_id,
+        )
+        seconds = time.perf_counter() - started
+    return output[0, input_ids.shape[1] :].tolist(), seconds
+
+
+def generate_stage(model, head, tokenizer, settings: DemoSettings, head_dir: Path) -> dict:
+    """Stream the head's answer, then time plain greedy generate on the same prompt."""
+    import torch
+
+    from draftheads.infer.generate import SpeculativeGenerator
+    from draftheads.infer.tree import load_tuned_tree
+
+    generator = SpeculativeGenerator(
+        model, head, tokenizer, tree=load_tuned_tree(head_dir, model.dtype, model.device)
+    )
+    text = question(settings)
+    messages = [{"role": "user", "content": text}]
+    ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_dict=False)
+    input_ids = torch.tensor([ids], device=model.device)  # (1, T): the same ids for both methods
+    generator.generate(input_ids, max_new_tokens=settings.warmup_tokens)  # warm-up, not timed
+    plain_generate(model, tokenizer, input_ids, settings.warmup_tokens)
+    print(f"MT-bench question {settings.question_id}: {text}\n")
+    stream = generator.generate(input_ids, max_new_tokens=settings.max_new_tokens, stream=True)
+    for piece in stream:
+        print(piece, end="", flush=True)
+    print("\n")
+    result = stream.result
+    stats = result.stats
+    plain_tokens, plain_seconds = plain_generate(model, tokenizer, input_ids, settings.max_new_tokens)
+    plain_rate = len(plain_tokens) / plain_seconds
+    return {
+        "question_id": settings.question_id,
+        "tree": stats.tree,
+        "tau": stats.tau,
+        "speculative_tokens": stats.new_tokens,
+        "speculative_seconds": stats.seconds,
+        "speculative_tokens_per_second": stats.tokens_per_second,
+        "plain_tokens": len(plain_tokens),
+        "plain_seconds": plain_seconds,
+        "plain_tokens_per_second": plain_rate,
+        "speedup": stats.tokens_per_second / plain_rate,
+        "identical": result.new_tokens == plain_tokens,
+    }
+
+
+# ---- the whole demo -----------------------------------------------------------------------------
+
+
+def run_demo(settings: DemoSettings) -> dict:
+    """Run (or resume) every stage; returns what ``demo.json`` records."""
+    from draftheads.base import load_base
+    from draftheads.heads import load_head
+
+    out_dir = Path(settings.out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    times = StageTimes()
+    started = time.perf_counter()
+    model, tokenizer = load_base(settings.base)
+    times.load = time.perf_counter() - started
+    print(f"base model {settings.base} ({model.dtype}) loaded in {times.load:.1f} s; outputs in {out_dir}")
+
+    heading(1, "distill: the base model answers ShareGPT prompts itself")
+    started = time.perf_counter()
+    data_path = distill_stage(model, tokenizer, settings, out_dir)
+    times.distill = time.perf_counter() - started
+
+    heading(2, "train: an EAGLE-3 head on the frozen base model")
+    started = time.perf_counter()
+    head_dir, reused = train_stage(model, tokenizer, settings, data_path, out_dir)
+    times.train = time.perf_counter() - started
+    if reused:
+        times.reused.append("train")
+    head = load_head(head_dir, base_model=model).eval()
+
+    heading(3, "tune: the draft tree for this machine")
+    started = time.perf_counter()
+    if settings.tune:
+        if tune_stage(model, head, tokenizer, settings, head_dir):
+            times.reused.append("tune")
+    else:
+        print("skipped (tune=false): the default tree is used")
+    times.tune = time.perf_counter() - started
+
+    heading(4, "generate: speculative decoding against plain generate")
+    started = time.perf_counter()
+    outcome = generate_stage(model, head, tokenizer, settings, head_dir)
+    times.generate = time.perf_counter() - started
+
+    print(
+        f"tau {outcome['tau']:.2f} (tokens per base forward, the base model's own token included), "
+        f"tree {outcome['tree']}\n"
+        f"draftheads: {outcome['speculative_tokens']} tokens in {outcome['speculative_seconds']:.2f} s "
+        f"({outcome['speculative_tokens_per_second']:.1f} tokens/s, streamed)\n"
+        f"plain HF generate: {outcome['plain_tokens']} tokens in {outcome['plain_seconds']:.2f} s "
+        f"({outcome['plain_tokens_per_second']:.1f} tokens/s)\n"
+        f"speedup {outcome['speedup']:.2f}x; outputs identical: {'yes' if outcome['identical'] else 'NO'}"
+    )
+    print(
+        "stage times: "
+        + ", ".join(
+            f"{name} {getattr(times, name):.0f} s"
+            for name in ("load", "distill", "train", "tune", "generate")
+        )
+        + (f" (reused: {', '.join(times.reused)})" if times.reused else "")
+    )
+    record = {"settings": dataclasses.asdict(settings), "times": dataclasses.asdict(times), **outcome}
+    (out_dir / "demo.json").write_text(json.dumps(record, indent=2) + "\n")
+    return record
+
+
+# ---- command ------------------------------------------------------------------------------------
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    defaults = DemoSettings()
+    parser.add_argument("--out", default=defaults.out_dir, help="demo directory (reused on a re-run)")
+    parser.add_argument("--base", default=defaults.base)
+    parser.add_argument(
+        "--conversations", type=int, default=defaults.conversations, help="conversations to distill"
+    )
+    parser.add_argument("--train-steps", type=int, default=defaults.train_steps)
+    parser.add_argument("--max-new-tokens", type=int, default=defaults.max_new_tokens)
+    parser.add_argument("--question", default=defaults.question_id, help="MT-bench question id")
+    parser.add_argument("--no-tune", action="store_true", help="skip tree tuning (use the default tree)")
+
+
+def run(args: argparse.Namespace) -> int:
+    for name in ("conversations", "train_steps", "max_new_tokens"):
+        if getattr(args, name) < 1:
+            print(f"draftheads demo: --{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+            return 2
+    settings = dataclasses.replace(
+        DemoSettings(),
+        out_dir=args.out,
+        base=args.base,
+        conversations=args.conversations,
+        train_steps=args.train_steps,
+        max_new_tokens=args.max_new_tokens,
+        question_id=args.question,
+        tune=not args.no_tune,
+    )
+    run_demo(settings)
+    return 0
