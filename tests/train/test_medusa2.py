@@ -1,0 +1,191 @@
+"""Medusa-2: heads + a LoRA adapter on the base, trained together through the DeepSpeed loop."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import datasets
+import pytest
+import torch
+from peft import PeftModel
+from safetensors.torch import load_file
+
+from draftheads.config import ConfigError, JointConfig, load_run_config
+from draftheads.heads import HeadMismatchError, MedusaConfig, build_head, load_head
+from draftheads.heads.adapter import MERGED_ADAPTER_KEY
+from draftheads.infer import SpeculativeGenerator
+from draftheads.train.joint import JointObjectiveModule, add_lora_adapter, head_loss_weight
+from draftheads.train.loop import run_training
+from draftheads.train.reporting import read_metrics
+from tests.conftest import make_tiny_llama
+
+
+def _patterned_dataset(rows=8, length=24):
+    """Rows that count up by a per-row stride: every next token is predictable from the context."""
+    ids, masks = [], []
+    for row in range(rows):
+        stride, start = 1 + row % 3, 3 + 7 * row
+        ids.append([3 + (start + stride * j) % 60 for j in range(length)])
+        masks.append([0] * 4 + [1] * (length - 4))
+    return datasets.Dataset.from_dict(
+        {"input_ids": ids, "loss_mask": masks, "length": [length] * rows, "id": [str(i) for i in range(rows)]}
+    )
+
+
+def _config(output_dir, *overrides):
+    return load_run_config(
+        None,
+        [
+            "head.kind=medusa",
+            "head.num_heads=2",
+            "head.joint=true",
+            "joint.lora_rank=4",
+            "joint.lora_alpha=8",
+            f"train.output_dir={output_dir}",
+            "train.max_steps=20",
+            "train.micro_batch_size=4",
+            "train.learning_rate=2e-2",
+            "train.warmup_steps=2",
+            "train.log_every=1",
+            "train.eval_every=10",
+            "train.save_every=10",
+            "train.base_throughput_batches=0",
+            *overrides,
+        ],
+    )
+
+
+@torch.no_grad()
+def _logits(model, input_ids):
+    return model(input_ids).logits
+
+
+def _trained_lm_run(tmp_path):
+    dataset = _patterned_dataset()
+    run = _config(tmp_path / "run", "joint.base_loss=lm", "joint.lambda0=0.2", "joint.lambda0_warmup_ratio=0.5")
+    summary = run_training(run, base_model=make_tiny_llama(), datasets=(dataset, dataset))
+    return summary, tmp_path / "run"
+
+
+def test_joint_training_lowers_the_loss_and_saves_heads_with_the_adapter(tmp_path):
+    summary, output_dir = _trained_lm_run(tmp_path)
+    records = [r for r in read_metrics(output_dir) if "loss" in r]
+    assert len(records) == 20
+    weights = [r["head_loss_weight"] for r in records]
+    assert weights[0] == 0.0 and weights[5] == pytest.approx(0.2 * math.sin(math.pi / 4)) and weights[-1] == 0.2
+    # loss = base loss + lambda0 * head loss; lambda0 ramps up, so each part is checked on its own.
+    base_losses = [r["base_loss"] for r in records]
+    head_losses = [(r["loss"] - r["base_loss"]) / r["head_loss_weight"] for r in records[1:]]
+    assert sum(base_losses[-3:]) / 3 < sum(base_losses[:3]) / 3 - 0.15, base_losses  # the adapter learns
+    assert sum(head_losses[-3:]) / 3 < 0.4 * sum(head_losses[:3]) / 3, head_losses
+    head_dir = output_dir / "head"
+    assert json.loads((head_dir / "config.json").read_text())["head_config"]["joint"] is True
+    adapter = load_file(str(head_dir / "adapter" / "adapter_model.safetensors"))
+    assert adapter and all("lora_" in name for name in adapter)
+    assert any(name.endswith("lora_B.weight") and tensor.abs().max() > 0 for name, tensor in adapter.items())
+    assert json.loads((head_dir / "adapter" / "adapter_config.json").read_text())["r"] == 4
+    assert summary.eval["top1"][0] > 0.1
+
+
+def test_loading_merges_the_adapter_and_greedy_decoding_follows_the_adapted_base(tmp_path):
+    _, output_dir = _trained_lm_run(tmp_path)
+    head_dir = output_dir / "head"
+    prompt = torch.tensor([[5, 9, 13, 17, 21]])
+    original = _logits(make_tiny_llama(), prompt)
+    reference = PeftModel.from_pretrained(make_tiny_llama(), str(head_dir / "adapter")).eval()
+    adapted = _logits(reference, prompt)
+    assert not torch.allclose(adapted, original, atol=1e-3)  # the adapter learned something
+
+    base = make_tiny_llama()
+    head = load_head(head_dir, base)
+    assert head.config.joint and getattr(base.config, MERGED_ADAPTER_KEY)
+    torch.testing.assert_close(_logits(base, prompt), adapted, rtol=1e-5, atol=1e-5)
+    load_head(head_dir, base)  # loading again does not merge twice
+    torch.testing.assert_close(_logits(base, prompt), adapted, rtol=1e-5, atol=1e-5)
+
+    generator = SpeculativeGenerator(base, head, tree="cpu-8")
+    generator_prompts = [prompt, torch.tensor([[40, 41, 42, 43, 44, 45, 46]]), torch.tensor([[7, 30, 3]])]
+    for index, tokens in enumerate(generator_prompts):
+        expected = base.generate(tokens, max_new_tokens=40, do_sample=False)
+        result = generator.generate(tokens, max_new_tokens=40)
+        assert result.sequences.tolist() == expected.tolist(), f"prompt {index}"
+
+
+def test_a_base_with_another_merged_adapter_is_refused(tmp_path):
+    _, output_dir = _trained_lm_run(tmp_path)
+    base = make_tiny_llama()
+    setattr(base.config, MERGED_ADAPTER_KEY, "0123456789abcdef")
+    with pytest.raises(HeadMismatchError, match="already has adapter 0123456789abcdef merged"):
+        load_head(output_dir / "head", base)
+
+
+def test_the_adapter_disabled_teacher_is_the_original_base():
+    prompt = torch.tensor([[5, 9, 13, 17, 21, 25]])
+    original = _logits(make_tiny_llama(), prompt)
+    base = make_tiny_llama()
+    head = build_head(base, MedusaConfig(num_heads=2, joint=True))
+    adapted = add_lora_adapter(base, JointConfig(lora_rank=4, lora_alpha=8, lora_dropout=0.0))
+    module = JointObjectiveModule(adapted, head, "kl").eval()
+    mask = torch.ones_like(prompt)
+    with torch.no_grad():
+        assert float(module(None, prompt, mask, mask).base_loss) == 0.0  # LoRA starts as identity (B = 0)
+        for name, parameter in adapted.named_parameters():
+            if "lora_B" in name:
+                parameter.normal_(0, 0.5)
+        assert float(module(None, prompt, mask, mask).base_loss) > 1e-4
+        with adapted.disable_adapter():
+            assert torch.equal(_logits(adapted, prompt), original)
+        assert not torch.allclose(_logits(adapted, prompt), original, atol=1e-3)
+
+
+def test_self_distillation_keeps_the_base_close_and_trains_the_heads(tmp_path):
+    dataset = _patterned_dataset()
+    summary = run_training(_config(tmp_path / "run"), base_model=make_tiny_llama(), datasets=(dataset, dataset))
+    records = [r for r in read_metrics(tmp_path / "run") if "loss" in r]
+    assert records[0]["base_loss"] == 0.0  # KL(original || adapted) with the adapter at identity
+    assert max(r["head_loss_weight"] for r in records) <= 0.01  # the self-distillation default peak
+    assert max(r["base_loss"] for r in records) < 0.05
+    assert summary.eval["top1"][0] > records[0]["top1"][0] + 0.05
+
+
+def test_a_resumed_joint_run_ends_with_the_same_heads_and_adapter(tmp_path):
+    dataset = _patterned_dataset()
+    options = ["train.max_steps=6", "train.save_every=3", "train.eval_every=3", "joint.base_loss=lm"]
+    run_training(_config(tmp_path / "whole", *options), base_model=make_tiny_llama(), datasets=(dataset, dataset))
+    stopped = tmp_path / "stopped"
+    (stopped / "checkpoints").mkdir(parents=True)
+    (tmp_path / "whole" / "checkpoints" / "step-00000003").rename(stopped / "checkpoints" / "step-00000003")
+    resumed = _config(stopped, *options, "train.resume=true")
+    assert run_training(resumed, base_model=make_tiny_llama(), datasets=(dataset, dataset)).steps == 6
+    for name in ("model.safetensors", "adapter/adapter_model.safetensors"):
+        expected = load_file(str(tmp_path / "whole" / "head" / name))
+        actual = load_file(str(stopped / "head" / name))
+        assert expected.keys() == actual.keys()
+        for key in expected:
+            torch.testing.assert_close(actual[key], expected[key], rtol=1e-5, atol=1e-6, msg=key)
+
+
+def test_head_loss_weight_ramps_as_a_quarter_sine():
+    assert head_loss_weight(0, 100, 0.2, 0.5) == 0.0
+    assert head_loss_weight(25, 100, 0.2, 0.5) == pytest.approx(0.2 * math.sin(math.pi / 4))
+    assert head_loss_weight(50, 100, 0.2, 0.5) == 0.2
+    assert head_loss_weight(99, 100, 0.2, 0.5) == 0.2
+    assert head_loss_weight(0, 100, 0.01, 0.0) == 0.01  # no ramp
+    assert JointConfig().peak_lambda0() == 0.01 and JointConfig(base_loss="lm").peak_lambda0() == 0.2
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (["joint.base_loss=mse"], "joint.base_loss must be one of"),
+        (["joint.lora_rank=0"], "joint.lora_rank must be >= 1"),
+        (["joint.lambda0_warmup_ratio=2"], "joint.lambda0_warmup_ratio"),
+        (["joint.lora_target_modules=[no_such_layer]"], "joint.lora_target_modules"),
+        (["data.features=/tmp/somewhere"], "cannot feed head.joint training"),
+    ],
+)
+def test_joint_config_errors_name_the_field(tmp_path, overrides, message):
+    dataset = _patterned_dataset(4)
+    with pytest.raises(ConfigError, match=message):
+        run_training(_config(tmp_path / "run", *overrides), base_model=make_tiny_llama(), datasets=(dataset, dataset))
