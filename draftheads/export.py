@@ -60,6 +60,12 @@ def export_head(
     source_config = json.loads((heads_dir / "config.json").read_text()) if (heads_dir / "config.json").is_file() else {}
     head = load_head(heads_dir)
     export_format(format_name, head.kind)  # refuse impossible pairs before any heavy loading
+    if getattr(head.config, "joint", False) and format_name != DEFAULT_FORMAT:
+        raise FormatError(
+            f"{heads_dir} holds Medusa-2 heads trained with a base adapter; '{format_name}' has no place for the "
+            f"adapter and the engine would verify with the original base. Export as '{DEFAULT_FORMAT}', or merge "
+            "the adapter into the base (peft merge_and_unload) and serve that model"
+        )
     if _needs_base_weights(format_name, head):
         from draftheads.base import load_base
 
@@ -72,6 +78,10 @@ def export_head(
         shutil.rmtree(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     write_head(head, out_dir, format_name, options)
+    if getattr(head.config, "joint", False):  # Medusa-2: the base adapter travels with the heads
+        from draftheads.heads.adapter import ADAPTER_DIR
+
+        shutil.copytree(heads_dir / ADAPTER_DIR, out_dir / ADAPTER_DIR)
 
     card_config = head.config_dict()
     if source_config.get("training"):

@@ -102,6 +102,12 @@ def render_model_card(config: dict[str, Any], parameters: int, bench: dict | Non
         "A speculative-decoding draft head trained with draftheads on the frozen base model. Decoding with it is lossless: at temperature 0 the output is the base model's greedy output, "
         "and sampling keeps the base model's distribution.\n\n"
     )
+    if config.get("head_config", {}).get("joint"):
+        text += (
+            "**Medusa-2: outputs follow the adapted base.** These heads were trained jointly with a LoRA adapter on "
+            f"the base model (in `adapter/`, peft format). Loading the head merges the adapter into `{base_name}`, "
+            "so decoding is lossless with respect to the *adapted* base model, not the original one.\n\n"
+        )
     text += "\n".join(["| | |", "|---|---|"] + [f"| {name} | {_format_number(value)} |" for name, value in summary_rows]) + "\n\n"
     text += "## Held-out evaluation\n\n" + _eval_section(training.get("eval")) + "\n"
     bench_text = _bench_section(bench)

@@ -189,3 +189,19 @@ def test_joint_config_errors_name_the_field(tmp_path, overrides, message):
     dataset = _patterned_dataset(4)
     with pytest.raises(ConfigError, match=message):
         run_training(_config(tmp_path / "run", *overrides), base_model=make_tiny_llama(), datasets=(dataset, dataset))
+
+
+def test_export_keeps_the_adapter_and_the_card_says_outputs_follow_the_adapted_base(tmp_path):
+    from draftheads.export import export_head
+    from draftheads.heads.formats import FormatError
+
+    _, output_dir = _trained_lm_run(tmp_path)
+    files = export_head(output_dir / "head", tmp_path / "export")
+    assert {"config.json", "model.safetensors", "README.md"} <= {p.name for p in files}
+    assert (tmp_path / "export" / "adapter" / "adapter_model.safetensors").is_file()
+    assert "outputs follow the adapted base" in (tmp_path / "export" / "README.md").read_text()
+    base = make_tiny_llama()
+    load_head(tmp_path / "export", base)  # the exported copy loads with its adapter
+    assert getattr(base.config, MERGED_ADAPTER_KEY)
+    with pytest.raises(FormatError, match="base adapter"):
+        export_head(output_dir / "head", tmp_path / "vllm", "medusa-vllm")
