@@ -191,7 +191,7 @@ def test_eagle3_layout_matches_sglang_and_vllm_loaders(tiny_llama, tmp_path):
 
 
 def test_eagle3_default_layers_are_left_to_the_engines(tmp_path):
-    from conftest import make_tiny_llama
+    from tests.conftest import make_tiny_llama
 
     base = make_tiny_llama(num_hidden_layers=8)  # default (2, 4, 5): distinct
     config = write_head(make_head(base, "eagle3", draft_vocab_size=DRAFT_VOCAB), tmp_path, "eagle3")
@@ -350,7 +350,7 @@ def test_third_party_eagle3_without_base_says_what_was_not_checked(tiny_llama, t
 
 
 def test_third_party_checkpoint_that_does_not_fit_the_base_is_refused(tiny_llama, tmp_path):
-    from conftest import make_tiny_llama
+    from tests.conftest import make_tiny_llama
 
     write_head(make_head(tiny_llama, "eagle3"), tmp_path, "eagle3")
     strip_metadata(tmp_path)
