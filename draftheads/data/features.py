@@ -48,8 +48,16 @@ DEFAULT_EXAMPLES_PER_SHARD = 256
 DEFAULT_BATCH_SIZE = 8
 STORAGE_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 # Entries of the base config that do not change what the model computes.
-VOLATILE_CONFIG_KEYS = ("_name_or_path", "dtype", "torch_dtype", "transformers_version", "_attn_implementation",
-                        "attn_implementation", "_commit_hash", "architectures")
+VOLATILE_CONFIG_KEYS = (
+    "_name_or_path",
+    "dtype",
+    "torch_dtype",
+    "transformers_version",
+    "_attn_implementation",
+    "attn_implementation",
+    "_commit_hash",
+    "architectures",
+)
 
 
 class FeatureCacheError(DataError):
@@ -115,7 +123,9 @@ class CacheIdentity:
     examples: dict[str, int]  # split -> rows
 
     @classmethod
-    def build(cls, base_model, base_name: str, tokenizer, head, splits: dict[str, Any], max_length: int | None):
+    def build(
+        cls, base_model, base_name: str, tokenizer, head, splits: dict[str, Any], max_length: int | None
+    ):
         return cls(
             base_model=base_name,
             base_config_hash=base_config_hash(base_model.config),
@@ -188,7 +198,9 @@ def _write_index(directory: Path, index: dict) -> None:
 
 
 @torch.no_grad()
-def _hidden_states(base_model, rows: list[list[int]], layers: tuple[int, ...]) -> list[dict[int, torch.Tensor]]:
+def _hidden_states(
+    base_model, rows: list[list[int]], layers: tuple[int, ...]
+) -> list[dict[int, torch.Tensor]]:
     """Per row, {index: (T_i, h)} of the base model's hidden_states for a right-padded batch.
     Right padding with a causal mask leaves every real position's states as computed alone."""
     device = base_model.device
@@ -201,22 +213,33 @@ def _hidden_states(base_model, rows: list[list[int]], layers: tuple[int, ...]) -
     outputs = base_model.base_model(
         input_ids=input_ids, attention_mask=attention_mask, output_hidden_states=True, use_cache=False
     )
-    return [{layer: outputs.hidden_states[layer][index, : len(row)] for layer in layers} for index, row in enumerate(rows)]
+    return [
+        {layer: outputs.hidden_states[layer][index, : len(row)] for layer in layers}
+        for index, row in enumerate(rows)
+    ]
 
 
-def _write_shard(path: Path, examples: list[dict[int, torch.Tensor]], rows: list[list[int]], dtype: torch.dtype) -> None:
+def _write_shard(
+    path: Path, examples: list[dict[int, torch.Tensor]], rows: list[list[int]], dtype: torch.dtype
+) -> None:
     from safetensors.torch import save_file
 
     lengths = torch.tensor([0] + [len(row) for row in rows], dtype=torch.int64)
     tensors = {
-        f"hidden_states.{layer}": torch.cat([example[layer] for example in examples]).to(dtype=dtype, device="cpu")
+        f"hidden_states.{layer}": torch.cat([example[layer] for example in examples]).to(
+            dtype=dtype, device="cpu"
+        )
         for layer in examples[0]
     }  # each (N, h)
     tensors["offsets"] = lengths.cumsum(0)  # (E' + 1,)
     tensors["input_ids"] = torch.tensor([token for row in rows for token in row], dtype=torch.int32)  # (N,)
     path.parent.mkdir(parents=True, exist_ok=True)
     temporary = path.with_suffix(".tmp")
-    save_file({name: tensor.contiguous() for name, tensor in tensors.items()}, str(temporary), metadata={"format": "pt"})
+    save_file(
+        {name: tensor.contiguous() for name, tensor in tensors.items()},
+        str(temporary),
+        metadata={"format": "pt"},
+    )
     os.replace(temporary, path)
 
 
@@ -277,7 +300,9 @@ def write_feature_cache(
     if dtype not in STORAGE_DTYPES:
         raise FeatureCacheError(f"feature cache dtype must be one of {sorted(STORAGE_DTYPES)}, got '{dtype}'")
     if examples_per_shard < 1 or batch_size < 1:
-        raise FeatureCacheError(f"examples_per_shard and batch_size must be >= 1, got {examples_per_shard}, {batch_size}")
+        raise FeatureCacheError(
+            f"examples_per_shard and batch_size must be >= 1, got {examples_per_shard}, {batch_size}"
+        )
     started = time.perf_counter()
     directory = Path(directory)
     settings = {"dtype": dtype, "examples_per_shard": examples_per_shard}
@@ -311,14 +336,21 @@ def write_feature_cache(
     tokens = sum(sum(values) for values in lengths.values())
     estimate = tokens * per_token
     done = {name: index["complete_shards"][name] * examples_per_shard for name in splits}
-    remaining = sum(sum(lengths[name][done[name]:]) for name in splits)
+    remaining = sum(sum(lengths[name][done[name] :]) for name in splits)
     print(
         f"[draftheads] feature cache {directory}: {len(layers)} hidden state(s) {list(layers)} x "
         f"{base_model.config.hidden_size} in {dtype} = {per_token} bytes/token; {tokens:,} tokens -> "
-        f"about {_human(estimate)} on disk" + (f" ({remaining:,} tokens left to write)" if remaining < tokens else "")
+        f"about {_human(estimate)} on disk"
+        + (f" ({remaining:,} tokens left to write)" if remaining < tokens else "")
     )
-    bar = tqdm(total=tokens, initial=tokens - remaining, unit="tok", desc="cache-features", disable=not progress,
-               dynamic_ncols=True)
+    bar = tqdm(
+        total=tokens,
+        initial=tokens - remaining,
+        unit="tok",
+        desc="cache-features",
+        disable=not progress,
+        dynamic_ncols=True,
+    )
     written = 0
     for name, dataset in splits.items():
         shards = -(-len(dataset) // examples_per_shard)
@@ -331,12 +363,16 @@ def write_feature_cache(
             for first in range(0, len(order), batch_size):
                 group = order[first : first + batch_size]
                 for row, states in zip(group, _hidden_states(base_model, [rows[i] for i in group], layers)):
-                    computed[row] = {layer: state.to(dtype=storage, device="cpu") for layer, state in states.items()}
+                    computed[row] = {
+                        layer: state.to(dtype=storage, device="cpu") for layer, state in states.items()
+                    }
                 bar.update(sum(len(rows[i]) for i in group))
             examples = [computed[i] for i in range(len(rows))]
             _write_shard(shard_path(directory, name, shard), examples, rows, storage)
             index["complete_shards"][name] = shard + 1
-            index["shard_tokens"][name] = index["shard_tokens"][name][:shard] + [sum(len(row) for row in rows)]
+            index["shard_tokens"][name] = index["shard_tokens"][name][:shard] + [
+                sum(len(row) for row in rows)
+            ]
             _write_index(directory, index)
             written += len(rows)
     bar.close()
@@ -423,10 +459,14 @@ class FeatureCache:
         local = row % self.examples_per_shard
         start, stop = handle.get_slice("offsets")[local : local + 2].tolist()
         input_ids = handle.get_slice("input_ids")[start:stop]  # (T,)
-        states = {layer: handle.get_slice(f"hidden_states.{layer}")[start:stop] for layer in self.layers}  # (T, h)
+        states = {
+            layer: handle.get_slice(f"hidden_states.{layer}")[start:stop] for layer in self.layers
+        }  # (T, h)
         return input_ids, states
 
-    def batch(self, split: str, rows: list[int], input_ids: torch.Tensor, dtype: torch.dtype) -> dict[int, torch.Tensor]:
+    def batch(
+        self, split: str, rows: list[int], input_ids: torch.Tensor, dtype: torch.dtype
+    ) -> dict[int, torch.Tensor]:
         """{index: (B, T, h)} for ``rows`` of ``split``, right-padded with zeros to ``input_ids``
         (B, T); raises if a cached row's tokens differ from the batch's."""
         batch_size, length = input_ids.shape
@@ -438,7 +478,9 @@ class FeatureCache:
         for position, row in enumerate(rows):
             cached_ids, states = self.row(split, row)
             count = cached_ids.numel()
-            if count > length or not torch.equal(cached_ids.to(input_ids.device, torch.long), input_ids[position, :count]):
+            if count > length or not torch.equal(
+                cached_ids.to(input_ids.device, torch.long), input_ids[position, :count]
+            ):
                 raise FeatureCacheError(
                     f"feature cache {self.directory}: row {row} of '{split}' holds other tokens than the batch; "
                     "the cache was written for other data"

@@ -22,13 +22,19 @@ from draftheads.data.features import (
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--config", required=True, help="run config YAML (see configs/); data.features is the output")
+    parser.add_argument(
+        "--config", required=True, help="run config YAML (see configs/); data.features is the output"
+    )
     parser.add_argument(
         "overrides", nargs="*", metavar="key=value", help="dotted overrides, e.g. data.features=/tmp/features"
     )
-    parser.add_argument("--dtype", default=DEFAULT_DTYPE, choices=sorted(STORAGE_DTYPES), help="storage dtype")
+    parser.add_argument(
+        "--dtype", default=DEFAULT_DTYPE, choices=sorted(STORAGE_DTYPES), help="storage dtype"
+    )
     parser.add_argument("--examples-per-shard", type=int, default=DEFAULT_EXAMPLES_PER_SHARD)
-    parser.add_argument("--batch-size", type=int, default=DEFAULT_BATCH_SIZE, help="examples per base forward")
+    parser.add_argument(
+        "--batch-size", type=int, default=DEFAULT_BATCH_SIZE, help="examples per base forward"
+    )
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 
@@ -45,7 +51,9 @@ def run(args: argparse.Namespace) -> int:
     try:
         run = load_run_config(args.config, args.overrides)
         if not run.data.features:
-            raise ConfigError("data.features: set the cache directory to write, e.g. data.features=/tmp/features")
+            raise ConfigError(
+                "data.features: set the cache directory to write, e.g. data.features=/tmp/features"
+            )
         if run.head is None:
             raise ConfigError("head: missing; the head decides which hidden states are cached")
         device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -57,7 +65,9 @@ def run(args: argparse.Namespace) -> int:
         except (ValueError, IndexError) as err:
             raise ConfigError(f"head ({run.head.kind}): {err}") from err
         splits = {"train": train, "validation": validation}
-        identity = CacheIdentity.build(base_model, run.model.base, tokenizer, head, splits, run.data.max_length)
+        identity = CacheIdentity.build(
+            base_model, run.model.base, tokenizer, head, splits, run.data.max_length
+        )
         write_feature_cache(
             base_model,
             splits,

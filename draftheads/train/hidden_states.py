@@ -46,8 +46,16 @@ class TrainedBaseHiddenStates:
         return None
 
 
-def open_feature_cache(directory: str, base_model, base_name: str, tokenizer, head, splits: dict, max_length: int,
-                       dtype: torch.dtype) -> CachedHiddenStates:
+def open_feature_cache(
+    directory: str,
+    base_model,
+    base_name: str,
+    tokenizer,
+    head,
+    splits: dict,
+    max_length: int,
+    dtype: torch.dtype,
+) -> CachedHiddenStates:
     """The cache at ``directory``, after checking it was made for this base model, tokenizer,
     head and rows (FeatureCacheError naming the first field that differs)."""
     from draftheads.data.features import CacheIdentity, FeatureCache

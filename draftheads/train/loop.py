@@ -297,7 +297,11 @@ def load_datasets(run: RunConfig, tokenizer, rank: int):
 
 
 def build_engine(
-    module: nn.Module, train: TrainConfig, deepspeed_config: dict, total_steps: int, device: torch.device,
+    module: nn.Module,
+    train: TrainConfig,
+    deepspeed_config: dict,
+    total_steps: int,
+    device: torch.device,
     parameter_groups: list[dict] | None = None,
 ):
     """The DeepSpeed engine over ``module`` (``ObjectiveModule(head)``, or the joint module with

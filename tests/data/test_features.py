@@ -24,8 +24,12 @@ def _rows(count=7, seed=0):
     lengths = torch.randint(5, 30, (count,), generator=generator).tolist()
     ids = [torch.randint(3, 250, (n,), generator=generator).tolist() for n in lengths]
     return datasets.Dataset.from_dict(
-        {"input_ids": ids, "loss_mask": [[0, 0] + [1] * (n - 2) for n in lengths], "length": lengths,
-         "id": [str(i) for i in range(count)]}
+        {
+            "input_ids": ids,
+            "loss_mask": [[0, 0] + [1] * (n - 2) for n in lengths],
+            "length": lengths,
+            "id": [str(i) for i in range(count)],
+        }
     )
 
 
@@ -48,8 +52,16 @@ def _alone(model, ids):
 def test_stores_exactly_the_required_hidden_states(tmp_path, tiny_llama, splits):
     identity = _identity(tiny_llama, Eagle3Config(feature_layers=(1, 2, 3), draft_vocab_size=64), splits)
     assert identity.hidden_state_layers == (1, 2, 3, 4)  # the 3 fused layers + hs[L] for the soft targets
-    write_feature_cache(tiny_llama, splits, tmp_path, identity, dtype="float32", examples_per_shard=3,
-                        batch_size=2, progress=False)
+    write_feature_cache(
+        tiny_llama,
+        splits,
+        tmp_path,
+        identity,
+        dtype="float32",
+        examples_per_shard=3,
+        batch_size=2,
+        progress=False,
+    )
     cache = FeatureCache(tmp_path)
     for split, dataset in splits.items():
         for row in range(len(dataset)):
@@ -78,9 +90,11 @@ def test_bf16_cache_size_matches_the_estimate(tmp_path, tiny_llama, splits, caps
     torch.testing.assert_close(states[4].float(), reference, rtol=1e-2, atol=1e-2)
 
 
-def test_an_interrupted_write_resumes_after_the_last_complete_shard(tmp_path, tiny_llama, splits, monkeypatch):
+def test_an_interrupted_write_resumes_after_the_last_complete_shard(
+    tmp_path, tiny_llama, splits, monkeypatch
+):
     identity = _identity(tiny_llama, MedusaConfig(num_heads=2), splits)
-    options = dict(dtype="float32", examples_per_shard=2, batch_size=3, progress=False)
+    options = {"dtype": "float32", "examples_per_shard": 2, "batch_size": 3, "progress": False}
     whole = write_feature_cache(tiny_llama, splits, tmp_path / "whole", identity, **options)
     assert whole.written_examples == 10
 
@@ -131,7 +145,9 @@ def test_resuming_with_other_settings_is_refused(tmp_path, tiny_llama, splits):
 )
 def test_a_stale_cache_is_refused_naming_the_field(tmp_path, tiny_llama, splits, change, field):
     tokenizer = make_byte_tokenizer()
-    identity = _identity(tiny_llama, Eagle3Config(feature_layers=(1, 2, 3), draft_vocab_size=64), splits, tokenizer)
+    identity = _identity(
+        tiny_llama, Eagle3Config(feature_layers=(1, 2, 3), draft_vocab_size=64), splits, tokenizer
+    )
     write_feature_cache(tiny_llama, splits, tmp_path, identity, progress=False)
     cache = FeatureCache(tmp_path)
     cache.check(identity)  # the same run is accepted

@@ -63,7 +63,9 @@ def _logits(model, input_ids):
 
 def _trained_lm_run(tmp_path):
     dataset = _patterned_dataset()
-    run = _config(tmp_path / "run", "joint.base_loss=lm", "joint.lambda0=0.2", "joint.lambda0_warmup_ratio=0.5")
+    run = _config(
+        tmp_path / "run", "joint.base_loss=lm", "joint.lambda0=0.2", "joint.lambda0_warmup_ratio=0.5"
+    )
     summary = run_training(run, base_model=make_tiny_llama(), datasets=(dataset, dataset))
     return summary, tmp_path / "run"
 
@@ -73,7 +75,9 @@ def test_joint_training_lowers_the_loss_and_saves_heads_with_the_adapter(tmp_pat
     records = [r for r in read_metrics(output_dir) if "loss" in r]
     assert len(records) == 20
     weights = [r["head_loss_weight"] for r in records]
-    assert weights[0] == 0.0 and weights[5] == pytest.approx(0.2 * math.sin(math.pi / 4)) and weights[-1] == 0.2
+    assert (
+        weights[0] == 0.0 and weights[5] == pytest.approx(0.2 * math.sin(math.pi / 4)) and weights[-1] == 0.2
+    )
     # loss = base loss + lambda0 * head loss; lambda0 ramps up, so each part is checked on its own.
     base_losses = [r["base_loss"] for r in records]
     head_losses = [(r["loss"] - r["base_loss"]) / r["head_loss_weight"] for r in records[1:]]
@@ -141,7 +145,9 @@ def test_the_adapter_disabled_teacher_is_the_original_base():
 
 def test_self_distillation_keeps_the_base_close_and_trains_the_heads(tmp_path):
     dataset = _patterned_dataset()
-    summary = run_training(_config(tmp_path / "run"), base_model=make_tiny_llama(), datasets=(dataset, dataset))
+    summary = run_training(
+        _config(tmp_path / "run"), base_model=make_tiny_llama(), datasets=(dataset, dataset)
+    )
     records = [r for r in read_metrics(tmp_path / "run") if "loss" in r]
     assert records[0]["base_loss"] == 0.0  # KL(original || adapted) with the adapter at identity
     assert max(r["head_loss_weight"] for r in records) <= 0.01  # the self-distillation default peak
@@ -152,7 +158,9 @@ def test_self_distillation_keeps_the_base_close_and_trains_the_heads(tmp_path):
 def test_a_resumed_joint_run_ends_with_the_same_heads_and_adapter(tmp_path):
     dataset = _patterned_dataset()
     options = ["train.max_steps=6", "train.save_every=3", "train.eval_every=3", "joint.base_loss=lm"]
-    run_training(_config(tmp_path / "whole", *options), base_model=make_tiny_llama(), datasets=(dataset, dataset))
+    run_training(
+        _config(tmp_path / "whole", *options), base_model=make_tiny_llama(), datasets=(dataset, dataset)
+    )
     stopped = tmp_path / "stopped"
     (stopped / "checkpoints").mkdir(parents=True)
     (tmp_path / "whole" / "checkpoints" / "step-00000003").rename(stopped / "checkpoints" / "step-00000003")
@@ -188,7 +196,9 @@ def test_head_loss_weight_ramps_as_a_quarter_sine():
 def test_joint_config_errors_name_the_field(tmp_path, overrides, message):
     dataset = _patterned_dataset(4)
     with pytest.raises(ConfigError, match=message):
-        run_training(_config(tmp_path / "run", *overrides), base_model=make_tiny_llama(), datasets=(dataset, dataset))
+        run_training(
+            _config(tmp_path / "run", *overrides), base_model=make_tiny_llama(), datasets=(dataset, dataset)
+        )
 
 
 def test_export_keeps_the_adapter_and_the_card_says_outputs_follow_the_adapted_base(tmp_path):

@@ -23,13 +23,18 @@ HEAD_CONFIGS = {
 }
 HEAD_OVERRIDES = {
     "medusa": ["head.kind=medusa", "head.num_heads=2"],
-    "eagle3": ["head.kind=eagle3", "head.feature_layers=[1,2,3]", "head.draft_vocab_size=64", "head.ttt_steps=2"],
+    "eagle3": [
+        "head.kind=eagle3",
+        "head.feature_layers=[1,2,3]",
+        "head.draft_vocab_size=64",
+        "head.ttt_steps=2",
+    ],
 }
 # An fp32 cache reproduces the online loss exactly on this CPU (measured: difference 0 for every
 # kind; the tolerance only allows for another platform's batch-dependent kernels). bf16 keeps 8
 # significant bits, so each cached state is off by up to 2^-9 relative; the loss moves far less
 # (measured worst relative difference: medusa 6e-6, eagle 4e-5, eagle3 2e-5, mtp 1e-5).
-TOLERANCE = {"float32": dict(rtol=1e-6, atol=0.0), "bfloat16": dict(rtol=5e-4, atol=0.0)}
+TOLERANCE = {"float32": {"rtol": 1e-6, "atol": 0.0}, "bfloat16": {"rtol": 5e-4, "atol": 0.0}}
 
 
 def _rows(count=10, seed=0):
@@ -42,7 +47,12 @@ def _rows(count=10, seed=0):
         ids.append([3 + (start + stride * j) % 60 for j in range(length)])
         masks.append([0] * 4 + [1] * (length - 4))
     return datasets.Dataset.from_dict(
-        {"input_ids": ids, "loss_mask": masks, "length": [len(r) for r in ids], "id": [str(i) for i in range(count)]}
+        {
+            "input_ids": ids,
+            "loss_mask": masks,
+            "length": [len(r) for r in ids],
+            "id": [str(i) for i in range(count)],
+        }
     )
 
 
@@ -98,7 +108,9 @@ def _config(tmp_path, kind, name, *overrides):
 @pytest.mark.parametrize("kind", sorted(HEAD_OVERRIDES))
 def test_offline_training_follows_online_training(tmp_path, tiny_llama, kind):
     splits = {"train": _rows(10), "validation": _rows(4, seed=1)}
-    online = run_training(_config(tmp_path, kind, "online"), base_model=tiny_llama, datasets=tuple(splits.values()))
+    online = run_training(
+        _config(tmp_path, kind, "online"), base_model=tiny_llama, datasets=tuple(splits.values())
+    )
     head = build_head(tiny_llama, load_run_config(None, HEAD_OVERRIDES[kind]).head)
     _write_cache(tmp_path / "features", tiny_llama, head, splits, "float32")
     run = _config(tmp_path, kind, "offline", f"data.features={tmp_path / 'features'}")
