@@ -32,6 +32,7 @@ from __future__ import annotations
 import argparse
 import copy
 import heapq
+import itertools
 import json
 import statistics
 import time
@@ -254,19 +255,16 @@ class CostCurve:
     seconds: tuple[float, ...]
 
     def relative(self, size: int) -> float:
-        envelope = []
-        for value in self.seconds:
-            envelope.append(max(value, envelope[-1]) if envelope else value)
+        envelope = list(itertools.accumulate(self.seconds, max))
         base = self.seconds[self.sizes.index(1)] if 1 in self.sizes else envelope[0]
-        if size <= self.sizes[0]:
+        if size <= self.sizes[0] or len(self.sizes) == 1:
             return envelope[0] / base
-        for (n0, c0), (n1, c1) in zip(zip(self.sizes, envelope), zip(self.sizes[1:], envelope[1:])):
+        points = list(zip(self.sizes, envelope))
+        for (n0, c0), (n1, c1) in itertools.pairwise(points):
             if size <= n1:
                 return (c0 + (c1 - c0) * (size - n0) / (n1 - n0)) / base
-        (n0, c0), (n1, c1) = (
-            zip(self.sizes[-2:], envelope[-2:]) if len(self.sizes) > 1 else ((0, 0.0), (1, 1.0))
-        )
-        return (c1 + (c1 - c0) * (size - n1) / max(n1 - n0, 1)) / base
+        (n0, c0), (n1, c1) = points[-2:]  # beyond the largest size: extend the last segment
+        return (c1 + (c1 - c0) * (size - n1) / (n1 - n0)) / base
 
 
 def cost_sizes(max_nodes: int, pad_to_multiple: int) -> list[int]:
