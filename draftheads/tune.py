@@ -246,20 +246,36 @@ def head_vocab_size(head) -> int:
 # ---- costs --------------------------------------------------------------------------------------
 
 
+def isotonic(values: Sequence[float]) -> list[float]:
+    """The closest non-decreasing sequence in least squares (pool adjacent violators): a bigger
+    tree never costs less, so a dip is noise, and one slow outlier must not lift every later size."""
+    blocks: list[list[float]] = []  # [sum, count] of pooled runs
+    for value in values:
+        blocks.append([value, 1])
+        while len(blocks) > 1 and blocks[-2][0] / blocks[-2][1] > blocks[-1][0] / blocks[-1][1]:
+            total, count = blocks.pop()
+            blocks[-1][0] += total
+            blocks[-1][1] += count
+    return [total / count for total, count in blocks for _ in range(int(count))]
+
+
 @dataclass(frozen=True)
 class CostCurve:
-    """Measured seconds of one verification forward of N tree tokens; ``relative(n)`` interpolates
-    linearly over a non-decreasing envelope (a bigger tree never costs less: noise, not physics)."""
+    """Measured seconds of one verification forward of N tree tokens. ``relative(n)`` interpolates
+    linearly over the isotonic fit of the medians, relative to the fitted N = 1."""
 
-    sizes: tuple[int, ...]
+    sizes: tuple[int, ...]  # ascending, starting at 1
     seconds: tuple[float, ...]
 
+    def fitted(self) -> list[float]:
+        return isotonic(self.seconds)
+
     def relative(self, size: int) -> float:
-        envelope = list(itertools.accumulate(self.seconds, max))
-        base = self.seconds[self.sizes.index(1)] if 1 in self.sizes else envelope[0]
+        fit = self.fitted()
+        base = fit[0]
         if size <= self.sizes[0] or len(self.sizes) == 1:
-            return envelope[0] / base
-        points = list(zip(self.sizes, envelope))
+            return fit[0] / base
+        points = list(zip(self.sizes, fit))
         for (n0, c0), (n1, c1) in itertools.pairwise(points):
             if size <= n1:
                 return (c0 + (c1 - c0) * (size - n0) / (n1 - n0)) / base
@@ -629,7 +645,14 @@ def plot_tuning(record: dict, path: Path) -> Path:
     axes[0].set(xlabel="depth", ylabel="P(accepted | parent accepted)", ylim=(0, 1), title="acceptance")
     axes[0].legend(fontsize=8)
     cost = record["verify_cost"]
-    axes[1].plot(cost["sizes"], cost["relative"], marker="o")
+    axes[1].plot(
+        cost["sizes"],
+        [s / cost["fitted_seconds"][0] for s in cost["seconds"]],
+        "o",
+        label="measured (median)",
+    )
+    axes[1].plot(cost["sizes"], cost["relative"], label="isotonic fit")
+    axes[1].legend(fontsize=8)
     axes[1].set(
         xlabel="tree tokens N", ylabel="cost(N) / cost(1)", title=f"verify cost ({record['setting']})"
     )
@@ -697,6 +720,7 @@ def tune_tree(
         "verify_cost": {
             "sizes": list(curve.sizes),
             "seconds": list(curve.seconds),
+            "fitted_seconds": curve.fitted(),
             "relative": [curve.relative(n) for n in curve.sizes],
             "pad_to_multiple": pad,
         },

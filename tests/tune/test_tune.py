@@ -21,6 +21,7 @@ from draftheads.tune import (
     choose_dynamic_tree,
     choose_static_tree,
     dynamic_proposals,
+    isotonic,
     judgeable,
     measure_acceptance,
     save_tuned_tree,
@@ -134,13 +135,16 @@ def test_judgeable_follows_the_greedy_chain():
     ]
 
 
-def test_cost_curve_interpolates_over_a_monotone_envelope():
-    curve = CostCurve((1, 4, 8), (0.1, 0.2, 0.18))  # noise made 8 look cheaper than 4
+def test_cost_curve_interpolates_over_an_isotonic_fit():
+    curve = CostCurve((1, 4, 8, 12), (0.1, 0.22, 0.18, 0.3))  # noise made 8 look cheaper than 4
+    assert curve.fitted() == pytest.approx([0.1, 0.2, 0.2, 0.3])  # pooled, not lifted to 0.22
     assert curve.relative(1) == pytest.approx(1.0)
     assert curve.relative(4) == pytest.approx(2.0)
     assert curve.relative(8) == pytest.approx(2.0)
     assert curve.relative(2) == pytest.approx(1 + 1 / 3)
-    assert curve.relative(12) == pytest.approx(2.0)  # flat last segment extends flat
+    assert curve.relative(10) == pytest.approx(2.5)
+    assert curve.relative(16) == pytest.approx(4.0)  # beyond the last size: the last segment extended
+    assert isotonic([3.0, 1.0, 2.0, 5.0]) == pytest.approx([2.0, 2.0, 2.0, 5.0])
 
 
 # ---- measuring acceptance on stubs and tiny heads -----------------------------------------------
@@ -216,7 +220,12 @@ def test_saved_tree_loads_back_per_device_and_dtype(tmp_path):
     record = {
         "machine": {"cpu": "test"},
         "acceptance": {"probabilities": [[0.5, 0.2]], "counts": [4]},
-        "verify_cost": {"sizes": [1, 4], "relative": [1.0, 1.2], "seconds": [0.1, 0.12]},
+        "verify_cost": {
+            "sizes": [1, 4],
+            "relative": [1.0, 1.2],
+            "seconds": [0.1, 0.12],
+            "fitted_seconds": [0.1, 0.12],
+        },
         "setting": "cpu/float32",
         "chosen": {"nodes": 4, "tree": {"name": "tuned-4"}},
         "candidates": [{"nodes": 4, "expected_speedup": 1.75}],
