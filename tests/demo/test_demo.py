@@ -4,7 +4,6 @@ outputs land in the demo directory, and a re-run reuses them (the full demo is n
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
 import json
 import shutil
 from pathlib import Path
@@ -13,27 +12,8 @@ import pytest
 import torch
 
 from draftheads.demo import DemoSettings, run_demo
-
-
-def _load_test_module(relative: str):
-    """A helper module of another test folder, loaded by path (runs under ``pytest`` and
-    ``python -m pytest`` alike, like tests/heads/head_fixtures.py does)."""
-    path = Path(__file__).resolve().parents[1] / relative
-    spec = importlib.util.spec_from_file_location(
-        f"draftheads_tests_{path.stem}_for_{Path(__file__).stem}", path
-    )
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-make_tiny_llama = _load_test_module("conftest.py").make_tiny_llama
-_data = _load_test_module("data/data_fixtures.py")
-make_byte_tokenizer, sharegpt_record, write_jsonl = (
-    _data.make_byte_tokenizer,
-    _data.sharegpt_record,
-    _data.write_jsonl,
-)
+from tests.conftest import make_tiny_llama
+from tests.data.data_fixtures import make_byte_tokenizer, sharegpt_record, write_jsonl
 
 
 @pytest.fixture(autouse=True)

@@ -4,10 +4,8 @@ the saved tree loads back and is the default of the generator and of bench."""
 
 from __future__ import annotations
 
-import importlib.util
 import itertools
 import json
-from pathlib import Path
 
 import pytest
 import torch
@@ -28,29 +26,9 @@ from draftheads.tune import (
     measure_acceptance,
     save_tuned_tree,
 )
-
-
-def _load_test_module(relative: str):
-    """A helper module of another test folder, loaded by path (runs under ``pytest`` and
-    ``python -m pytest`` alike, like tests/heads/head_fixtures.py does)."""
-    path = Path(__file__).resolve().parents[1] / relative
-    spec = importlib.util.spec_from_file_location(
-        f"draftheads_tests_{path.stem}_for_{Path(__file__).stem}", path
-    )
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-make_tiny_llama = _load_test_module("conftest.py").make_tiny_llama
-_stubs = _load_test_module("infer/infer_stubs.py")
-AutoregressiveStub, ModuleStub, ParallelStub = (
-    _stubs.AutoregressiveStub,
-    _stubs.ModuleStub,
-    _stubs.ParallelStub,
-)
-greedy_reference = _stubs.greedy_reference
-make_byte_tokenizer = _load_test_module("data/data_fixtures.py").make_byte_tokenizer
+from tests.conftest import make_tiny_llama
+from tests.data.data_fixtures import make_byte_tokenizer
+from tests.infer.infer_stubs import AutoregressiveStub, ModuleStub, ParallelStub, greedy_reference
 
 
 @pytest.fixture(autouse=True)
