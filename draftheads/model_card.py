@@ -12,6 +12,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+from draftheads.base import hub_name
+
 BENCH_NAME = "bench.json"
 # Hub card metadata: https://huggingface.co/docs/hub/model-cards (YAML front matter).
 CARD_TAGS = ("draftheads", "speculative-decoding")
@@ -83,7 +85,7 @@ def render_model_card(config: dict[str, Any], parameters: int, bench: dict | Non
     base_name = base.get("name_or_path") or "unknown base model"
     training = config.get("training") or {}
     location = repo_id or "path/to/this/head"
-    front = ["---", "library_name: draftheads", f"base_model: {base_name}", "tags:"]
+    front = ["---", "library_name: draftheads", f"base_model: {hub_name(base_name)}", "tags:"]
     front += [f"  - {tag}" for tag in (*CARD_TAGS, kind)]
     front.append("---")
     summary_rows = [

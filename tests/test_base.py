@@ -61,3 +61,8 @@ def test_smollm2_fast_reload_matches_gguf(smollm2):
     assert torch.equal(ours, theirs)
     for name, tensor in reference.state_dict().items():
         assert torch.equal(tensor, model.state_dict()[name]), name
+
+
+def test_hub_name_maps_embedded_aliases_only():
+    assert base.hub_name("smollm2-135m-instruct") == "HuggingFaceTB/SmolLM2-135M-Instruct"
+    assert base.hub_name("org/model") == "org/model"

@@ -32,6 +32,7 @@ from typing import Any
 
 import torch
 
+from draftheads.base import hub_name
 from draftheads.heads.base import (
     CONFIG_NAME,
     FORMAT_VERSION,
@@ -224,7 +225,7 @@ def write_speculators(head: DraftHead, directory: Path, options: ExportOptions) 
     tensors = _eagle3_tensors(head, "layers.0.")
     layer_config = _draft_layer_config(head, "LlamaForCausalLM")
     layer_config["vocab_size"] = head.base_spec.vocab_size
-    verifier = options.verifier or head.base_spec.name_or_path
+    verifier = options.verifier or hub_name(head.base_spec.name_or_path)
     config = {
         "architectures": ["Eagle3Speculator"],
         "speculators_model_type": "eagle3",
