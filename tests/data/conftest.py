@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from data_fixtures import LLAMA3_FIXTURE, load_root_conftest, make_byte_tokenizer, pair_with_vocabulary
+from data_fixtures import LLAMA3_FIXTURE, make_byte_tokenizer, pair_with_vocabulary, save_tiny_base
 
 
 @pytest.fixture(scope="session")
@@ -17,17 +17,7 @@ def byte_tokenizer():
 @pytest.fixture(scope="session")
 def tiny_base_dir(tmp_path_factory):
     """A directory holding the tiny random Llama and the byte tokenizer: a valid ``--base``."""
-    tokenizer = make_byte_tokenizer()
-    model = load_root_conftest().make_tiny_llama(
-        vocab_size=len(tokenizer),
-        bos_token_id=tokenizer.bos_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id,
-    )
-    path = tmp_path_factory.mktemp("tiny_base")
-    model.save_pretrained(path)
-    tokenizer.save_pretrained(path)
-    return path
+    return save_tiny_base(tmp_path_factory.mktemp("tiny_base"))
 
 
 @pytest.fixture(scope="session")

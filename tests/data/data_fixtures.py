@@ -63,6 +63,20 @@ def sharegpt_record(identifier: str, *turns: tuple[str, str]) -> dict:
     return {"id": identifier, "conversations": [{"from": f, "value": v} for f, v in turns]}
 
 
+def save_tiny_base(directory: Path) -> Path:
+    """Write the tiny random Llama and the byte tokenizer into ``directory`` (a valid ``--base``)."""
+    tokenizer = make_byte_tokenizer()
+    model = load_root_conftest().make_tiny_llama(
+        vocab_size=len(tokenizer),
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+    )
+    model.save_pretrained(directory)
+    tokenizer.save_pretrained(directory)
+    return directory
+
+
 def load_root_conftest():
     """tests/conftest.py as a module (for make_tiny_llama), loaded by path under its own name."""
     spec = importlib.util.spec_from_file_location(

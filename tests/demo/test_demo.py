@@ -12,8 +12,7 @@ import pytest
 import torch
 
 from draftheads.demo import DemoSettings, run_demo
-from tests.conftest import make_tiny_llama
-from tests.data.data_fixtures import make_byte_tokenizer, sharegpt_record, write_jsonl
+from tests.data.data_fixtures import save_tiny_base, sharegpt_record, write_jsonl
 
 
 @pytest.fixture(autouse=True)
@@ -26,15 +25,7 @@ def one_thread():
 
 @pytest.fixture
 def tiny_settings(tmp_path):
-    tokenizer = make_byte_tokenizer()
-    model = make_tiny_llama(
-        vocab_size=len(tokenizer),
-        bos_token_id=tokenizer.bos_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id,
-    )
-    model.save_pretrained(tmp_path / "base")
-    tokenizer.save_pretrained(tmp_path / "base")
+    save_tiny_base(tmp_path / "base")
     records = [
         sharegpt_record(
             f"c{i}", ("human", f"Question {i}?"), ("gpt", "old answer"), ("human", "more"), ("gpt", "x")

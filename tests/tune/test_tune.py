@@ -26,8 +26,7 @@ from draftheads.tune import (
     measure_acceptance,
     save_tuned_tree,
 )
-from tests.conftest import make_tiny_llama
-from tests.data.data_fixtures import make_byte_tokenizer
+from tests.data.data_fixtures import save_tiny_base
 from tests.infer.infer_stubs import AutoregressiveStub, ModuleStub, ParallelStub, greedy_reference
 
 
@@ -248,16 +247,7 @@ def test_saved_tree_loads_back_per_device_and_dtype(tmp_path):
 @pytest.fixture
 def tiny_base_dir(tmp_path):
     """The tiny Llama and a byte-level chat tokenizer in one directory (a valid ``--base``)."""
-    tokenizer = make_byte_tokenizer()
-    model = make_tiny_llama(
-        vocab_size=len(tokenizer),
-        bos_token_id=tokenizer.bos_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id,
-    )
-    model.save_pretrained(tmp_path / "base")
-    tokenizer.save_pretrained(tmp_path / "base")
-    return tmp_path / "base"
+    return save_tiny_base(tmp_path / "base")
 
 
 def test_tune_tree_saves_a_tree_the_generator_and_bench_use(tmp_path, tiny_base_dir):
