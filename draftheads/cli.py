@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import importlib.util
 import sys
 
 # name -> (module, one-line help)
@@ -28,21 +27,21 @@ COMMANDS: dict[str, tuple[str, str]] = {
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    available = {n: e for n, e in COMMANDS.items() if importlib.util.find_spec(e[0]) is not None}
     parser = argparse.ArgumentParser(prog="draftheads", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for name, (_, help_text) in available.items():
+    for name, (_, help_text) in COMMANDS.items():
         sub.add_parser(name, help=help_text, add_help=False)
-    if not argv or argv[0] in ("-h", "--help") or argv[0] not in available:
+    if not argv or argv[0] in ("-h", "--help") or argv[0] not in COMMANDS:
         if argv and argv[0] not in ("-h", "--help"):
             parser.print_usage(sys.stderr)
-            print(f"draftheads: unknown command '{argv[0]}'; choose from {', '.join(available)}", file=sys.stderr)
+            print(f"draftheads: unknown command '{argv[0]}'; choose from {', '.join(COMMANDS)}", file=sys.stderr)
             return 2
         parser.print_help()
         return 0
     name = argv[0]
-    module = importlib.import_module(available[name][0])
-    command_parser = argparse.ArgumentParser(prog=f"draftheads {name}", description=available[name][1])
+    module_name, description = COMMANDS[name]
+    module = importlib.import_module(module_name)
+    command_parser = argparse.ArgumentParser(prog=f"draftheads {name}", description=description)
     module.add_arguments(command_parser)
     args = command_parser.parse_args(argv[1:])
     return int(module.run(args) or 0)
