@@ -543,11 +543,14 @@ def train_steps(session: Session) -> None:
             window_correct = window_counted = None
             window_start = time.perf_counter()
 
-        if train.eval_every and session.step % train.eval_every == 0:
+        evaluate_now = bool(train.eval_every) and session.step % train.eval_every == 0
+        save_now = bool(train.save_every) and session.step % train.save_every == 0
+        if evaluate_now:
             _evaluate(session)
-        if train.save_every and session.step % train.save_every == 0:
+        if save_now:
             save(session)
-            window_start = time.perf_counter()  # checkpoint time is not training throughput
+        if evaluate_now or save_now:
+            window_start = time.perf_counter()  # evaluation and checkpoint time are not training throughput
     progress.close()
 
 
