@@ -358,12 +358,14 @@ def bench_tree(tree: str | None, head_dir: str, model):
 
 
 def add_arguments(parser) -> None:
+    from draftheads.infer.generate import DEFAULT_MAX_NEW_TOKENS
+
     parser.add_argument("--heads", nargs="*", default=[], help="head directories (draftheads or engine format)")
     parser.add_argument("--base", default=None, help="base model (default: the one recorded in the first head)")
     parser.add_argument("--prompts", default="mt-bench", help="mt-bench | humaneval | FILE.jsonl")
     parser.add_argument("--limit", type=int, default=None, help="number of prompts (spread over categories)")
     parser.add_argument("--categories", nargs="*", default=None)
-    parser.add_argument("--max-new-tokens", type=int, default=256)
+    parser.add_argument("--max-new-tokens", type=int, default=DEFAULT_MAX_NEW_TOKENS)
     parser.add_argument("--temperature", type=float, default=0.0)
     parser.add_argument("--dtype", default="float32", help="float32 | bfloat16")
     parser.add_argument("--device", default="cpu")

@@ -1,6 +1,6 @@
 """``draftheads generate``: stream an answer decoded with a draft head, then print tau and tokens/s.
 
-draftheads generate --heads runs/eagle/final --prompt "Explain KV caches." --max-new-tokens 128
+draftheads generate --heads runs/eagle-smollm2/head --prompt "Explain KV caches." --max-new-tokens 128
 """
 
 from __future__ import annotations
