@@ -93,6 +93,14 @@ class TrainConfig:
     # After training, time the frozen base body's forward alone on this many training micro-batches
     # (0: skip), so tokens/s can be compared with its ceiling (issue 3: training >= 0.6 of it).
     base_throughput_batches: int = 8
+    # Score each draft step on this random fraction of the supervised tokens per batch (training
+    # only; evaluation scores all). The vocab projections dominate a step's cost (docs/training.md):
+    # 0.5 halves them while every token still feeds the base and the drafter's decoder layers.
+    loss_token_fraction: float = 1.0
+
+    def __post_init__(self):
+        if not 0.0 < self.loss_token_fraction <= 1.0:
+            raise ValueError(f"loss_token_fraction must be in (0, 1], got {self.loss_token_fraction}")
 
 
 # Peak head-loss weight lambda0 of Medusa-2 per base loss (Medusa paper section 2.2.2; REFERENCE.md

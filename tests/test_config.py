@@ -59,3 +59,9 @@ def test_head_section_needs_known_kind():
         load_run_config(None, ["head.num_heads=3"])
     with pytest.raises(ConfigError, match="unknown head kind 'medusa9'"):
         load_run_config(None, ["head.kind=medusa9"])
+
+
+def test_a_loss_token_fraction_outside_zero_one_is_refused():
+    with pytest.raises(ConfigError, match=r"loss_token_fraction must be in \(0, 1\], got 0.0"):
+        load_run_config(None, ["train.loss_token_fraction=0"])
+    assert load_run_config(None, ["train.loss_token_fraction=0.5"]).train.loss_token_fraction == 0.5

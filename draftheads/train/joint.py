@@ -84,7 +84,7 @@ class JointObjectiveModule(nn.Module):
     loop sets it before each optimiser step (``head_loss_weight()`` above).
     """
 
-    def __init__(self, adapted_base, head: nn.Module, base_loss: str):
+    def __init__(self, adapted_base, head: nn.Module, base_loss: str, token_fraction: float = 1.0):
         super().__init__()
         if base_loss not in BASE_LOSSES:
             raise ValueError(f"base_loss must be one of {BASE_LOSSES}, got '{base_loss}'")
@@ -92,6 +92,7 @@ class JointObjectiveModule(nn.Module):
         self.head = head
         self.base_loss_kind = base_loss
         self.head_loss_weight = 0.0
+        self.token_fraction = token_fraction  # of supervised tokens the heads score (not the base loss)
 
     def parameter_groups(self, learning_rate: float, head_lr_multiple: float) -> list[dict]:
         """AdamW groups: the heads at ``learning_rate``, the adapter at ``learning_rate / multiple``."""
@@ -124,7 +125,9 @@ class JointObjectiveModule(nn.Module):
                 teacher_logits = lm_head(teacher_hidden[batch, rows])  # (M, V)
             per_token = kl_divergence(teacher_logits, student_logits)  # (M,)
         base_loss = masked_mean(per_token, ones_like_rows(per_token))
-        heads = compute_objective(self.head, hidden_states, input_ids, loss_mask, attention_mask)
+        heads = compute_objective(
+            self.head, hidden_states, input_ids, loss_mask, attention_mask, self.token_fraction
+        )
         heads.loss = base_loss + self.head_loss_weight * heads.loss
         heads.base_loss = base_loss
         return heads

@@ -204,14 +204,17 @@ class ObjectiveModule(nn.Module):
     """The head and its training objective as one module, so DeepSpeed's forward drives it
     (ZeRO-3 gathers parameters in the engine's forward). Parameters are the head's only."""
 
-    def __init__(self, head: nn.Module):
+    def __init__(self, head: nn.Module, token_fraction: float = 1.0):
         super().__init__()
         self.head = head
+        self.token_fraction = token_fraction
 
     def forward(self, hidden_states, input_ids, loss_mask, attention_mask):
         from draftheads.train.objective import compute_objective
 
-        return compute_objective(self.head, hidden_states, input_ids, loss_mask, attention_mask)
+        return compute_objective(
+            self.head, hidden_states, input_ids, loss_mask, attention_mask, self.token_fraction
+        )
 
 
 def supervised_token_counts(dataset, vocab_size: int) -> torch.Tensor:
@@ -383,7 +386,9 @@ def setup(run: RunConfig, base_model=None, tokenizer=None, datasets=None) -> Ses
 
     joint_module = None
     if joint:  # Medusa-2: the base gains a LoRA adapter and trains inside the engine's module
-        joint_module = JointObjectiveModule(add_lora_adapter(base_model, run.joint), head, run.joint.base_loss)
+        joint_module = JointObjectiveModule(
+            add_lora_adapter(base_model, run.joint), head, run.joint.base_loss, train.loss_token_fraction
+        )
         hidden_states = TrainedBaseHiddenStates()
     elif run.data.features:
         splits = {"train": train_dataset, "validation": val_dataset}
@@ -402,7 +407,7 @@ def setup(run: RunConfig, base_model=None, tokenizer=None, datasets=None) -> Ses
         groups = joint_module.parameter_groups(train.learning_rate, run.joint.head_lr_multiple)
         engine = build_engine(joint_module, train, deepspeed_config, total_steps, device, groups)
     else:
-        engine = build_engine(ObjectiveModule(head), train, deepspeed_config, total_steps, device)
+        engine = build_engine(ObjectiveModule(head, train.loss_token_fraction), train, deepspeed_config, total_steps, device)
 
     validation = fixed_batches(val_dataset, train.micro_batch_size, pad_token_id, train.seed, train.eval_batches)
     if len(validation) < world_size:  # every rank needs a share to join the all-reduce

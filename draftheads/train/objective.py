@@ -192,7 +192,19 @@ OBJECTIVES: dict[str, Callable[..., ObjectiveOutput]] = {
 }
 
 
-def compute_objective(head, hidden_states, input_ids, loss_mask, attention_mask) -> ObjectiveOutput:
+def sample_supervised(loss_mask: torch.Tensor, fraction: float) -> torch.Tensor:
+    """``loss_mask`` with each supervised token kept with probability ``fraction`` (torch's global
+    RNG, which checkpoints restore). The per-token loss mean stays an unbiased estimate; the vocab
+    projections, the largest matmuls of training, shrink by ``fraction``."""
+    if fraction >= 1.0:
+        return loss_mask
+    keep = torch.rand(loss_mask.shape, device=loss_mask.device) < fraction
+    return loss_mask * keep.to(loss_mask.dtype)
+
+
+def compute_objective(
+    head, hidden_states, input_ids, loss_mask, attention_mask, token_fraction: float = 1.0
+) -> ObjectiveOutput:
     """Loss and per-step accuracy of ``head`` on one batch.
 
     Args:
@@ -201,9 +213,13 @@ def compute_objective(head, hidden_states, input_ids, loss_mask, attention_mask)
             holding at least ``head.required_hidden_states``.
         input_ids: (B, T); loss_mask: (B, T), 1 where the token is supervised; attention_mask:
             (B, T), 0 on padding (or None).
+        token_fraction: in training mode, score only this random fraction of the supervised
+            tokens (``sample_supervised``); evaluation always scores all of them.
     """
     if head.kind not in OBJECTIVES:
         raise ValueError(
             f"no training objective for head kind '{head.kind}'; known kinds: {', '.join(sorted(OBJECTIVES))}"
         )
+    if head.training:
+        loss_mask = sample_supervised(loss_mask, token_fraction)
     return OBJECTIVES[head.kind](head, hidden_states, input_ids, loss_mask, attention_mask)

@@ -111,3 +111,32 @@ def test_loss_falls_when_overfitting_a_fixed_batch(kind, sharp_llama, batch):  #
         losses.append(output.loss.item())
     assert losses[-1] < 0.5 * losses[0], losses[::10]
     assert output.top1_correct.sum() > first.top1_correct.sum()
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_token_fraction_scores_a_subset_in_training_and_everything_in_eval(kind, tiny_llama, batch):  # noqa: F811
+    input_ids, loss_mask, attention_mask = batch
+    head = build_head(tiny_llama, HEAD_CONFIGS[kind])
+    hidden_states = base_hidden_states(tiny_llama, input_ids, attention_mask)
+    head.eval()
+    everything = compute_objective(head, hidden_states, input_ids, loss_mask, attention_mask)
+    evaluated = compute_objective(head, hidden_states, input_ids, loss_mask, attention_mask, token_fraction=0.5)
+    assert evaluated.counted.tolist() == everything.counted.tolist()
+    torch.testing.assert_close(evaluated.loss, everything.loss)
+    head.train()
+    torch.manual_seed(0)
+    sampled = compute_objective(head, hidden_states, input_ids, loss_mask, attention_mask, token_fraction=0.5)
+    assert bool((sampled.counted < everything.counted).all()) and bool((sampled.counted > 0).all())
+
+
+def test_sample_supervised_keeps_about_the_fraction_and_only_supervised_tokens():
+    from draftheads.train.objective import sample_supervised
+
+    torch.manual_seed(0)
+    loss_mask = torch.zeros(8, 1000, dtype=torch.long)
+    loss_mask[:, 200:] = 1
+    kept = sample_supervised(loss_mask, 0.25)
+    assert kept.dtype == loss_mask.dtype
+    assert int(kept[:, :200].sum()) == 0
+    assert abs(kept.sum().item() / loss_mask.sum().item() - 0.25) < 0.02
+    assert sample_supervised(loss_mask, 1.0) is loss_mask
