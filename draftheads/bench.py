@@ -376,6 +376,20 @@ def add_arguments(parser) -> None:
     parser.add_argument("--out", default="bench-results", help="output directory")
 
 
+def method_name(kind: str, head_dir: str, methods: list) -> str:
+    """``kind:label``: the head directory's name, or its run's name for the ``<run>/head`` that
+    training writes; a repeated label gets a ``#n`` suffix so every method stays distinct."""
+    path = Path(head_dir).resolve()
+    label = path.parent.name if path.name == "head" else path.name
+    base = name = f"{kind}:{label}"
+    taken = {method.name for method in methods}
+    copies = 1
+    while name in taken:
+        copies += 1
+        name = f"{base}#{copies}"
+    return name
+
+
 def run(args) -> int:
     from draftheads.base import load_base, resolve_dtype
     from draftheads.heads import load_head
@@ -393,8 +407,7 @@ def run(args) -> int:
     for head_dir in args.heads:
         head = load_head(head_dir, base_model=model, map_location=args.device)
         generator = SpeculativeGenerator(model, head, tokenizer, tree=bench_tree(args.tree, head_dir, model))
-        name = f"{generator.head.kind}:{Path(head_dir).name}"
-        methods.append(SpeculativeMethod(name, generator))
+        methods.append(SpeculativeMethod(method_name(generator.head.kind, head_dir, methods), generator))
     prompts = build_prompts(args.prompts, tokenizer, args.limit, args.categories)
     print(f"bench: {len(prompts)} prompts x {len(methods)} methods, max_new_tokens={args.max_new_tokens}, "
           f"T={args.temperature}, {args.dtype} on {args.device}")

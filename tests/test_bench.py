@@ -56,3 +56,20 @@ def test_bench_on_tiny_model_writes_results(tmp_path, tiny_llama):
     assert "tau_convention" in record and len(record["samples"]) == 12
     assert {s["category"] for s in record["summaries"]} == {"all", "x", "y"}
     assert "| all | medusa |" in (tmp_path / "bench.md").read_text()
+
+
+def test_method_names_use_the_run_name_and_stay_distinct(tmp_path):
+    from draftheads.bench import method_name
+
+    methods = [SimpleNamespace(name="generate")]
+    for run in ("medusa-smollm2", "medusa-joint-smollm2"):
+        methods.append(SimpleNamespace(name=method_name("medusa", str(tmp_path / run / "head"), methods)))
+    methods.append(SimpleNamespace(name=method_name("medusa", str(tmp_path / "medusa-smollm2" / "head"), methods)))
+    methods.append(SimpleNamespace(name=method_name("medusa", str(tmp_path / "medusa-smollm2" / "head"), methods)))
+    assert [m.name for m in methods[1:]] == [
+        "medusa:medusa-smollm2",
+        "medusa:medusa-joint-smollm2",
+        "medusa:medusa-smollm2#2",
+        "medusa:medusa-smollm2#3",
+    ]
+    assert method_name("eagle3", str(tmp_path / "my-head"), []) == "eagle3:my-head"
