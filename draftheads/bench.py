@@ -390,10 +390,25 @@ def method_name(kind: str, head_dir: str, methods: list) -> str:
     return name
 
 
+def speculative_methods(head_dirs, model, tokenizer, load_model, tree: str | None, device) -> list:
+    """One ``SpeculativeMethod`` per head directory, on the shared ``model``. A joint (Medusa-2) head
+    merges its adapter into the base it is loaded on, so it gets a base of its own from
+    ``load_model()``: the baselines and the other heads keep the original base."""
+    from draftheads.heads import load_head
+    from draftheads.heads.adapter import adapter_path
+    from draftheads.infer import SpeculativeGenerator
+
+    methods: list = []
+    for head_dir in head_dirs:
+        head_model = load_model() if adapter_path(head_dir).is_dir() else model
+        head = load_head(head_dir, base_model=head_model, map_location=device)
+        generator = SpeculativeGenerator(head_model, head, tokenizer, tree=bench_tree(tree, head_dir, head_model))
+        methods.append(SpeculativeMethod(method_name(generator.head.kind, head_dir, methods), generator))
+    return methods
+
+
 def run(args) -> int:
     from draftheads.base import load_base, resolve_dtype
-    from draftheads.heads import load_head
-    from draftheads.infer import SpeculativeGenerator
 
     base_name = args.base
     if base_name is None:
@@ -404,10 +419,10 @@ def run(args) -> int:
     methods = [HFMethod("generate", model, tokenizer)]
     if not args.no_prompt_lookup:
         methods.append(HFMethod("prompt-lookup", model, tokenizer, prompt_lookup=PROMPT_LOOKUP_TOKENS))
-    for head_dir in args.heads:
-        head = load_head(head_dir, base_model=model, map_location=args.device)
-        generator = SpeculativeGenerator(model, head, tokenizer, tree=bench_tree(args.tree, head_dir, model))
-        methods.append(SpeculativeMethod(method_name(generator.head.kind, head_dir, methods), generator))
+    methods += speculative_methods(
+        args.heads, model, tokenizer, lambda: load_base(base_name, dtype=args.dtype, device=args.device)[0],
+        args.tree, args.device,
+    )
     prompts = build_prompts(args.prompts, tokenizer, args.limit, args.categories)
     print(f"bench: {len(prompts)} prompts x {len(methods)} methods, max_new_tokens={args.max_new_tokens}, "
           f"T={args.temperature}, {args.dtype} on {args.device}")

@@ -215,3 +215,23 @@ def test_export_keeps_the_adapter_and_the_card_says_outputs_follow_the_adapted_b
     assert getattr(base.config, MERGED_ADAPTER_KEY)
     with pytest.raises(FormatError, match="base adapter"):
         export_head(output_dir / "head", tmp_path / "vllm", "medusa-vllm")
+
+
+def test_bench_gives_a_joint_head_its_own_base_and_keeps_the_shared_one_original(tmp_path):
+    from draftheads.bench import speculative_methods
+
+    _, output_dir = _trained_lm_run(tmp_path)
+    shared = make_tiny_llama()
+    prompt = torch.tensor([[5, 9, 13, 17, 21]])
+    original = _logits(shared, prompt)
+    plain_head = tmp_path / "plain"
+    build_head(shared, MedusaConfig(num_heads=2)).save_pretrained(plain_head)
+    methods = speculative_methods(
+        [str(output_dir / "head"), str(plain_head)], shared, None, make_tiny_llama, "cpu-8", "cpu"
+    )
+    joint, plain = (method.generator for method in methods)
+    assert getattr(shared.config, MERGED_ADAPTER_KEY, None) is None
+    torch.testing.assert_close(_logits(shared, prompt), original)
+    assert joint.model is not shared and getattr(joint.model.config, MERGED_ADAPTER_KEY)
+    assert plain.model is shared
+    assert [method.name for method in methods] == ["medusa:run", "medusa:plain"]
