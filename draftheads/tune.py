@@ -47,6 +47,7 @@ from draftheads.infer.tree import (
     TUNED_TREE_FORMAT,
     DynamicTree,
     StaticTree,
+    padded_size,
     tree_to_dict,
     tree_topology,
     tuned_tree_key,
@@ -444,10 +445,6 @@ class Candidate:
     expected_speedup: float
 
 
-def padded(size: int, pad_to_multiple: int) -> int:
-    return -(-size // pad_to_multiple) * pad_to_multiple
-
-
 def greedy_static_trees(
     acceptance: AcceptanceModel, max_nodes: int
 ) -> list[tuple[tuple[tuple[int, ...], ...], float]]:
@@ -490,7 +487,7 @@ def choose_static_tree(
     candidates = []
     for choices, expected in greedy_static_trees(acceptance, max_nodes):
         tree = StaticTree(f"{name}-{len(choices) + 1}", choices)
-        cost = verify_cost(padded(tree.num_nodes, pad_to_multiple)) + draft_cost(tree)
+        cost = verify_cost(padded_size(tree.num_nodes, pad_to_multiple)) + draft_cost(tree)
         candidates.append(Candidate(tree, tree.num_nodes, 1 + expected, cost, (1 + expected) / cost))
     best = max(candidates, key=lambda c: (c.expected_speedup, -c.nodes))
     return best, candidates
@@ -535,7 +532,7 @@ def choose_dynamic_tree(
             for total in range(2, largest + 1):
                 expected += proposals[total - 2]
                 tree = DynamicTree(f"{name}-k{top_k}-d{depth}-n{total}", top_k, depth, total)
-                cost = verify_cost(padded(total, pad_to_multiple)) + drafting
+                cost = verify_cost(padded_size(total, pad_to_multiple)) + drafting
                 candidates.append(Candidate(tree, total, expected, cost, expected / cost))
     best = max(candidates, key=lambda c: (c.expected_speedup, -c.nodes, -c.tree.depth))
     return best, candidates
@@ -757,6 +754,13 @@ def describe(record: dict) -> str:
         f"verify cost relative to 1 token ({record['setting']}, one token {1000 * cost['seconds'][0]:.1f} ms): {curve}\n"
         f"chosen tree {chosen['tree']['name']} ({chosen['nodes']} tokens): expected {chosen['expected_tokens']:.2f} "
         f"tokens per step, step cost {chosen['cost']:.2f} plain steps, expected speedup {chosen['expected_speedup']:.2f}x"
+        + (
+            "\nwarning: no draft tree is expected to beat plain decoding on this machine: the head's "
+            "acceptance is too low for what verifying and drafting cost here (train it longer, or decode "
+            "without it)"
+            if chosen["expected_speedup"] < 1.0
+            else ""
+        )
     )
 
 

@@ -59,10 +59,19 @@ class TreeTopology:
         return torch.cat([tokens, padding], dim=-1)
 
 
+def padded_size(num_nodes: int, pad_to_multiple: int) -> int:
+    """Tokens verified for a tree of ``num_nodes``: the next multiple of ``pad_to_multiple``, except
+    that a root-only tree is never padded."""
+    if num_nodes == 1:
+        return 1
+    return -(-num_nodes // pad_to_multiple) * pad_to_multiple
+
+
 def tree_topology(parents: Sequence[int], pad_to_multiple: int = 1) -> TreeTopology:
     """Build a topology from the parent index of each node (node 0 the root, parents first).
 
-    ``pad_to_multiple`` appends padding nodes until the size is a multiple of it.
+    ``pad_to_multiple`` appends padding nodes until the size is a multiple of it; a root-only tree
+    stays one token (padding helps small GEMMs, and one row is not one: it is plain decoding).
     """
     parents = [int(p) for p in parents]
     if not parents or parents[0] != ROOT_PARENT:
@@ -73,7 +82,7 @@ def tree_topology(parents: Sequence[int], pad_to_multiple: int = 1) -> TreeTopol
     if pad_to_multiple < 1:
         raise ValueError(f"pad_to_multiple must be >= 1, got {pad_to_multiple}")
     num_nodes = len(parents)
-    size = -(-num_nodes // pad_to_multiple) * pad_to_multiple
+    size = padded_size(num_nodes, pad_to_multiple)
     all_parents = parents + [ROOT_PARENT] * (size - num_nodes)
 
     depths = [0] * size

@@ -76,6 +76,15 @@ def test_padding_nodes_are_isolated():
     assert topology.pad_tokens(torch.tensor([7, 1, 2, 3, 4])).tolist() == [7, 1, 2, 3, 4, 7, 7, 7]
 
 
+def test_a_root_only_tree_is_never_padded():
+    """One token is plain decoding (a GEMV); padding it to 4 would make it cost a 4-token forward."""
+    from draftheads.infer.tree import padded_size
+
+    assert tree_topology([-1], pad_to_multiple=4).size == 1
+    assert [padded_size(n, 4) for n in (1, 2, 4, 5)] == [1, 4, 4, 8]
+    assert [padded_size(n, 1) for n in (1, 2, 3)] == [1, 2, 3]
+
+
 def test_mask_layout_and_dtype():
     topology = tree_topology([-1, 0, 1, 0])
     mask = tree_attention_mask(topology, past_length=3, dtype=torch.bfloat16, batch_size=2)

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from draftheads.heads import Eagle3Config, MedusaConfig, MtpConfig, build_head
-from draftheads.infer.tree import DynamicTree, StaticTree, load_tuned_tree, tuned_tree_key
+from draftheads.infer.tree import DynamicTree, StaticTree, load_tuned_tree, padded_size, tuned_tree_key
 from draftheads.tune import (
     AcceptanceModel,
     CostCurve,
@@ -20,6 +20,7 @@ from draftheads.tune import (
     acceptance_from_ranks,
     choose_dynamic_tree,
     choose_static_tree,
+    describe,
     dynamic_proposals,
     isotonic,
     judgeable,
@@ -65,7 +66,7 @@ def test_static_choice_is_the_brute_force_optimum(pad):
     for subset in _closed_subsets(3, 2):
         expected = 1 + sum(SYNTHETIC.path_probability(p) for p in subset)
         size = len(subset) + 1
-        speedup = expected / (verify(-(-size // pad) * pad) + 0.05)
+        speedup = expected / (verify(padded_size(size, pad)) + 0.05)
         if speedup > optimum + 1e-12:
             optimum, optimum_tree = speedup, subset
     assert best.expected_speedup == pytest.approx(optimum)
@@ -81,6 +82,21 @@ def test_static_choice_follows_the_cost_curve():
     dear = choose_static_tree(SYNTHETIC, lambda n: 1.0 + 0.5 * (n - 1), lambda t: 0.0, max_nodes=15)[0]
     assert cheap.nodes == 15  # free verification: take everything
     assert dear.tree.choices == ((0,),)  # each node costs half a step: only the likeliest pays
+
+
+def test_a_hopeless_head_gets_the_root_only_tree_unpadded_and_a_warning():
+    weak = AcceptanceModel(((0.05, 0.02), (0.05, 0.02)), (100, 100))
+    best, _ = choose_static_tree(weak, lambda n: 1.0 + 0.5 * (n - 1), lambda t: 0.0, max_nodes=7, pad_to_multiple=4)
+    assert best.nodes == 1 and best.expected_speedup == pytest.approx(1.0)  # one token, not padded to 4
+    record = {
+        "acceptance": {"probabilities": [[0.05, 0.02], [0.05, 0.02]], "counts": [100, 100]},
+        "verify_cost": {"sizes": [1, 4], "relative": [1.0, 2.5], "seconds": [0.05, 0.125]},
+        "setting": "cpu/float32",
+        "chosen": {"tree": {"name": "tuned-3"}, "nodes": 3, "expected_tokens": 1.07, "cost": 2.6, "expected_speedup": 0.41},
+    }
+    assert "no draft tree is expected to beat plain decoding" in describe(record)
+    record["chosen"]["expected_speedup"] = 1.3
+    assert "warning" not in describe(record)
 
 
 def test_dynamic_proposals_follow_eagle2_selection():
