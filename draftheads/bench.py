@@ -21,6 +21,7 @@ import torch
 
 TAU_CONVENTION = "tokens per base-model forward, counting the token the base model produces itself (plain decoding = 1)"
 PROMPT_LOOKUP_TOKENS = 10  # HF's documented default n-gram continuation length for prompt lookup
+REFERENCE = "generate"  # plain HF generate: every speedup and agreement is relative to it
 
 
 @dataclass(frozen=True)
@@ -255,17 +256,18 @@ def plot(summaries: list[Summary], out_dir: Path) -> list[Path]:
     import matplotlib.pyplot as plt
 
     written = []
-    methods = sorted({s.method for s in summaries})
+    methods = sorted({s.method for s in summaries} - {REFERENCE})  # the reference is the line at 1.0
     categories = sorted({s.category for s in summaries}, key=lambda c: (c == "all", c))
-    fig, ax = plt.subplots(figsize=(max(6, 1.2 * len(categories) * max(1, len(methods)) / 2), 4))
+    width_inches = min(14.0, max(6.0, 0.18 * len(categories) * max(1, len(methods)) + 2.0))
+    fig, ax = plt.subplots(figsize=(width_inches, 4.5))
     width = 0.8 / max(len(methods), 1)
     for i, method in enumerate(methods):
         values = [next((s.speedup for s in summaries if s.method == method and s.category == c), 0) for c in categories]
         ax.bar([x + i * width for x in range(len(categories))], values, width, label=method)
     ax.axhline(1.0, color="grey", linewidth=0.8)
     ax.set_xticks([x + width * (len(methods) - 1) / 2 for x in range(len(categories))], categories, rotation=30)
-    ax.set_ylabel("speedup over plain generate")
-    ax.legend(fontsize=8)
+    ax.set_ylabel("speedup over plain generate (line: 1.0)")
+    ax.legend(fontsize=8, ncol=min(4, max(1, len(methods))), loc="upper left")
     fig.tight_layout()
     path = out_dir / "speedup_by_category.png"
     fig.savefig(path, dpi=120)
@@ -416,7 +418,7 @@ def run(args) -> int:
             raise SystemExit("draftheads bench: give --base or at least one --heads directory")
         base_name = json.loads((Path(args.heads[0]) / "config.json").read_text())["base_model"]["name_or_path"]
     model, tokenizer = load_base(base_name, dtype=args.dtype, device=args.device)
-    methods = [HFMethod("generate", model, tokenizer)]
+    methods = [HFMethod(REFERENCE, model, tokenizer)]
     if not args.no_prompt_lookup:
         methods.append(HFMethod("prompt-lookup", model, tokenizer, prompt_lookup=PROMPT_LOOKUP_TOKENS))
     methods += speculative_methods(
@@ -427,7 +429,7 @@ def run(args) -> int:
     print(f"bench: {len(prompts)} prompts x {len(methods)} methods, max_new_tokens={args.max_new_tokens}, "
           f"T={args.temperature}, {args.dtype} on {args.device}")
     samples = run_bench(methods, prompts, args.max_new_tokens, args.temperature, args.repeats, args.seed)
-    summaries = summarize(samples, reference_method="generate")
+    summaries = summarize(samples, reference_method=REFERENCE)
     settings = {
         "base": base_name, "heads": args.heads, "prompts": args.prompts, "limit": args.limit,
         "max_new_tokens": args.max_new_tokens, "temperature": args.temperature, "dtype": args.dtype,
