@@ -18,6 +18,7 @@ from draftheads.infer.tree import (
     TREES,
     DynamicTree,
     StaticTree,
+    padded_size,
     resolve_tree,
     select_dynamic_nodes,
     tree_attention_mask,
@@ -78,8 +79,6 @@ def test_padding_nodes_are_isolated():
 
 def test_a_root_only_tree_is_never_padded():
     """One token is plain decoding (a GEMV); padding it to 4 would make it cost a 4-token forward."""
-    from draftheads.infer.tree import padded_size
-
     assert tree_topology([-1], pad_to_multiple=4).size == 1
     assert [padded_size(n, 4) for n in (1, 2, 4, 5)] == [1, 4, 4, 8]
     assert [padded_size(n, 1) for n in (1, 2, 3)] == [1, 2, 3]
@@ -138,7 +137,8 @@ def test_topology_properties(tree, past):
     parents, pad = tree
     topology = tree_topology(parents, pad)
     count = len(parents)
-    assert topology.size % pad == 0 and topology.num_nodes == count
+    assert topology.size == padded_size(count, pad) and topology.num_nodes == count
+    assert topology.size % pad == 0 or count == 1  # a root-only tree is never padded
     for node in range(count):
         chain = chain_of(parents, node)
         assert topology.ancestor_mask[node, :count].nonzero().flatten().tolist() == chain
