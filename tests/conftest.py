@@ -35,6 +35,17 @@ def make_tiny_llama(seed: int = 0, **overrides):
 
 
 @pytest.fixture
+def single_thread():
+    """One intra-op thread for tiny models: they are dominated by per-op overhead, and on a shared
+    2-core machine two spinning OpenMP threads make each tiny forward ~10x slower. Modules opt in
+    with ``pytestmark = pytest.mark.usefixtures("single_thread")``."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture
 def tiny_llama():
     return make_tiny_llama()
 

@@ -9,18 +9,11 @@ import shutil
 from pathlib import Path
 
 import pytest
-import torch
 
 from draftheads.demo import DemoSettings, run_demo
 from tests.data.data_fixtures import save_tiny_base, sharegpt_record, write_jsonl
 
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # tiny models on a shared 2-core box: one thread is faster
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("single_thread")
 
 
 @pytest.fixture

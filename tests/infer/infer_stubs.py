@@ -15,23 +15,12 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-import pytest
 import torch
 from transformers import DynamicCache
 
 from draftheads.heads.base import DraftHead, HeadConfig
 
 CONFIDENT = 30.0  # logit gap of a stub's choice
-
-
-@pytest.fixture
-def single_thread():
-    """One intra-op thread for tiny models: on a shared 2-core machine two threads contend and make
-    each tiny forward ~10x slower. Test modules use it with ``pytestmark``."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 @torch.no_grad()

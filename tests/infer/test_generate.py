@@ -8,7 +8,7 @@ import sys
 
 import pytest
 import torch
-from infer_stubs import AutoregressiveStub, ModuleStub, ParallelStub, greedy_reference, single_thread  # noqa: F401
+from infer_stubs import AutoregressiveStub, ModuleStub, ParallelStub, greedy_reference
 
 from draftheads.heads import Eagle3Config, EagleConfig, MedusaConfig, MtpConfig, build_head
 from draftheads.infer import SpeculativeGenerator

@@ -12,7 +12,6 @@ import time
 
 import pytest
 import torch
-from infer_stubs import single_thread  # noqa: F401
 
 from draftheads.heads import Eagle3Config, EagleConfig, MedusaConfig, MtpConfig, build_head
 from draftheads.infer import SpeculativeGenerator

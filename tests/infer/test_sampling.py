@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from infer_stubs import SelfDraftStub, single_thread  # noqa: F401
+from infer_stubs import SelfDraftStub
 from scipy.stats import chisquare
 from transformers.generation.logits_process import (
     LogitsProcessorList,

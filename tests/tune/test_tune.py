@@ -30,13 +30,7 @@ from draftheads.tune import (
 from tests.data.data_fixtures import save_tiny_base
 from tests.infer.infer_stubs import AutoregressiveStub, ModuleStub, ParallelStub, greedy_reference
 
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # tiny models on a shared 2-core box: one thread is faster
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("single_thread")
 
 
 # ---- choosing a tree on synthetic models --------------------------------------------------------
