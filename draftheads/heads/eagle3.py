@@ -114,6 +114,26 @@ def resolve_draft_vocab_size(config: Eagle3Config, vocab_size: int) -> int:
     return size
 
 
+@dataclass
+class UnrolledRows:
+    """What ``training_time_test`` returns: per step a (B, R, h) state, at drafter rows ``index``."""
+
+    states: list[torch.Tensor]  # ttt_steps x (B, R, h)
+    index: torch.Tensor  # (B, R) long: the drafter row i of each slot
+    valid: torch.Tensor  # (B, R) bool: False on slots padding a short batch row
+
+
+def gather_rows(rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(B, T) bool -> (index, valid), each (B, R) with R = the most rows any batch row picks:
+    the picked row indices in order, left-aligned; the rest are row 0 and not valid."""
+    counts = rows.sum(dim=1)  # (B,)
+    width = max(int(counts.max()), 1) if rows.numel() else 1
+    # Stable sort puts picked rows first, in order.
+    order = torch.sort((~rows).to(torch.int8), dim=1, stable=True).indices[:, :width]  # (B, R)
+    valid = torch.arange(width, device=rows.device)[None] < counts[:, None]  # (B, R)
+    return torch.where(valid, order, torch.zeros_like(order)), valid
+
+
 @register_head
 class Eagle3Head(DraftHead):
     kind = "eagle3"
@@ -205,8 +225,12 @@ class Eagle3Head(DraftHead):
         return self.lm_head(self.norm(hidden))
 
     def training_time_test(
-        self, features: torch.Tensor, input_ids: torch.Tensor, attention_mask: torch.Tensor | None
-    ) -> list[torch.Tensor]:
+        self,
+        features: torch.Tensor,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor | None,
+        rows: torch.Tensor | None = None,
+    ) -> UnrolledRows:
         """Unroll the drafter ``ttt_steps`` times over a training batch (EAGLE-3's training-time test).
 
         Step j, row i sits at position i + j, consumes token t_{i+j+1} and the state row i produced
@@ -214,23 +238,35 @@ class Eagle3Head(DraftHead):
         (real features) and, in steps 1..j, only to its own row: exactly the keys a depth-j draft
         node sees at inference (prefix cache + its own ancestors).
 
-        Returns one (B, T, h) state per step; rows with i + j + 2 >= T are padding.
+        Step 0 always runs over every row (they are the keys of all later steps). ``rows`` (B, T)
+        bool picks the rows whose chains continue: steps 1.. run on those alone, since a row reads
+        no other row's later steps. None: every row (rows with i + j + 2 >= T are then padding).
         """
         batch, length = input_ids.shape
+        device = features.device
         hidden = self.fuse(features)  # (B, T, h)
-        causal = padded_causal_mask(
-            attention_mask, batch, length, hidden.dtype, hidden.device
-        )  # (B, 1, T, T)
-        own_row = additive_mask(torch.eye(length, dtype=torch.bool, device=hidden.device), hidden.dtype)
-        own_row = own_row[None, None].expand(batch, 1, length, length)  # (B, 1, T, T)
-        positions = torch.arange(length, device=hidden.device)[None].expand(batch, length)  # (B, T)
+        causal = padded_causal_mask(attention_mask, batch, length, hidden.dtype, device)  # (B, 1, T, T)
+        positions = torch.arange(length, device=device)[None].expand(batch, length)  # (B, T)
         cache = DynamicCache()
-        states = []
-        for step in range(self.config.ttt_steps):
-            mask = torch.cat([causal] + [own_row] * step, dim=-1)  # (B, 1, T, (step + 1) T)
-            hidden = self.step(hidden, shift_left(input_ids, step + 1), positions + step, mask, cache)
+        hidden = self.step(hidden, shift_left(input_ids, 1), positions, causal, cache)  # (B, T, h)
+
+        if rows is None:
+            index, valid = positions, torch.ones(batch, length, dtype=torch.bool, device=device)
+        else:
+            index, valid = gather_rows(rows)  # (B, R) each
+            batch_rows = torch.arange(batch, device=device)[:, None]
+            hidden = hidden[batch_rows, index]  # (B, R, h)
+            causal = causal[batch_rows, :, index].transpose(1, 2)  # (B, 1, R, T)
+        width = index.shape[1]
+        own_row = additive_mask(torch.eye(width, dtype=torch.bool, device=device), hidden.dtype)
+        own_row = own_row[None, None].expand(batch, 1, width, width)  # (B, 1, R, R)
+        states = [hidden]
+        for step in range(1, self.config.ttt_steps):
+            mask = torch.cat([causal] + [own_row] * step, dim=-1)  # (B, 1, R, T + step R)
+            tokens = input_ids.gather(1, (index + step + 1).clamp(max=length - 1))  # (B, R)
+            hidden = self.step(hidden, tokens, index + step, mask, cache)
             states.append(hidden)
-        return states
+        return UnrolledRows(states, index, valid)
 
     # ---- drafting -----------------------------------------------------------------------------
 

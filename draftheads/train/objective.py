@@ -4,6 +4,9 @@ The training loop calls ``compute_objective(head, hidden_states, input_ids, loss
 attention_mask)`` on the frozen base model's ``output_hidden_states`` for a batch. Each kind's
 function aligns predictions with targets and calls its loss in ``draftheads.train.losses``.
 
+Sampling. ``keep`` (B, T) bool, or None for everything, is the random subset a training step scores
+(``train.loss_token_fraction``, see ``compute_objective``).
+
 Alignment. Token q is supervised iff ``loss_mask[q] == 1`` (and it is not padding). Every draft
 step s (Medusa head s, EAGLE-3 training-time-test step s, MTP module s + 1; EAGLE-1 has one step)
 predicts token q from the row q - (s + 2) of its output: Medusa head k at t predicts t + k + 2;
@@ -98,7 +101,8 @@ def ones_like_rows(rows: torch.Tensor) -> torch.Tensor:
 # ---- per kind ---------------------------------------------------------------------------------
 
 
-def medusa_objective(head, hidden_states, input_ids, loss_mask, attention_mask) -> ObjectiveOutput:
+def medusa_objective(head, hidden_states, input_ids, loss_mask, attention_mask, keep=None) -> ObjectiveOutput:
+    loss_mask = keep_tokens(loss_mask, keep)
     features = head.select_features(hidden_states)  # (B, T, h)
     tokens = SupervisedTokens.from_masks(loss_mask, attention_mask)
     accuracy = StepAccuracy()
@@ -114,7 +118,8 @@ def medusa_objective(head, hidden_states, input_ids, loss_mask, attention_mask) 
     return accuracy.output(medusa_loss(all_logits, all_targets, all_masks))
 
 
-def eagle_objective(head, hidden_states, input_ids, loss_mask, attention_mask) -> ObjectiveOutput:
+def eagle_objective(head, hidden_states, input_ids, loss_mask, attention_mask, keep=None) -> ObjectiveOutput:
+    loss_mask = keep_tokens(loss_mask, keep)
     features = head.select_features(hidden_states)  # (B, T, h) = hs[L]
     batch_size, length = input_ids.shape
     inputs = features
@@ -141,33 +146,57 @@ def eagle_objective(head, hidden_states, input_ids, loss_mask, attention_mask) -
     return accuracy.output(loss)
 
 
-def eagle3_objective(head, hidden_states, input_ids, loss_mask, attention_mask) -> ObjectiveOutput:
+def eagle3_objective(head, hidden_states, input_ids, loss_mask, attention_mask, keep=None) -> ObjectiveOutput:
     features = head.select_features(hidden_states)  # (B, T, 3h)
     last_hidden = hidden_states[head.base_spec.num_hidden_layers]  # (B, T, h), what enters lm_head
-    states = head.training_time_test(features, input_ids, attention_mask)  # S x (B, T, h)
+    length = input_ids.shape[1]
+    supervised = loss_mask.bool()
+    if attention_mask is not None:
+        supervised = supervised & attention_mask.bool()
+    # Row i's chain predicts t_{i+2+j} at step j: it runs past step 0 only if one of those is
+    # supervised (prompt rows do not), and only if sampled (``keep`` samples chains, not tokens).
+    steps = head.config.ttt_steps
+    targets_of_row = [shift_left(supervised, 2 + step) for step in range(steps)]  # S x (B, T) bool
+    rows = torch.stack(targets_of_row).any(dim=0)  # (B, T)
+    if keep is not None:
+        rows = rows & keep
+    unrolled = head.training_time_test(features, input_ids, attention_mask, rows)  # S x (B, R, h)
+    index, valid = unrolled.index, unrolled.valid
 
-    tokens = SupervisedTokens.from_masks(loss_mask, attention_mask)
-    batch, rows = tokens.predicted_from(2)
+    # (batch, slot) pairs per step, and the token q each predicts.
+    pairs = []
+    for step in range(steps):
+        target = (index + 2 + step).clamp(max=length - 1)  # (B, R)
+        scored = valid & (index + 2 + step < length) & supervised.gather(1, target)
+        batch, slot = scored.nonzero(as_tuple=True)
+        pairs.append((batch, slot, target[batch, slot]))
+    # Targets once per distinct token q: its target distribution is the base model's at q - 1.
+    needed = torch.zeros_like(supervised)
+    for batch, _, position in pairs:
+        needed[batch, position] = True
+    needed_batch, needed_position = needed.nonzero(as_tuple=True)
+    lookup = torch.full(needed.shape, -1, dtype=torch.long, device=needed.device)
+    lookup[needed_batch, needed_position] = torch.arange(needed_batch.numel(), device=needed.device)
     with torch.no_grad():
-        # Token q's target distribution is the base model's at q - 1, the same for every step.
-        target_logits = head.base_lm_head(last_hidden[batch, rows + 1])  # (M, V)
+        target_logits = head.base_lm_head(last_hidden[needed_batch, needed_position - 1])  # (M, V)
         target_probs, in_draft_vocab = eagle3_targets(target_logits, head.t2d)  # (M, N), (M,)
         target_ids = target_logits.argmax(-1)  # (M,)
         del target_logits
 
     accuracy = StepAccuracy()
     all_logits, all_probs, all_masks = [], [], []
-    for step, state in enumerate(states):
-        keep = rows >= step  # step j predicts t_q from row q - 2 - j
-        logits = head.logits(state[batch[keep], rows[keep] - step])  # (M_j, N)
-        accuracy.add(logits, target_ids[keep], to_target=head.draft_to_target)
+    for state, (batch, slot, position) in zip(unrolled.states, pairs):
+        at = lookup[batch, position]  # (M_j,)
+        logits = head.logits(state[batch, slot])  # (M_j, N)
+        accuracy.add(logits, target_ids[at], to_target=head.draft_to_target)
         all_logits.append(logits)
-        all_probs.append(target_probs[keep])
-        all_masks.append(in_draft_vocab[keep])
+        all_probs.append(target_probs[at])
+        all_masks.append(in_draft_vocab[at])
     return accuracy.output(eagle3_loss(all_logits, all_probs, all_masks))
 
 
-def mtp_objective(head, hidden_states, input_ids, loss_mask, attention_mask) -> ObjectiveOutput:
+def mtp_objective(head, hidden_states, input_ids, loss_mask, attention_mask, keep=None) -> ObjectiveOutput:
+    loss_mask = keep_tokens(loss_mask, keep)
     features = head.select_features(hidden_states)  # (B, T, h) = hs[L] = h^0
     states = head.unroll(features, input_ids, attention_mask)  # D x (B, T, h)
     tokens = SupervisedTokens.from_masks(loss_mask, attention_mask)
@@ -192,14 +221,18 @@ OBJECTIVES: dict[str, Callable[..., ObjectiveOutput]] = {
 }
 
 
-def sample_supervised(loss_mask: torch.Tensor, fraction: float) -> torch.Tensor:
-    """``loss_mask`` with each supervised token kept with probability ``fraction`` (torch's global
-    RNG, which checkpoints restore). The per-token loss mean stays an unbiased estimate; the vocab
-    projections, the largest matmuls of training, shrink by ``fraction``."""
+def sample_keep(shape: torch.Size, fraction: float, device) -> torch.Tensor | None:
+    """(B, T) bool, each entry True with probability ``fraction`` (torch's global RNG, which
+    checkpoints restore); None when ``fraction`` >= 1 (keep everything)."""
     if fraction >= 1.0:
-        return loss_mask
-    keep = torch.rand(loss_mask.shape, device=loss_mask.device) < fraction
-    return loss_mask * keep.to(loss_mask.dtype)
+        return None
+    return torch.rand(shape, device=device) < fraction
+
+
+def keep_tokens(loss_mask: torch.Tensor, keep: torch.Tensor | None) -> torch.Tensor:
+    """``loss_mask`` scored only where ``keep`` is True: the per-token loss mean stays an unbiased
+    estimate, and the vocab projections, the largest matmuls of training, shrink with it."""
+    return loss_mask if keep is None else loss_mask * keep.to(loss_mask.dtype)
 
 
 def compute_objective(
@@ -213,13 +246,14 @@ def compute_objective(
             holding at least ``head.required_hidden_states``.
         input_ids: (B, T); loss_mask: (B, T), 1 where the token is supervised; attention_mask:
             (B, T), 0 on padding (or None).
-        token_fraction: in training mode, score only this random fraction of the supervised
-            tokens (``sample_supervised``); evaluation always scores all of them.
+        token_fraction: in training mode, score only a random fraction of the supervised tokens
+            (``sample_keep``): Medusa, EAGLE and MTP keep each token q with this probability;
+            EAGLE-3 keeps each drafter row's whole chain (all its TTT steps), so the unrolled
+            steps after the first run on that fraction of rows. Evaluation scores everything.
     """
     if head.kind not in OBJECTIVES:
         raise ValueError(
             f"no training objective for head kind '{head.kind}'; known kinds: {', '.join(sorted(OBJECTIVES))}"
         )
-    if head.training:
-        loss_mask = sample_supervised(loss_mask, token_fraction)
-    return OBJECTIVES[head.kind](head, hidden_states, input_ids, loss_mask, attention_mask)
+    keep = sample_keep(loss_mask.shape, token_fraction, loss_mask.device) if head.training else None
+    return OBJECTIVES[head.kind](head, hidden_states, input_ids, loss_mask, attention_mask, keep)

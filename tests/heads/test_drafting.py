@@ -119,7 +119,7 @@ def test_eagle3_training_time_test_equals_drafting_a_chain(tiny_llama, sequence)
     features = head.select_features(hidden_states)  # (2, 10, 3h)
     row = 4
     with torch.no_grad():
-        states = head.training_time_test(features, input_ids, None)  # 3 x (2, 10, h)
+        states = head.training_time_test(features, input_ids, None).states  # 3 x (2, 10, h)
         cache = head.new_cache()
         hidden, _ = head.catch_up(
             cache, features[:, : row + 1], input_ids[:, 1 : row + 2], positions[:, : row + 1]
@@ -134,6 +134,27 @@ def test_eagle3_training_time_test_equals_drafting_a_chain(tiny_llama, sequence)
             hidden = hidden[:, 0]
             torch.testing.assert_close(hidden, states[depth][:, row], **TOLERANCE)
             torch.testing.assert_close(logits[:, 0], head.logits(states[depth][:, row]), **TOLERANCE)
+
+
+def test_eagle3_training_time_test_on_picked_rows_equals_every_row(tiny_llama, sequence):
+    """Steps after the first run on the picked rows alone and give what the full unroll gives there
+    (batch rows picking different counts, one picking none)."""
+    input_ids, hidden_states, _ = sequence
+    head = make_head("eagle3", tiny_llama)
+    features = head.select_features(hidden_states)  # (2, 10, 3h)
+    rows = torch.zeros(2, 10, dtype=torch.bool)
+    rows[0, [1, 4, 5, 9]] = True
+    with torch.no_grad():
+        full = head.training_time_test(features, input_ids, None)
+        picked = head.training_time_test(features, input_ids, None, rows)
+        empty = head.training_time_test(features, input_ids, None, torch.zeros_like(rows))
+    assert picked.index[0].tolist() == [1, 4, 5, 9] and picked.valid[0].all()
+    assert not picked.valid[1].any() and not empty.valid.any()
+    # Rows 0..7 consume real tokens at every step (row 9 reads past the end from step 0 on: padding).
+    for step, (dense, sparse) in enumerate(zip(full.states, picked.states)):
+        for slot, row in enumerate([1, 4, 5]):
+            if row + step + 1 < 10:
+                torch.testing.assert_close(sparse[0, slot], dense[0, row], **TOLERANCE)
 
 
 @pytest.mark.parametrize("kind", ("eagle", "eagle3"))

@@ -129,14 +129,35 @@ def test_token_fraction_scores_a_subset_in_training_and_everything_in_eval(kind,
     assert bool((sampled.counted < everything.counted).all()) and bool((sampled.counted > 0).all())
 
 
-def test_sample_supervised_keeps_about_the_fraction_and_only_supervised_tokens():
-    from draftheads.train.objective import sample_supervised
+def test_sample_keep_keeps_about_the_fraction():
+    from draftheads.train.objective import keep_tokens, sample_keep
 
     torch.manual_seed(0)
     loss_mask = torch.zeros(8, 1000, dtype=torch.long)
     loss_mask[:, 200:] = 1
-    kept = sample_supervised(loss_mask, 0.25)
+    keep = sample_keep(loss_mask.shape, 0.25, loss_mask.device)
+    kept = keep_tokens(loss_mask, keep)
     assert kept.dtype == loss_mask.dtype
     assert int(kept[:, :200].sum()) == 0
     assert abs(kept.sum().item() / loss_mask.sum().item() - 0.25) < 0.02
-    assert sample_supervised(loss_mask, 1.0) is loss_mask
+    assert sample_keep(loss_mask.shape, 1.0, loss_mask.device) is None
+    assert keep_tokens(loss_mask, None) is loss_mask
+
+
+def test_eagle3_token_fraction_samples_whole_chains(tiny_llama, batch):  # noqa: F811
+    """EAGLE-3 keeps a row's chain at every TTT step or at none: the step counts fall together."""
+    input_ids, loss_mask, attention_mask = batch
+    head = build_head(tiny_llama, HEAD_CONFIGS["eagle3"])
+    hidden_states = base_hidden_states(tiny_llama, input_ids, attention_mask)
+    head.eval()
+    everything = compute_objective(head, hidden_states, input_ids, loss_mask, attention_mask)
+    head.train()
+    torch.manual_seed(0)
+    keep = torch.rand(loss_mask.shape) < 0.5
+    torch.manual_seed(0)
+    sampled = compute_objective(head, hidden_states, input_ids, loss_mask, attention_mask, token_fraction=0.5)
+    supervised = loss_mask.bool() & attention_mask.bool()
+    expected = [
+        int((keep[:, : -(2 + step)] & supervised[:, 2 + step :]).sum()) for step in range(len(everything.counted))
+    ]
+    assert sampled.counted.tolist() == expected
