@@ -41,7 +41,7 @@ class DemoSettings:
     learning_rate: float = 1e-3  # higher than the long run's: few steps over a small set
     warmup_steps: int = 10
     save_every: int = 25  # checkpoints let an interrupted demo resume
-    loss_token_fraction: float = 1.0  # ~5,000 supervised tokens: score them all (the config's 0.5 is for long runs)
+    loss_token_fraction: float = 1.0  # ~5,000 supervised tokens: score them all (the config's 0.25 is for long runs)
     train_overrides: tuple[str, ...] = ()  # extra key=value run-config overrides, applied last
     tune: bool = True
     tune_prompts: int = 4
@@ -141,7 +141,7 @@ def train_overrides(settings: DemoSettings, data_path: Path, train_dir: Path, re
         f"data.cache_dir={train_dir.parent / 'data-cache'}",
         f"train.output_dir={train_dir}",
         f"train.max_steps={steps}",
-        "train.epochs=null",  # the config's one pass over 2,049 conversations; the demo counts steps
+        "train.epochs=null",  # the config's one pass over ~7,000 conversations; the demo counts steps
         f"train.loss_token_fraction={settings.loss_token_fraction}",
         f"train.micro_batch_size={settings.micro_batch_size}",
         "train.gradient_accumulation_steps=1",
