@@ -97,6 +97,10 @@ class TrainConfig:
     # only; evaluation scores all). The vocab projections dominate a step's cost (docs/training.md):
     # 0.5 halves them while every token still feeds the base and the drafter's decoder layers.
     loss_token_fraction: float = 1.0
+    # Start from a saved head (a ``save_pretrained`` directory, e.g. a finished run's ``head/``)
+    # instead of fresh weights: continue training on other data. Its kind and head settings must
+    # equal head.*, and it must fit the base; EAGLE-3 keeps its draft vocabulary.
+    init_head: str | None = None
 
     def __post_init__(self):
         if not 0.0 < self.loss_token_fraction <= 1.0:

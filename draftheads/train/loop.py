@@ -217,6 +217,29 @@ class ObjectiveModule(nn.Module):
         )
 
 
+def init_from_saved_head(head, directory: str, base_model) -> None:
+    """Copy a saved head's weights (and buffers, e.g. EAGLE-3's vocabulary maps) into ``head``
+    (``train.init_head``); refused unless the saved head is the same kind with the same settings
+    and fits ``base_model``."""
+    from draftheads.heads import HeadMismatchError, load_head
+
+    where = f"train.init_head={directory}"
+    if getattr(head.config, "joint", False):
+        raise ConfigError(f"{where}: not supported for joint (Medusa-2) heads, whose adapter is part of the base")
+    try:
+        saved = load_head(directory)
+        saved.base_spec.check_fits(base_model.config, where=where)
+    except (FileNotFoundError, ValueError, HeadMismatchError) as err:
+        raise ConfigError(f"{where}: {err}") from err
+    if saved.kind != head.kind:
+        raise ConfigError(f"{where}: a '{saved.kind}' head, but head.kind is '{head.kind}'")
+    for field in dataclasses.fields(head.config):
+        ours, theirs = getattr(head.config, field.name), getattr(saved.config, field.name)
+        if ours != theirs:
+            raise ConfigError(f"{where}: its head.{field.name} is {theirs!r}, this run's is {ours!r}")
+    head.load_state_dict(saved.state_dict())
+
+
 def supervised_token_counts(dataset, vocab_size: int) -> torch.Tensor:
     """(V,) how often each token is a supervised target (loss_mask 1) in ``dataset``; heads build
     data-dependent state from it (EAGLE-3's draft vocabulary)."""
@@ -381,7 +404,10 @@ def setup(run: RunConfig, base_model=None, tokenizer=None, datasets=None) -> Ses
         head = build_head(base_model, run.head, run.model.base)
     except (ValueError, IndexError) as err:
         raise ConfigError(f"head ({run.head.kind}): {err}") from err
-    head.init_from_data(supervised_token_counts(train_dataset, base_model.config.vocab_size))
+    if train.init_head:
+        init_from_saved_head(head, train.init_head, base_model)
+    else:
+        head.init_from_data(supervised_token_counts(train_dataset, base_model.config.vocab_size))
     head.train()
 
     joint_module = None

@@ -174,3 +174,32 @@ def test_bf16_training_on_cpu(tmp_path, tiny_llama):
     losses = [r["loss"] for r in read_metrics(tmp_path / "medusa") if "loss" in r]
     assert losses[-1] < 0.6 * losses[0], losses
     assert load_head(tmp_path / "medusa" / "head", base).heads[0].lm_head.weight.dtype == torch.bfloat16
+
+
+def test_init_head_continues_from_a_saved_head_and_refuses_a_different_one(tmp_path, confident_llama):
+    """train.init_head starts from a finished run's head (weights and EAGLE-3's vocabulary maps):
+    its first evaluation already scores what the saved head scored; other settings are refused."""
+    dataset = _patterned_dataset()
+    first = run_training(_config(tmp_path, "eagle3"), base_model=confident_llama, datasets=(dataset, dataset))
+    saved_dir = tmp_path / "eagle3" / "head"
+    saved = load_head(saved_dir)
+    overrides = [f"train.init_head={saved_dir}", f"train.output_dir={tmp_path / 'continued'}", "train.max_steps=1"]
+    overrides += ["train.learning_rate=1e-12", "train.eval_every=1"]
+    continued = run_training(
+        _config(tmp_path, "eagle3", *overrides), base_model=confident_llama, datasets=(dataset, dataset)
+    )
+    assert torch.equal(load_head(tmp_path / "continued" / "head").t2d, saved.t2d)
+    assert continued.eval["top1"] == pytest.approx(first.eval["top1"], abs=1e-6)
+
+    with pytest.raises(ConfigError, match=r"head.ttt_steps is 2, this run's is 3"):
+        run_training(
+            _config(tmp_path, "eagle3", *overrides, "head.ttt_steps=3", f"train.output_dir={tmp_path / 'x'}"),
+            base_model=confident_llama,
+            datasets=(dataset, dataset),
+        )
+    with pytest.raises(ConfigError, match=r"a 'eagle3' head, but head.kind is 'medusa'"):
+        run_training(
+            _config(tmp_path, "medusa", *overrides, f"train.output_dir={tmp_path / 'y'}"),
+            base_model=confident_llama,
+            datasets=(dataset, dataset),
+        )
