@@ -43,6 +43,14 @@ class ObjectiveOutput:
     base_loss: torch.Tensor | None = None  # Medusa-2: the adapted base's own loss (part of ``loss``)
 
 
+def supervised_mask(loss_mask: torch.Tensor, attention_mask: torch.Tensor | None) -> torch.Tensor:
+    """(B, T) bool: the supervised tokens (``loss_mask`` 1, not padding)."""
+    supervised = loss_mask.bool()
+    if attention_mask is not None:
+        supervised = supervised & attention_mask.bool()
+    return supervised
+
+
 @dataclass(frozen=True)
 class SupervisedTokens:
     """Where the supervised tokens q are: parallel (M,) batch and position indices."""
@@ -52,10 +60,7 @@ class SupervisedTokens:
 
     @classmethod
     def from_masks(cls, loss_mask: torch.Tensor, attention_mask: torch.Tensor | None) -> SupervisedTokens:
-        supervised = loss_mask.bool()
-        if attention_mask is not None:
-            supervised = supervised & attention_mask.bool()
-        batch_index, position = supervised.nonzero(as_tuple=True)
+        batch_index, position = supervised_mask(loss_mask, attention_mask).nonzero(as_tuple=True)
         return cls(batch_index, position)
 
     def predicted_from(self, offset: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -150,9 +155,7 @@ def eagle3_objective(head, hidden_states, input_ids, loss_mask, attention_mask, 
     features = head.select_features(hidden_states)  # (B, T, 3h)
     last_hidden = hidden_states[head.base_spec.num_hidden_layers]  # (B, T, h), what enters lm_head
     length = input_ids.shape[1]
-    supervised = loss_mask.bool()
-    if attention_mask is not None:
-        supervised = supervised & attention_mask.bool()
+    supervised = supervised_mask(loss_mask, attention_mask)  # (B, T)
     # Row i's chain predicts t_{i+2+j} at step j: it runs past step 0 only if one of those is
     # supervised (prompt rows do not), and only if sampled (``keep`` samples chains, not tokens).
     steps = head.config.ttt_steps
