@@ -19,6 +19,8 @@ from pathlib import Path
 
 import torch
 
+from draftheads.arguments import positive_int
+
 TAU_CONVENTION = "tokens per base-model forward, counting the token the base model produces itself (plain decoding = 1)"
 PROMPT_LOOKUP_TOKENS = 10  # HF's documented default n-gram continuation length for prompt lookup
 REFERENCE = "generate"  # plain HF generate: every speedup and agreement is relative to it
@@ -365,13 +367,13 @@ def add_arguments(parser) -> None:
     parser.add_argument("--heads", nargs="*", default=[], help="head directories (draftheads or engine format)")
     parser.add_argument("--base", default=None, help="base model (default: the one recorded in the first head)")
     parser.add_argument("--prompts", default="mt-bench", help="mt-bench | humaneval | FILE.jsonl")
-    parser.add_argument("--limit", type=int, default=None, help="number of prompts (spread over categories)")
+    parser.add_argument("--limit", type=positive_int, default=None, help="number of prompts (spread over categories)")
     parser.add_argument("--categories", nargs="*", default=None)
-    parser.add_argument("--max-new-tokens", type=int, default=DEFAULT_MAX_NEW_TOKENS)
+    parser.add_argument("--max-new-tokens", type=positive_int, default=DEFAULT_MAX_NEW_TOKENS)
     parser.add_argument("--temperature", type=float, default=0.0)
     parser.add_argument("--dtype", default="float32", help="float32 | bfloat16")
     parser.add_argument("--device", default="cpu")
-    parser.add_argument("--repeats", type=int, default=1, help="timed repeats per prompt (median kept)")
+    parser.add_argument("--repeats", type=positive_int, default=1, help="timed repeats per prompt (median kept)")
     parser.add_argument("--tree", default=None, help="tree name or tuned-tree file (default: the head's tuned tree)")
     parser.add_argument("--no-prompt-lookup", action="store_true", help="skip the prompt-lookup baseline")
     parser.add_argument("--seed", type=int, default=0)

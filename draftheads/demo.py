@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import draftheads
+from draftheads.arguments import positive_int
 
 
 @dataclass(frozen=True)
@@ -341,19 +342,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", default=defaults.out_dir, help="demo directory (reused on a re-run)")
     parser.add_argument("--base", default=defaults.base)
     parser.add_argument(
-        "--conversations", type=int, default=defaults.conversations, help="conversations to distill"
+        "--conversations", type=positive_int, default=defaults.conversations, help="conversations to distill"
     )
-    parser.add_argument("--train-steps", type=int, default=defaults.train_steps)
-    parser.add_argument("--max-new-tokens", type=int, default=defaults.max_new_tokens)
+    parser.add_argument("--train-steps", type=positive_int, default=defaults.train_steps)
+    parser.add_argument("--max-new-tokens", type=positive_int, default=defaults.max_new_tokens)
     parser.add_argument("--question", default=defaults.question_id, help="MT-bench question id")
     parser.add_argument("--no-tune", action="store_true", help="skip tree tuning (use the default tree)")
 
 
 def run(args: argparse.Namespace) -> int:
-    for name in ("conversations", "train_steps", "max_new_tokens"):
-        if getattr(args, name) < 1:
-            print(f"draftheads demo: --{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
-            return 2
     settings = dataclasses.replace(
         DemoSettings(),
         out_dir=args.out,

@@ -18,6 +18,7 @@ import shutil
 import sys
 from pathlib import Path
 
+from draftheads.arguments import positive_int
 from draftheads.heads.formats import FORMAT_REGISTRY, ExportOptions, FormatError, export_format, write_head
 from draftheads.model_card import BENCH_NAME, read_bench, render_model_card
 
@@ -129,7 +130,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", required=True, help="output directory")
     parser.add_argument("--base", default=None, help="base model, when the format stores base tensors (default: the one the head names)")
     parser.add_argument("--verifier", default=ExportOptions.verifier, help="speculators: verifier name engines resolve (default: the head's base name)")
-    parser.add_argument("--speculative-tokens", type=int, default=ExportOptions.speculative_tokens, help="speculators: proposal length")
+    parser.add_argument("--speculative-tokens", type=positive_int, default=ExportOptions.speculative_tokens, help="speculators: proposal length")
     parser.add_argument("--overwrite", action="store_true", help="replace a non-empty --out directory")
     parser.add_argument("--push-to-hub", metavar="REPO_ID", default=None, help="upload the result to this Hub repository")
     parser.add_argument("--private", action="store_true", help="with --push-to-hub: create the repository private")

@@ -42,6 +42,7 @@ from pathlib import Path
 
 import torch
 
+from draftheads.arguments import at_least, non_negative_int, positive_int
 from draftheads.infer.tree import (
     TUNED_TREE_FILE,
     TUNED_TREE_FORMAT,
@@ -773,24 +774,24 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--base", default=None, help="base model (default: the one recorded in the head)")
     parser.add_argument("--data", default=defaults.data, help="mt-bench | humaneval | conversation source")
     parser.add_argument(
-        "--skip", type=int, default=defaults.skip, help="skip the first N prompts (training data)"
+        "--skip", type=non_negative_int, default=defaults.skip, help="skip the first N prompts (training data)"
     )
-    parser.add_argument("--prompts", type=int, default=defaults.prompts, help="held-out prompts")
-    parser.add_argument("--max-new-tokens", type=int, default=defaults.max_new_tokens)
-    parser.add_argument("--max-prompt-tokens", type=int, default=defaults.max_prompt_tokens)
-    parser.add_argument("--top-k", type=int, default=defaults.top_k, help="ranks measured per depth")
-    parser.add_argument("--max-depth", type=int, default=defaults.max_depth, help="depths measured (EAGLE)")
+    parser.add_argument("--prompts", type=positive_int, default=defaults.prompts, help="held-out prompts")
+    parser.add_argument("--max-new-tokens", type=positive_int, default=defaults.max_new_tokens)
+    parser.add_argument("--max-prompt-tokens", type=positive_int, default=defaults.max_prompt_tokens)
+    parser.add_argument("--top-k", type=positive_int, default=defaults.top_k, help="ranks measured per depth")
+    parser.add_argument("--max-depth", type=positive_int, default=defaults.max_depth, help="depths measured (EAGLE)")
     parser.add_argument(
-        "--max-nodes", type=int, default=defaults.max_nodes, help="largest tree (root included)"
+        "--max-nodes", type=at_least(2), default=defaults.max_nodes, help="largest tree (root included)"
     )
-    parser.add_argument("--prefix-tokens", type=int, default=defaults.prefix_tokens)
-    parser.add_argument("--repeats", type=int, default=defaults.repeats)
+    parser.add_argument("--prefix-tokens", type=positive_int, default=defaults.prefix_tokens)
+    parser.add_argument("--repeats", type=positive_int, default=defaults.repeats)
     parser.add_argument("--dtype", default=defaults.dtype, help="float32 | bfloat16 (costs differ by dtype)")
     parser.add_argument("--device", default=defaults.device)
 
 
 def settings_from_args(args: argparse.Namespace) -> TuneSettings:
-    settings = TuneSettings(
+    return TuneSettings(
         data=args.data,
         skip=args.skip,
         prompts=args.prompts,
@@ -804,25 +805,13 @@ def settings_from_args(args: argparse.Namespace) -> TuneSettings:
         dtype=args.dtype,
         device=args.device,
     )
-    for name in ("prompts", "max_new_tokens", "top_k", "max_depth", "repeats", "prefix_tokens"):
-        if getattr(settings, name) < 1:
-            raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(settings, name)}")
-    if settings.max_nodes < 2 or settings.skip < 0:
-        raise ValueError(
-            f"--max-nodes must be >= 2 and --skip >= 0, got {settings.max_nodes}, {settings.skip}"
-        )
-    return settings
 
 
 def run(args: argparse.Namespace) -> int:
     from draftheads.base import load_base
     from draftheads.heads import load_head
 
-    try:
-        settings = settings_from_args(args)
-    except ValueError as err:
-        print(f"draftheads tune-tree: {err}")
-        return 2
+    settings = settings_from_args(args)
     head_dir = Path(args.heads)
     config_path = head_dir / "config.json"
     if not config_path.is_file():

@@ -17,6 +17,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from draftheads.arguments import positive_int
 from draftheads.config import DataConfig, DistillConfig, ModelConfig
 from draftheads.data.sources import Conversation, read_conversations
 
@@ -176,14 +177,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--split", default=data.split, help="split name for datasets")
     parser.add_argument(
-        "--limit", type=int, default=data.limit, help="regenerate the first N usable conversations"
+        "--limit", type=positive_int, default=data.limit, help="regenerate the first N usable conversations"
     )
     parser.add_argument(
         "--out", required=True, type=Path, help="output JSONL (ShareGPT form); appended to, resumable"
     )
     parser.add_argument("--temperature", type=float, default=config.temperature, help="0: greedy")
-    parser.add_argument("--max-new-tokens", type=int, default=config.max_new_tokens)
-    parser.add_argument("--batch-size", type=int, default=config.batch_size)
+    parser.add_argument("--max-new-tokens", type=positive_int, default=config.max_new_tokens)
+    parser.add_argument("--batch-size", type=positive_int, default=config.batch_size)
     parser.add_argument(
         "--max-length",
         type=int,

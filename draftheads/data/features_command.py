@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 
+from draftheads.arguments import positive_int
 from draftheads.data.features import (
     DEFAULT_BATCH_SIZE,
     DEFAULT_DTYPE,
@@ -31,9 +32,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--dtype", default=DEFAULT_DTYPE, choices=sorted(STORAGE_DTYPES), help="storage dtype"
     )
-    parser.add_argument("--examples-per-shard", type=int, default=DEFAULT_EXAMPLES_PER_SHARD)
+    parser.add_argument("--examples-per-shard", type=positive_int, default=DEFAULT_EXAMPLES_PER_SHARD)
     parser.add_argument(
-        "--batch-size", type=int, default=DEFAULT_BATCH_SIZE, help="examples per base forward"
+        "--batch-size", type=positive_int, default=DEFAULT_BATCH_SIZE, help="examples per base forward"
     )
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from draftheads.arguments import non_negative_int, positive_int
 from draftheads.infer.generate import DEFAULT_MAX_NEW_TOKENS
 from draftheads.infer.tree import TREES
 
@@ -21,10 +22,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--raw", action="store_true", help="use the prompt as plain text, without the chat template"
     )
-    parser.add_argument("--max-new-tokens", type=int, default=DEFAULT_MAX_NEW_TOKENS)
+    parser.add_argument("--max-new-tokens", type=positive_int, default=DEFAULT_MAX_NEW_TOKENS)
     parser.add_argument("--temperature", type=float, default=0.0, help="0: greedy (lossless either way)")
     parser.add_argument("--top-p", type=float, default=1.0)
-    parser.add_argument("--top-k", type=int, default=0)
+    parser.add_argument("--top-k", type=non_negative_int, default=0)
     parser.add_argument("--seed", type=int, default=None)
     parser.add_argument(
         "--tree", default=None, choices=sorted(TREES), help="draft tree (default: by head and device)"

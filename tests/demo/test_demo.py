@@ -93,5 +93,7 @@ def test_an_interrupted_training_resumes(tiny_settings, capsys):
 def test_demo_command_rejects_bad_numbers(capsys):
     from draftheads.cli import main
 
-    assert main(["demo", "--train-steps", "0"]) == 2
-    assert "--train-steps must be >= 1" in capsys.readouterr().out
+    with pytest.raises(SystemExit) as exit_info:
+        main(["demo", "--train-steps", "0"])
+    assert exit_info.value.code == 2
+    assert "argument --train-steps: must be >= 1, got 0" in capsys.readouterr().err

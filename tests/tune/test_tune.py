@@ -308,7 +308,9 @@ def test_tune_tree_saves_a_tree_the_generator_and_bench_use(tmp_path, tiny_base_
 def test_tune_tree_refuses_bad_arguments(tmp_path, capsys):
     from draftheads.cli import main
 
-    assert main(["tune-tree", "--heads", str(tmp_path), "--top-k", "0"]) == 2
-    assert "--top-k must be >= 1" in capsys.readouterr().out
+    with pytest.raises(SystemExit) as exit_info:
+        main(["tune-tree", "--heads", str(tmp_path), "--top-k", "0"])
+    assert exit_info.value.code == 2
+    assert "argument --top-k: must be >= 1, got 0" in capsys.readouterr().err
     assert main(["tune-tree", "--heads", str(tmp_path)]) == 2
     assert "no config.json" in capsys.readouterr().out

@@ -1,0 +1,33 @@
+import argparse
+
+import pytest
+
+from draftheads.arguments import at_least, non_negative_int, positive_int
+from draftheads.cli import main
+
+
+def test_integer_types_accept_their_range_and_name_the_bound():
+    assert positive_int("3") == 3 and non_negative_int("0") == 0 and at_least(2)("2") == 2
+    with pytest.raises(argparse.ArgumentTypeError, match="must be >= 1, got 0"):
+        positive_int("0")
+    with pytest.raises(argparse.ArgumentTypeError, match="must be >= 0, got -1"):
+        non_negative_int("-1")
+    with pytest.raises(argparse.ArgumentTypeError, match="expected an integer, got '2.5'"):
+        at_least(2)("2.5")
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["bench", "--repeats", "0"], "argument --repeats: must be >= 1, got 0"),
+        (["distill", "--out", "x.jsonl", "--batch-size", "0"], "argument --batch-size: must be >= 1, got 0"),
+        (["generate", "--heads", "h", "--prompt", "p", "--max-new-tokens", "-5"], "argument --max-new-tokens: must be >= 1, got -5"),
+        (["tune-tree", "--heads", "h", "--max-nodes", "1"], "argument --max-nodes: must be >= 2, got 1"),
+        (["tune-tree", "--heads", "h", "--skip", "-1"], "argument --skip: must be >= 0, got -1"),
+    ],
+)
+def test_commands_refuse_bad_numbers_before_any_work(argv, message, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(argv)
+    assert exit_info.value.code == 2
+    assert message in capsys.readouterr().err
