@@ -4,7 +4,8 @@ Training many epochs, or many head variants, on the same data runs the base mode
 every batch again; offline training reads its hidden states from disk instead. A cache holds,
 for every example of the train and validation splits, only what the configured head reads:
 ``head.required_hidden_states``, i.e. its feature layers plus ``hs[L]``, the normed state that
-enters lm_head (HF ``output_hidden_states`` indices, see ``draftheads.heads.base``).
+enters lm_head (HF ``output_hidden_states`` indices, see ``draftheads.heads.base``). Training
+reads it for any head kind whose hidden states it holds, on the same base, tokenizer and rows.
 
 Soft targets (EAGLE-1, EAGLE-3) are ``lm_head(hs[L])``, recomputed at training time from the
 stored ``hs[L]``: exact, and h values per token. The base's top-k logits would cost k values plus
@@ -144,23 +145,25 @@ class CacheIdentity:
         return cls(**{**data, "hidden_state_layers": tuple(data["hidden_state_layers"])})
 
 
-# field -> what differs, for the refusal message
-_IDENTITY_CHECKS = (
+# field -> what differs, for the refusal message. The data fields must match for any use; the head
+# fields too when resuming a write (the same cache), but not when reading one for training.
+_DATA_CHECKS = (
     ("base_config_hash", "base model (config)"),
     ("base_weights_hash", "base model (weights)"),
     ("tokenizer_vocab_size", "tokenizer (vocabulary size)"),
     ("tokenizer_hash", "tokenizer (vocabulary, special tokens or chat template)"),
-    ("head_kind", "head kind"),
-    ("hidden_state_layers", "head feature layers"),
     ("examples", "data (number of examples per split)"),
     ("rows", "data (tokens or loss masks; data config or source changed)"),
 )
+_HEAD_CHECKS = (
+    ("head_kind", "head kind"),
+    ("hidden_state_layers", "head feature layers"),
+)
+_REBUILD = "rebuild it with `draftheads cache-features` or point data.features elsewhere"
 
 
-def check_identity(found: CacheIdentity, expected: CacheIdentity, where: str) -> None:
-    """Raise FeatureCacheError naming the first field where the cache differs from the run.
-    Tokenizer fields are compared only when both sides know their tokenizer."""
-    for name, meaning in _IDENTITY_CHECKS:
+def _check_fields(found: CacheIdentity, expected: CacheIdentity, where: str, checks) -> None:
+    for name, meaning in checks:
         have, want = getattr(found, name), getattr(expected, name)
         if name.startswith("tokenizer") and (have is None or want is None):
             continue
@@ -168,9 +171,28 @@ def check_identity(found: CacheIdentity, expected: CacheIdentity, where: str) ->
             raise FeatureCacheError(
                 f"{where} was made for another {meaning}: {name} is {have!r} in the cache "
                 f"(base model '{found.base_model}', head '{found.head_kind}') but {want!r} for this run "
-                f"(base model '{expected.base_model}', head '{expected.head_kind}'); "
-                "rebuild it with `draftheads cache-features` or point data.features elsewhere"
+                f"(base model '{expected.base_model}', head '{expected.head_kind}'); {_REBUILD}"
             )
+
+
+def check_identity(found: CacheIdentity, expected: CacheIdentity, where: str) -> None:
+    """Resuming a write: raise FeatureCacheError naming the first field where the cache differs.
+    Tokenizer fields are compared only when both sides know their tokenizer."""
+    _check_fields(found, expected, where, _DATA_CHECKS + _HEAD_CHECKS)
+
+
+def check_readable(found: CacheIdentity, expected: CacheIdentity, where: str) -> None:
+    """Training from a cache: the same base, tokenizer and rows, and every hidden state the run's
+    head reads among those stored. Any head kind may read it: one EAGLE-3 cache (hs[2, 15, 27, L])
+    also serves Medusa, EAGLE and MTP (hs[L])."""
+    _check_fields(found, expected, where, _DATA_CHECKS)
+    missing = sorted(set(expected.hidden_state_layers) - set(found.hidden_state_layers))
+    if missing:
+        raise FeatureCacheError(
+            f"{where} lacks hidden states {missing} that the {expected.head_kind} head reads: "
+            f"hidden_state_layers is {list(found.hidden_state_layers)} in the cache (made for a "
+            f"{found.head_kind} head) but the run needs {list(expected.hidden_state_layers)}; {_REBUILD}"
+        )
 
 
 # ---- writing ----------------------------------------------------------------------------------
@@ -439,7 +461,7 @@ class FeatureCache:
         return self.identity.hidden_state_layers
 
     def check(self, expected: CacheIdentity) -> None:
-        check_identity(self.identity, expected, f"feature cache {self.directory}")
+        check_readable(self.identity, expected, f"feature cache {self.directory}")
 
     def _handle(self, split: str, shard: int):
         from safetensors import safe_open
@@ -451,8 +473,11 @@ class FeatureCache:
             self._handles[path] = safe_open(str(path), framework="pt")
         return self._handles[path]
 
-    def row(self, split: str, row: int) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
-        """``(input_ids (T,), {index: (T, h)})`` of example ``row`` of ``split``."""
+    def row(
+        self, split: str, row: int, layers: tuple[int, ...] | None = None
+    ) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
+        """``(input_ids (T,), {index: (T, h)})`` of example ``row`` of ``split``, for ``layers``
+        (default: every stored one)."""
         if not 0 <= row < self.identity.examples.get(split, 0):
             raise FeatureCacheError(f"feature cache {self.directory}: no row {row} in split '{split}'")
         handle = self._handle(split, row // self.examples_per_shard)
@@ -460,23 +485,30 @@ class FeatureCache:
         start, stop = handle.get_slice("offsets")[local : local + 2].tolist()
         input_ids = handle.get_slice("input_ids")[start:stop]  # (T,)
         states = {
-            layer: handle.get_slice(f"hidden_states.{layer}")[start:stop] for layer in self.layers
+            layer: handle.get_slice(f"hidden_states.{layer}")[start:stop] for layer in layers or self.layers
         }  # (T, h)
         return input_ids, states
 
     def batch(
-        self, split: str, rows: list[int], input_ids: torch.Tensor, dtype: torch.dtype
+        self,
+        split: str,
+        rows: list[int],
+        input_ids: torch.Tensor,
+        dtype: torch.dtype,
+        layers: tuple[int, ...] | None = None,
     ) -> dict[int, torch.Tensor]:
-        """{index: (B, T, h)} for ``rows`` of ``split``, right-padded with zeros to ``input_ids``
-        (B, T); raises if a cached row's tokens differ from the batch's."""
+        """{index: (B, T, h)} for ``rows`` of ``split`` and ``layers`` (default: all stored),
+        right-padded with zeros to ``input_ids`` (B, T); raises if a cached row's tokens differ
+        from the batch's."""
         batch_size, length = input_ids.shape
         hidden_size = int(self.index["hidden_size"])
+        layers = layers or self.layers
         out = {
             layer: torch.zeros((batch_size, length, hidden_size), dtype=dtype, device=input_ids.device)
-            for layer in self.layers
+            for layer in layers
         }  # each (B, T, h)
         for position, row in enumerate(rows):
-            cached_ids, states = self.row(split, row)
+            cached_ids, states = self.row(split, row, layers)
             count = cached_ids.numel()
             if count > length or not torch.equal(
                 cached_ids.to(input_ids.device, torch.long), input_ids[position, :count]

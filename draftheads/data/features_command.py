@@ -2,8 +2,9 @@
 
 Uses the same run config as ``draftheads train``: the base model, the data pipeline and the head
 section decide what is stored (``head.required_hidden_states`` of that head); the cache goes to
-``data.features``, which is also where training with that config reads it. Re-running continues
-after the last complete shard.
+``data.features``, which is also where training with that config reads it. Any head whose hidden
+states the cache holds may train from it (an EAGLE-3 cache, hs[2, 15, 27, L], serves Medusa, EAGLE
+and MTP too, on the same data). Re-running continues after the last complete shard.
 
     draftheads cache-features --config configs/medusa-smollm2.yaml data.features=/tmp/medusa-features
     draftheads train --config configs/medusa-smollm2.yaml data.features=/tmp/medusa-features

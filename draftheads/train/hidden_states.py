@@ -33,9 +33,11 @@ class CachedHiddenStates:
 
     cache: Any  # draftheads.data.features.FeatureCache
     dtype: torch.dtype
+    layers: tuple[int, ...]  # the head's required_hidden_states (the cache may hold more)
 
     def __call__(self, batch: dict, split: str) -> dict[int, torch.Tensor]:
-        return self.cache.batch(split, batch["row_index"].tolist(), batch["input_ids"], self.dtype)
+        rows = batch["row_index"].tolist()
+        return self.cache.batch(split, rows, batch["input_ids"], self.dtype, self.layers)
 
 
 @dataclass(frozen=True)
@@ -56,10 +58,11 @@ def open_feature_cache(
     max_length: int,
     dtype: torch.dtype,
 ) -> CachedHiddenStates:
-    """The cache at ``directory``, after checking it was made for this base model, tokenizer,
-    head and rows (FeatureCacheError naming the first field that differs)."""
+    """The cache at ``directory``, after checking it was made for this base model, tokenizer and
+    rows and holds the hidden states ``head`` reads (FeatureCacheError naming the first field that
+    differs); a cache written for another head kind serves if it holds them."""
     from draftheads.data.features import CacheIdentity, FeatureCache
 
     cache = FeatureCache(directory)
     cache.check(CacheIdentity.build(base_model, base_name, tokenizer, head, splits, max_length))
-    return CachedHiddenStates(cache, dtype)
+    return CachedHiddenStates(cache, dtype, tuple(head.required_hidden_states))

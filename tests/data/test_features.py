@@ -138,8 +138,7 @@ def test_resuming_with_other_settings_is_refused(tmp_path, tiny_llama, splits):
         ("other base weights", "base_weights_hash"),
         ("other base config", "base_config_hash"),
         ("other tokenizer", "tokenizer_hash"),
-        ("other head kind", "head_kind"),
-        ("other feature layers", "hidden_state_layers"),
+        ("feature layers the cache lacks", r"lacks hidden states \[0\].*hidden_state_layers is \[1, 2, 3, 4\]"),
         ("other rows", "rows"),
     ],
 )
@@ -159,14 +158,24 @@ def test_a_stale_cache_is_refused_naming_the_field(tmp_path, tiny_llama, splits,
         model = make_tiny_llama(rms_norm_eps=1e-5)
     elif change == "other tokenizer":
         tokenizer = make_byte_tokenizer(chat_template="{% for m in messages %}{{ m['content'] }}{% endfor %}")
-    elif change == "other head kind":
-        head_config = MtpConfig(num_modules=1)
-    elif change == "other feature layers":
+    elif change == "feature layers the cache lacks":
         head_config = Eagle3Config(feature_layers=(0, 2, 3), draft_vocab_size=64)
     else:
         rows = {"train": _rows(7, seed=5), "validation": splits["validation"]}
     with pytest.raises(FeatureCacheError, match=field):
         cache.check(_identity(model, head_config, rows, tokenizer))
+
+
+def test_a_cache_serves_any_head_whose_hidden_states_it_holds(tmp_path, tiny_llama, splits):
+    eagle3 = _identity(tiny_llama, Eagle3Config(feature_layers=(1, 2, 3), draft_vocab_size=64), splits)
+    write_feature_cache(tiny_llama, splits, tmp_path, eagle3, progress=False)
+    cache = FeatureCache(tmp_path)
+    for head_config in (MtpConfig(num_modules=1), MedusaConfig(num_heads=2)):  # both read hs[4] only
+        cache.check(_identity(tiny_llama, head_config, splits))
+    rows = splits["train"]
+    input_ids = torch.tensor([rows[0]["input_ids"]])
+    assert set(cache.batch("train", [0], input_ids, torch.float32, layers=(4,))) == {4}
+    assert set(cache.batch("train", [0], input_ids, torch.float32)) == {1, 2, 3, 4}
 
 
 def test_rows_that_differ_from_the_batch_are_refused(tmp_path, tiny_llama, splits):
