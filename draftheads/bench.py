@@ -57,7 +57,7 @@ class ForwardCounter:
         self.count = 0
         self._handle = None
 
-    def __enter__(self) -> "ForwardCounter":
+    def __enter__(self) -> ForwardCounter:
         self.count = 0
         self._handle = self.module.register_forward_hook(self._hook)
         return self

@@ -6,7 +6,15 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from draftheads.bench import BenchPrompt, HFMethod, Sample, SpeculativeMethod, run_bench, summarize, write_results
+from draftheads.bench import (
+    BenchPrompt,
+    HFMethod,
+    Sample,
+    SpeculativeMethod,
+    run_bench,
+    summarize,
+    write_results,
+)
 from draftheads.heads import build_head
 from draftheads.heads.medusa import MedusaConfig
 from draftheads.infer import SpeculativeGenerator

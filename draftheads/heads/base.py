@@ -56,7 +56,7 @@ class BaseModelSpec:
     num_hidden_layers: int
 
     @classmethod
-    def from_config(cls, config, name_or_path: str | None = None) -> "BaseModelSpec":
+    def from_config(cls, config, name_or_path: str | None = None) -> BaseModelSpec:
         return cls(
             name_or_path=name_or_path or getattr(config, "_name_or_path", "") or "",
             model_type=config.model_type,
@@ -97,7 +97,7 @@ class DraftHead(nn.Module):
     # ---- construction -------------------------------------------------------------------------
 
     @classmethod
-    def from_base(cls, base_model, config: HeadConfig, base_name: str | None = None) -> "DraftHead":
+    def from_base(cls, base_model, config: HeadConfig, base_name: str | None = None) -> DraftHead:
         """A fresh (untrained) head for ``base_model``, initialised from its weights where the
         architecture says so (e.g. Medusa vocab projections from lm_head), and attached to it."""
         head = cls(config, base_model.config, base_name)
@@ -113,7 +113,7 @@ class DraftHead(nn.Module):
         """Set data-dependent state from (V,) target-token counts over the training split's
         supervised tokens (EAGLE-3 builds its draft vocabulary here; default: nothing)."""
 
-    def attach(self, base_model) -> "DraftHead":
+    def attach(self, base_model) -> DraftHead:
         """Check the head fits ``base_model`` and keep references to its frozen parts."""
         self.base_spec.check_fits(base_model.config, where=f"{self.kind} head")
         self._frozen = (base_model.get_input_embeddings(), base_model.get_output_embeddings())
