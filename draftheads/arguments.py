@@ -24,3 +24,13 @@ def at_least(minimum: int):
 
 positive_int = at_least(1)
 non_negative_int = at_least(0)
+
+
+def add_no_pack_argument(parser: argparse.ArgumentParser) -> None:
+    """``--no-pack``: keep PyTorch's default linear kernels (``draftheads.infer.packed`` is used by
+    default where it applies: fp32 on an x86 CPU)."""
+    parser.add_argument(
+        "--no-pack",
+        action="store_true",
+        help="do not prepack fp32 linear weights for oneDNN on CPU (default: pack where supported)",
+    )

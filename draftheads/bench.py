@@ -19,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-from draftheads.arguments import positive_int
+from draftheads.arguments import add_no_pack_argument, positive_int
 
 TAU_CONVENTION = "tokens per base-model forward, counting the token the base model produces itself (plain decoding = 1)"
 PROMPT_LOOKUP_TOKENS = 10  # HF's documented default n-gram continuation length for prompt lookup
@@ -376,6 +376,7 @@ def add_arguments(parser) -> None:
     parser.add_argument("--repeats", type=positive_int, default=1, help="timed repeats per prompt (median kept)")
     parser.add_argument("--tree", default=None, help="tree name or tuned-tree file (default: the head's tuned tree)")
     parser.add_argument("--no-prompt-lookup", action="store_true", help="skip the prompt-lookup baseline")
+    add_no_pack_argument(parser)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", default="bench-results", help="output directory")
 
@@ -394,18 +395,25 @@ def method_name(kind: str, head_dir: str, methods: list) -> str:
     return name
 
 
-def speculative_methods(head_dirs, model, tokenizer, load_model, tree: str | None, device) -> list:
+def speculative_methods(
+    head_dirs, model, tokenizer, load_model, tree: str | None, device, pack: bool = False
+) -> list:
     """One ``SpeculativeMethod`` per head directory, on the shared ``model``. A joint (Medusa-2) head
     merges its adapter into the base it is loaded on, so it gets a base of its own from
-    ``load_model()``: the baselines and the other heads keep the original base."""
+    ``load_model()``: the baselines and the other heads keep the original base. ``pack``: prepack
+    the linear layers of the heads and of such own bases (after the merge), as of the shared base."""
     from draftheads.heads import load_head
     from draftheads.heads.adapter import adapter_path
     from draftheads.infer import SpeculativeGenerator
+    from draftheads.infer.packed import pack_linears
 
     methods: list = []
     for head_dir in head_dirs:
         head_model = load_model() if adapter_path(head_dir).is_dir() else model
         head = load_head(head_dir, base_model=head_model, map_location=device)
+        if pack:
+            pack_linears(head_model)
+            pack_linears(head)
         generator = SpeculativeGenerator(head_model, head, tokenizer, tree=bench_tree(tree, head_dir, head_model))
         methods.append(SpeculativeMethod(method_name(generator.head.kind, head_dir, methods), generator))
     return methods
@@ -413,6 +421,7 @@ def speculative_methods(head_dirs, model, tokenizer, load_model, tree: str | Non
 
 def run(args) -> int:
     from draftheads.base import load_base, resolve_dtype
+    from draftheads.infer.packed import pack_linears
 
     base_name = args.base
     if base_name is None:
@@ -420,22 +429,25 @@ def run(args) -> int:
             raise SystemExit("draftheads bench: give --base or at least one --heads directory")
         base_name = json.loads((Path(args.heads[0]) / "config.json").read_text())["base_model"]["name_or_path"]
     model, tokenizer = load_base(base_name, dtype=args.dtype, device=args.device)
+    # Every method runs on the same kernels: plain generate and prompt lookup gain from packing too.
+    packed = not args.no_pack and pack_linears(model) > 0
     methods = [HFMethod(REFERENCE, model, tokenizer)]
     if not args.no_prompt_lookup:
         methods.append(HFMethod("prompt-lookup", model, tokenizer, prompt_lookup=PROMPT_LOOKUP_TOKENS))
     methods += speculative_methods(
         args.heads, model, tokenizer, lambda: load_base(base_name, dtype=args.dtype, device=args.device)[0],
-        args.tree, args.device,
+        args.tree, args.device, pack=packed,
     )
     prompts = build_prompts(args.prompts, tokenizer, args.limit, args.categories)
     print(f"bench: {len(prompts)} prompts x {len(methods)} methods, max_new_tokens={args.max_new_tokens}, "
-          f"T={args.temperature}, {args.dtype} on {args.device}")
+          f"T={args.temperature}, {args.dtype} on {args.device}"
+          f"{', prepacked linear layers' if packed else ''}")
     samples = run_bench(methods, prompts, args.max_new_tokens, args.temperature, args.repeats, args.seed)
     summaries = summarize(samples, reference_method=REFERENCE)
     settings = {
         "base": base_name, "heads": args.heads, "prompts": args.prompts, "limit": args.limit,
         "max_new_tokens": args.max_new_tokens, "temperature": args.temperature, "dtype": args.dtype,
-        "repeats": args.repeats, "tree": args.tree, "seed": args.seed,
+        "repeats": args.repeats, "tree": args.tree, "seed": args.seed, "packed_linears": packed,
     }
     paths = write_results(samples, summaries, machine_info(resolve_dtype(args.dtype), args.device), settings,
                           Path(args.out))

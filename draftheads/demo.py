@@ -276,6 +276,7 @@ def run_demo(settings: DemoSettings) -> dict:
     """Run (or resume) every stage; returns what ``demo.json`` records."""
     from draftheads.base import load_base
     from draftheads.heads import load_head
+    from draftheads.infer.packed import pack_linears
 
     out_dir = Path(settings.out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -297,6 +298,10 @@ def run_demo(settings: DemoSettings) -> dict:
     if reused:
         times.reused.append("train")
     head = load_head(head_dir, base_model=model).eval()
+    # Training is over: tune and decode on prepacked linear layers, as generate and bench do (the
+    # plain generate it is compared with runs on the same packed base).
+    pack_linears(model)
+    pack_linears(head)
 
     heading(3, "tune: the draft tree for this machine")
     started = time.perf_counter()

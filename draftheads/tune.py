@@ -42,7 +42,7 @@ from pathlib import Path
 
 import torch
 
-from draftheads.arguments import at_least, non_negative_int, positive_int
+from draftheads.arguments import add_no_pack_argument, at_least, non_negative_int, positive_int
 from draftheads.infer.tree import (
     TUNED_TREE_FILE,
     TUNED_TREE_FORMAT,
@@ -283,6 +283,12 @@ class CostCurve:
                 return (c0 + (c1 - c0) * (size - n0) / (n1 - n0)) / base
         (n0, c0), (n1, c1) = points[-2:]  # beyond the largest size: extend the last segment
         return (c1 + (c1 - c0) * (size - n1) / (n1 - n0)) / base
+
+    def ceiling(self) -> tuple[float, int]:
+        """(speedup, N): the most any head could gain here. A head whose every draft is accepted
+        emits N tokens per N-token chain; drafting for free, a step costs ``relative(N)`` plain
+        steps, so no head beats max_N N / relative(N) on this machine and dtype."""
+        return max((size / self.relative(size), size) for size in self.sizes)
 
 
 def cost_sizes(max_nodes: int, pad_to_multiple: int) -> list[int]:
@@ -680,6 +686,7 @@ def tune_tree(
     """Measure, choose and save; returns the record written to ``tune-<device>-<dtype>.json``."""
     from draftheads.bench import machine_info
     from draftheads.infer.generate import SpeculativeGenerator
+    from draftheads.infer.packed import has_packed_linears
 
     head_dir = Path(head_dir)
     generator = SpeculativeGenerator(model, head, tokenizer)  # its default tree; its padding rule
@@ -721,6 +728,8 @@ def tune_tree(
             "fitted_seconds": curve.fitted(),
             "relative": [curve.relative(n) for n in curve.sizes],
             "pad_to_multiple": pad,
+            "packed_linears": has_packed_linears(model),
+            "ceiling": dict(zip(("speedup", "tokens"), curve.ceiling())),
         },
         "chosen": _candidate_dict(best),
         "candidates": [_candidate_dict(c) for c in candidates],
@@ -742,6 +751,7 @@ def _candidate_dict(candidate: Candidate) -> dict:
 def describe(record: dict) -> str:
     """A few lines for the terminal: acceptance, cost, the choice."""
     acceptance = record["acceptance"]
+    ceiling = record["verify_cost"]["ceiling"]
     top1 = " ".join(f"{row[0]:.2f}" for row in acceptance["probabilities"])
     topk = " ".join(f"{sum(row):.2f}" for row in acceptance["probabilities"])
     cost = record["verify_cost"]
@@ -753,6 +763,8 @@ def describe(record: dict) -> str:
         f"acceptance over {acceptance['counts'][0] if acceptance['counts'] else 0} positions, "
         f"P(accept | parent) by depth: top-1 {top1}; top-{len(acceptance['probabilities'][0])} {topk}\n"
         f"verify cost relative to 1 token ({record['setting']}, one token {1000 * cost['seconds'][0]:.1f} ms): {curve}\n"
+        f"ceiling on this machine: {ceiling['speedup']:.2f}x (a head whose every draft is accepted, "
+        f"drafting for free, with a {ceiling['tokens']}-token chain)\n"
         f"chosen tree {chosen['tree']['name']} ({chosen['nodes']} tokens): expected {chosen['expected_tokens']:.2f} "
         f"tokens per step, step cost {chosen['cost']:.2f} plain steps, expected speedup {chosen['expected_speedup']:.2f}x"
         + (
@@ -788,6 +800,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--repeats", type=positive_int, default=defaults.repeats)
     parser.add_argument("--dtype", default=defaults.dtype, help="float32 | bfloat16 (costs differ by dtype)")
     parser.add_argument("--device", default=defaults.device)
+    add_no_pack_argument(parser)
 
 
 def settings_from_args(args: argparse.Namespace) -> TuneSettings:
@@ -810,6 +823,7 @@ def settings_from_args(args: argparse.Namespace) -> TuneSettings:
 def run(args: argparse.Namespace) -> int:
     from draftheads.base import load_base
     from draftheads.heads import load_head
+    from draftheads.infer.packed import pack_linears
 
     settings = settings_from_args(args)
     head_dir = Path(args.heads)
@@ -823,6 +837,9 @@ def run(args: argparse.Namespace) -> int:
         return 2
     model, tokenizer = load_base(base, dtype=settings.dtype, device=settings.device)
     head = load_head(head_dir, base_model=model, map_location=settings.device)
+    if not args.no_pack:  # tune on the kernels generate and bench decode with by default
+        pack_linears(model)
+        pack_linears(head)
     started = time.perf_counter()
     record = tune_tree(model, head, tokenizer, head_dir, settings)
     print(describe(record))

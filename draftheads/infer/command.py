@@ -8,7 +8,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from draftheads.arguments import non_negative_int, positive_int
+from draftheads.arguments import add_no_pack_argument, non_negative_int, positive_int
 from draftheads.infer.generate import DEFAULT_MAX_NEW_TOKENS
 from draftheads.infer.tree import TREES
 
@@ -34,13 +34,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--dtype", default="auto", help="auto (bf16 on GPU, fp32 on CPU) | float32 | bfloat16"
     )
     parser.add_argument("--device", default="cpu")
+    add_no_pack_argument(parser)
 
 
 def run(args: argparse.Namespace) -> int:
     from draftheads.infer.generate import SpeculativeGenerator
 
     generator = SpeculativeGenerator.from_pretrained(
-        args.heads, base=args.base, dtype=args.dtype, device=args.device, tree=args.tree
+        args.heads, base=args.base, dtype=args.dtype, device=args.device, tree=args.tree, pack=not args.no_pack
     )
     prompt = args.prompt if args.raw else [{"role": "user", "content": args.prompt}]
     stream = generator.generate(

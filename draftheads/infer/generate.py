@@ -23,6 +23,7 @@ import torch
 
 from draftheads.infer.cache import cache_lengths, crop_to_lengths, keep_accepted, new_cache
 from draftheads.infer.draft import draft_autoregressive, draft_parallel
+from draftheads.infer.packed import has_packed_linears, pack_linears
 from draftheads.infer.tree import (
     StaticTree,
     TreeTopology,
@@ -210,6 +211,14 @@ def _eos_ids(model, tokenizer) -> frozenset[int]:
     return frozenset([eos] if isinstance(eos, int) else eos)
 
 
+def default_pad_to_multiple(model) -> int:
+    """4 for fp32 on CPU with the default kernels, where MKL's 2-3 row GEMMs cost as much as 4 rows;
+    1 otherwise (GPU, bf16, or ``PackedLinear`` layers, whose cost grows smoothly from one row)."""
+    if model.dtype == torch.float32 and model.device.type == "cpu" and not has_packed_linears(model):
+        return 4
+    return 1
+
+
 class SpeculativeGenerator:
     """Decode with a draft head on its base model, losslessly, one sequence at a time.
 
@@ -221,7 +230,7 @@ class SpeculativeGenerator:
             ``DynamicTree``, or a Medusa-style choice list; default by drafting style and device.
             Trees deeper than the head can draft (Medusa K heads, MTP D modules) are cut to fit.
         pad_to_multiple: pad each tree to a multiple of this many tokens (padding is masked and never
-            accepted); default 4 for fp32 on CPU, where 2-3 row GEMMs are slow, else 1.
+            accepted); default ``default_pad_to_multiple(base_model)``.
     """
 
     def __init__(self, base_model, head, tokenizer=None, tree=None, pad_to_multiple: int | None = None):
@@ -244,9 +253,7 @@ class SpeculativeGenerator:
             )
         self.tree = chosen.truncated(head.num_draft_steps)  # -1 (EAGLE): no limit
         if pad_to_multiple is None:
-            pad_to_multiple = (
-                4 if base_model.dtype == torch.float32 and base_model.device.type == "cpu" else 1
-            )
+            pad_to_multiple = default_pad_to_multiple(base_model)
         self.pad_to_multiple = pad_to_multiple
         self.eos_ids = _eos_ids(base_model, tokenizer)
         self.max_length = getattr(base_model.config, "max_position_embeddings", None)
@@ -260,10 +267,13 @@ class SpeculativeGenerator:
         dtype: str | torch.dtype = "auto",
         device: str = "cpu",
         tree=None,
+        pack: bool = True,
     ) -> SpeculativeGenerator:
         """Load a saved head and its base model (by default the one recorded in the head's
         config.json ``base_model.name_or_path``). Without ``tree``, the head's tuned tree for this
-        device and dtype (``draftheads tune-tree``) is used if there is one, else the default."""
+        device and dtype (``draftheads tune-tree``) is used if there is one, else the default.
+        ``pack``: run the base model's and the head's linear layers through prepacked oneDNN
+        weights where that applies (fp32 on an x86 CPU; ``draftheads.infer.packed``)."""
         from draftheads.base import load_base
         from draftheads.heads import load_head
 
@@ -275,7 +285,10 @@ class SpeculativeGenerator:
             if not base:
                 raise ValueError(f"{config_path}: base_model.name_or_path is empty; pass base=... explicitly")
         model, tokenizer = load_base(base, dtype=dtype, device=device)
-        head = load_head(head_dir, base_model=model, map_location=device)
+        head = load_head(head_dir, base_model=model, map_location=device)  # merges a Medusa-2 adapter
+        if pack:
+            pack_linears(model)
+            pack_linears(head)
         if tree is None:  # the tree `draftheads tune-tree` chose for this device and dtype, if any
             tree = load_tuned_tree(head_dir, model.dtype, model.device)
         return cls(model, head, tokenizer, tree=tree)

@@ -1,0 +1,110 @@
+"""Prepacked fp32 linear layers for CPU decoding: verifying a few tokens at close to one token's cost.
+
+Measured on this project's 2-core AMD EPYC (AVX2, torch 2.13.0 with MKL 2024.2, SmolLM2-135M, fp32):
+``F.linear`` on 2-16 rows runs MKL's sgemm, which re-packs the weight on every call, so the
+49152 x 576 vocabulary projection takes 20-25 ms for 2-16 rows against 9-11 ms for one, and a
+whole forward of 2-8 tree tokens costs ~1.7-1.9x one token. oneDNN with the weight reordered once
+into its blocked layout (what PyTorch's inductor does for frozen CPU linears) takes 5.5-8.4 ms for
+the same projection, and a forward of 2 / 4 / 8 tokens costs 1.0-1.1 / 1.3 / 1.3-1.4x one unpacked
+token (docs/benchmarks.md). The math is the same linear map; only the summation order differs, as
+it already does between MKL's one-row and many-row kernels.
+
+``pack_linears(module)`` swaps every ``nn.Linear`` for a ``PackedLinear`` (an ``nn.Linear`` with the
+same parameters plus the reordered copy), so ``isinstance`` checks, ``.weight`` and state dicts are
+unchanged. It is an inference optimisation: with autograd recording, a ``PackedLinear`` runs plain
+``F.linear``; if its weight is changed in place (an adapter merged, a checkpoint loaded) the copy is
+re-packed on the next call. oneDNN's reordered fp32 path needs an x86 CPU; ``packing_supported``
+says whether this build and machine have it (bf16 needs AVX-512 or AVX-NE-CONVERT, so bf16 stays
+on the default kernels).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+PACK_BATCH_HINT = 16  # rows oneDNN's layout is chosen for: trees of 2-64 tokens measured alike for 4, 16, 64
+
+
+def _reorder(weight: torch.Tensor) -> torch.Tensor:
+    return torch.ops.mkldnn._reorder_linear_weight(weight.detach(), PACK_BATCH_HINT)
+
+
+def _packed_linear(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
+
+
+@functools.cache
+def _probe() -> bool:
+    """Whether this torch build can reorder and run an fp32 linear through oneDNN, correctly."""
+    if not torch.backends.mkldnn.is_available():
+        return False
+    try:
+        generator = torch.Generator().manual_seed(0)
+        weight = torch.randn(24, 16, generator=generator)
+        x = torch.randn(3, 16, generator=generator)
+        out = _packed_linear(x, _reorder(weight), None)
+    except (RuntimeError, AttributeError, NotImplementedError):
+        return False
+    return bool(torch.allclose(out, F.linear(x, weight), atol=1e-5, rtol=1e-5))
+
+
+def packing_supported(model: nn.Module) -> bool:
+    """True where ``pack_linears`` applies: fp32 parameters on the CPU and a oneDNN build that runs
+    reordered fp32 linears (x86)."""
+    parameter = next(model.parameters(), None)
+    if parameter is None or parameter.device.type != "cpu" or parameter.dtype != torch.float32:
+        return False
+    return _probe()
+
+
+class PackedLinear(nn.Linear):
+    """An ``nn.Linear`` that runs inference through a oneDNN-reordered copy of its weight.
+
+    Built from an existing layer (``PackedLinear.wrap``): it shares that layer's ``weight`` and
+    ``bias`` parameters, so nothing else about the module changes.
+    """
+
+    @classmethod
+    def wrap(cls, linear: nn.Linear) -> PackedLinear:
+        packed = cls.__new__(cls)
+        nn.Module.__init__(packed)
+        packed.in_features, packed.out_features = linear.in_features, linear.out_features
+        packed.weight, packed.bias = linear.weight, linear.bias
+        packed._pack()
+        return packed
+
+    def _pack(self) -> None:
+        # Not a buffer: the reordered tensor is an opaque oneDNN layout, rebuilt from the weight.
+        self._packed_weight = _reorder(self.weight)
+        self._packed_version = self.weight._version
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if torch.is_grad_enabled() and (x.requires_grad or self.weight.requires_grad):
+            return F.linear(x, self.weight, self.bias)  # training: the packed op has no backward
+        if x.dtype != torch.float32 or x.device.type != "cpu":
+            return F.linear(x, self.weight, self.bias)
+        if self.weight._version != self._packed_version:  # changed in place since it was packed
+            self._pack()
+        return _packed_linear(x, self._packed_weight, self.bias)
+
+
+def pack_linears(module: nn.Module) -> int:
+    """Replace every ``nn.Linear`` inside ``module`` by a ``PackedLinear`` sharing its parameters;
+    returns how many were replaced (0 where ``packing_supported`` is false). Idempotent."""
+    if not packing_supported(module):
+        return 0
+    replaced = 0
+    for parent in list(module.modules()):
+        for name, child in list(parent.named_children()):
+            if type(child) is nn.Linear:  # exact type: peft / quantised subclasses keep their forward
+                setattr(parent, name, PackedLinear.wrap(child))
+                replaced += 1
+    return replaced
+
+
+def has_packed_linears(module: nn.Module) -> bool:
+    return any(isinstance(child, PackedLinear) for child in module.modules())
