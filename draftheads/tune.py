@@ -34,6 +34,7 @@ import copy
 import heapq
 import itertools
 import json
+import math
 import statistics
 import time
 from collections.abc import Callable, Sequence
@@ -284,11 +285,18 @@ class CostCurve:
         (n0, c0), (n1, c1) = points[-2:]  # beyond the largest size: extend the last segment
         return (c1 + (c1 - c0) * (size - n1) / (n1 - n0)) / base
 
+    def speedup_bound(self, tau: float) -> float:
+        """The most a head with mean accepted length ``tau`` (tokens per step, the base's own token
+        included) can gain here: its trees need at least ceil(tau) nodes, since a step accepts no
+        more drafts than the tree is deep, and drafting is taken as free."""
+        return tau / self.relative(math.ceil(tau - 1e-9))
+
     def ceiling(self) -> tuple[float, int]:
         """(speedup, N): the most any head could gain here. A head whose every draft is accepted
         emits N tokens per N-token chain; drafting for free, a step costs ``relative(N)`` plain
         steps, so no head beats max_N N / relative(N) on this machine and dtype."""
-        return max((size / self.relative(size), size) for size in self.sizes)
+        speedup, size = max((size / self.relative(size), -size) for size in self.sizes)  # ties: fewer
+        return speedup, -size
 
 
 def cost_sizes(max_nodes: int, pad_to_multiple: int) -> list[int]:
@@ -729,7 +737,10 @@ def tune_tree(
             "relative": [curve.relative(n) for n in curve.sizes],
             "pad_to_multiple": pad,
             "packed_linears": has_packed_linears(model),
-            "ceiling": dict(zip(("speedup", "tokens"), curve.ceiling())),
+            "ceiling": {
+                **dict(zip(("speedup", "tokens"), curve.ceiling())),
+                "at_tau": [curve.speedup_bound(tau) for tau in (2, 3, 4)],
+            },
         },
         "chosen": _candidate_dict(best),
         "candidates": [_candidate_dict(c) for c in candidates],
@@ -764,7 +775,9 @@ def describe(record: dict) -> str:
         f"P(accept | parent) by depth: top-1 {top1}; top-{len(acceptance['probabilities'][0])} {topk}\n"
         f"verify cost relative to 1 token ({record['setting']}, one token {1000 * cost['seconds'][0]:.1f} ms): {curve}\n"
         f"ceiling on this machine: {ceiling['speedup']:.2f}x (a head whose every draft is accepted, "
-        f"drafting for free, with a {ceiling['tokens']}-token chain)\n"
+        f"drafting for free, with a {ceiling['tokens']}-token chain); at tau 2 / 3 / 4 at most "
+        + " / ".join(f"{bound:.2f}x" for bound in ceiling["at_tau"])
+        + "\n"
         f"chosen tree {chosen['tree']['name']} ({chosen['nodes']} tokens): expected {chosen['expected_tokens']:.2f} "
         f"tokens per step, step cost {chosen['cost']:.2f} plain steps, expected speedup {chosen['expected_speedup']:.2f}x"
         + (

@@ -41,7 +41,12 @@ def run(args: argparse.Namespace) -> int:
     from draftheads.infer.generate import SpeculativeGenerator
 
     generator = SpeculativeGenerator.from_pretrained(
-        args.heads, base=args.base, dtype=args.dtype, device=args.device, tree=args.tree, pack=not args.no_pack
+        args.heads,
+        base=args.base,
+        dtype=args.dtype,
+        device=args.device,
+        tree=args.tree,
+        pack=not args.no_pack,
     )
     prompt = args.prompt if args.raw else [{"role": "user", "content": args.prompt}]
     stream = generator.generate(

@@ -3,10 +3,10 @@
 Measured on this project's 2-core AMD EPYC (AVX2, torch 2.13.0 with MKL 2024.2, SmolLM2-135M, fp32):
 ``F.linear`` on 2-16 rows runs MKL's sgemm, which re-packs the weight on every call, so the
 49152 x 576 vocabulary projection takes 20-25 ms for 2-16 rows against 9-11 ms for one, and a
-whole forward of 2-8 tree tokens costs ~1.7-1.9x one token. oneDNN with the weight reordered once
+whole forward of 2-8 tree tokens costs 1.7-1.9x one token. oneDNN with the weight reordered once
 into its blocked layout (what PyTorch's inductor does for frozen CPU linears) takes 5.5-8.4 ms for
-the same projection, and a forward of 2 / 4 / 8 tokens costs 1.0-1.1 / 1.3 / 1.3-1.4x one unpacked
-token (docs/benchmarks.md). The math is the same linear map; only the summation order differs, as
+the same projection on 2-8 rows, and a forward of 2 / 4 / 8 tokens costs 1.0-1.05 / 1.1-1.3 /
+1.2-1.3x one unpacked token (two interleaved runs; docs/benchmarks.md). The math is the same linear map; only the summation order differs, as
 it already does between MKL's one-row and many-row kernels.
 
 ``pack_linears(module)`` swaps every ``nn.Linear`` for a ``PackedLinear`` (an ``nn.Linear`` with the

@@ -2,7 +2,9 @@
 what ``model.generate(do_sample=False)`` does; the CLI streams an answer and reports tau.
 
 Kept short for the suite (2 prompts x 32 tokens per kind); the issue's full check (>= 20 prompts x
-64 tokens) is run by hand with ``python tests/infer/test_integration.py KIND [PROMPTS] [TOKENS]``.
+64 tokens) is run by hand with ``python tests/infer/test_integration.py KIND [PROMPTS] [TOKENS]``
+(``... KIND PROMPTS TOKENS packed``: the head and a second base copy on prepacked linear layers,
+checked against the unpacked base's ``generate``).
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import torch
 
 from draftheads.heads import Eagle3Config, EagleConfig, MedusaConfig, MtpConfig, build_head
 from draftheads.infer import SpeculativeGenerator
+from draftheads.infer.packed import has_packed_linears, pack_linears, packing_supported
 
 BASE = "smollm2-135m-instruct"
 HEAD_CONFIGS = {
@@ -54,10 +57,18 @@ def chat_ids(tokenizer, question: str) -> torch.Tensor:
     return torch.tensor([ids])
 
 
-def check_kind(model, tokenizer, kind: str, prompts: int, tokens: int, report=None) -> list[bool]:
+def check_kind(
+    model, tokenizer, kind: str, prompts: int, tokens: int, report=None, decoding_model=None
+) -> list[bool]:
+    """Greedy speculative output on ``decoding_model`` (default: ``model``, e.g. a packed copy) vs
+    ``model.generate``."""
     config, tree = HEAD_CONFIGS[kind]
+    decoding_model = model if decoding_model is None else decoding_model
     torch.manual_seed(0)
-    generator = SpeculativeGenerator(model, build_head(model, config, BASE), tokenizer, tree=tree)
+    head = build_head(decoding_model, config, BASE)
+    if has_packed_linears(decoding_model):  # decode as from_pretrained does: base and head packed
+        pack_linears(head)
+    generator = SpeculativeGenerator(decoding_model, head, tokenizer, tree=tree)
     matches = []
     for question in QUESTIONS[:prompts]:
         prompt = chat_ids(tokenizer, question)
@@ -82,6 +93,24 @@ pytestmark = pytest.mark.usefixtures("single_thread")
 def test_smollm2_greedy_matches_generate(smollm2, kind):
     model, tokenizer = smollm2
     assert all(check_kind(model, tokenizer, kind, prompts=2, tokens=32))
+
+
+@pytest.fixture(scope="module")
+def packed_smollm2(smollm2):
+    from draftheads.base import load_base
+
+    if not packing_supported(smollm2[0]):
+        pytest.skip("this torch build or CPU has no oneDNN fp32 packing")
+    model, _ = load_base(BASE, dtype="float32")
+    pack_linears(model)
+    return model
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("kind", ["eagle3", "medusa"])
+def test_smollm2_packed_greedy_matches_unpacked_generate(smollm2, packed_smollm2, kind):
+    model, tokenizer = smollm2
+    assert all(check_kind(model, tokenizer, kind, prompts=2, tokens=32, decoding_model=packed_smollm2))
 
 
 @pytest.mark.integration
@@ -110,6 +139,16 @@ if __name__ == "__main__":  # the full check, by hand
     torch.set_num_threads(1)
     kind = sys.argv[1]
     prompts, tokens = (int(sys.argv[2]), int(sys.argv[3])) if len(sys.argv) > 3 else (20, 64)
+    packed = len(sys.argv) > 4 and sys.argv[4] == "packed"
     model, tokenizer = load_base(BASE, dtype="float32")
-    results = check_kind(model, tokenizer, kind, prompts, tokens, report=lambda line: print(line, flush=True))
-    print(f"{kind}: {sum(results)}/{len(results)} prompts x {tokens} tokens identical to model.generate")
+    decoding_model = None
+    if packed:
+        decoding_model = load_base(BASE, dtype="float32")[0]
+        pack_linears(decoding_model)
+    results = check_kind(
+        model, tokenizer, kind, prompts, tokens, lambda line: print(line, flush=True), decoding_model
+    )
+    print(
+        f"{kind}{' (packed)' if packed else ''}: {sum(results)}/{len(results)} prompts x {tokens} tokens "
+        "identical to model.generate"
+    )

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from draftheads.heads import Eagle3Config, MedusaConfig, MtpConfig, build_head
+from draftheads.infer.packed import packing_supported
 from draftheads.infer.tree import DynamicTree, StaticTree, load_tuned_tree, padded_size, tuned_tree_key
 from draftheads.tune import (
     AcceptanceModel,
@@ -84,11 +85,18 @@ def test_a_hopeless_head_gets_the_root_only_tree_unpadded_and_a_warning():
     assert best.nodes == 1 and best.expected_speedup == pytest.approx(1.0)  # one token, not padded to 4
     record = {
         "acceptance": {"probabilities": [[0.05, 0.02], [0.05, 0.02]], "counts": [100, 100]},
-        "verify_cost": {"sizes": [1, 4], "relative": [1.0, 2.5], "seconds": [0.05, 0.125]},
+        "verify_cost": {
+            "sizes": [1, 4],
+            "relative": [1.0, 2.5],
+            "seconds": [0.05, 0.125],
+            "ceiling": {"speedup": 1.6, "tokens": 4, "at_tau": [1.5, 1.4, 1.6]},
+        },
         "setting": "cpu/float32",
         "chosen": {"tree": {"name": "tuned-3"}, "nodes": 3, "expected_tokens": 1.07, "cost": 2.6, "expected_speedup": 0.41},
     }
     assert "no draft tree is expected to beat plain decoding" in describe(record)
+    assert "ceiling on this machine: 1.60x" in describe(record)
+    assert "at tau 2 / 3 / 4 at most 1.50x / 1.40x / 1.60x" in describe(record)
     record["chosen"]["expected_speedup"] = 1.3
     assert "warning" not in describe(record)
 
@@ -143,6 +151,21 @@ def test_judgeable_follows_the_greedy_chain():
         [False, False, False],
         [True, False, False],  # t = 3: root x[4] = g[3]; depth 2 would need position 5
     ]
+
+
+def test_ceiling_is_the_best_all_accepted_chain():
+    # cost 1.0, 1.2, 2.0, 4.0, 4.4 for 1, 2, 4, 8, 9 tokens: all-accepted chains give 1, 1.67, 2, 2, 2.05
+    assert CostCurve((1, 2, 4, 8, 9), (0.1, 0.12, 0.2, 0.4, 0.44)).ceiling() == pytest.approx((9 / 4.4, 9))
+    assert CostCurve((1, 2, 4, 8), (0.1, 0.12, 0.2, 0.4)).ceiling() == pytest.approx((2.0, 4))  # tie: fewer
+
+
+def test_speedup_bound_needs_ceil_tau_nodes():
+    curve = CostCurve((1, 2, 4, 8), (0.1, 0.12, 0.2, 0.4))  # relative 1, 1.2, 2, 4 (3: 1.6)
+    assert curve.speedup_bound(2.0) == pytest.approx(2 / 1.2)  # 2 nodes
+    assert curve.speedup_bound(2.6) == pytest.approx(2.6 / 1.6)  # 3 nodes: a 2-deep tree at least
+    assert curve.speedup_bound(1.0) == pytest.approx(1.0)
+    # bf16 on a CPU without bf16 instructions (measured: 1.58x for 2, 3.08x for 4): ~1.3x at most
+    assert CostCurve((1, 2, 4), (0.1, 0.158, 0.308)).ceiling() == pytest.approx((4 / 3.08, 4))
 
 
 def test_cost_curve_interpolates_over_an_isotonic_fit():
@@ -292,7 +315,12 @@ def test_tune_tree_saves_a_tree_the_generator_and_bench_use(tmp_path, tiny_base_
     ]
     assert main(arguments) == 0
     record = json.loads((head_dir / "tune-cpu-float32.json").read_text())
-    assert record["setting"] == "cpu/float32" and record["verify_cost"]["sizes"] == [1, 4, 8]
+    cost = record["verify_cost"]
+    # packed by default where oneDNN can (then unpadded: every size from 1), else padded to 4
+    assert cost["packed_linears"] == packing_supported(model)
+    expected_sizes = [1, 2, 3, 4, 5, 6, 8] if cost["packed_linears"] else [1, 4, 8]
+    assert record["setting"] == "cpu/float32" and cost["sizes"] == expected_sizes
+    assert cost["ceiling"]["tokens"] in expected_sizes and cost["ceiling"]["speedup"] >= 1.0
     assert len(record["acceptance"]["probabilities"]) == 2  # MTP with 2 modules drafts 2 deep
     tuned = load_tuned_tree(head_dir, torch.float32, "cpu")
     assert isinstance(tuned, StaticTree) and tuned.name == record["chosen"]["tree"]["name"]
