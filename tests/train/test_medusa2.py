@@ -15,6 +15,7 @@ from draftheads.config import ConfigError, JointConfig, load_run_config
 from draftheads.heads import HeadMismatchError, MedusaConfig, build_head, load_head
 from draftheads.heads.adapter import MERGED_ADAPTER_KEY
 from draftheads.infer import SpeculativeGenerator
+from draftheads.infer.packed import has_packed_linears, packing_supported
 from draftheads.train.joint import JointObjectiveModule, add_lora_adapter, head_loss_weight
 from draftheads.train.loop import run_training
 from draftheads.train.reporting import read_metrics
@@ -235,3 +236,29 @@ def test_bench_gives_a_joint_head_its_own_base_and_keeps_the_shared_one_original
     assert joint.model is not shared and getattr(joint.model.config, MERGED_ADAPTER_KEY)
     assert plain.model is shared
     assert [method.name for method in methods] == ["medusa:run", "medusa:plain"]
+
+
+@pytest.mark.skipif(not packing_supported(torch.nn.Linear(2, 2)), reason="no oneDNN fp32 packing here")
+def test_bench_packs_a_joint_heads_own_base_after_the_merge(tmp_path):
+    from draftheads.bench import speculative_methods
+
+    _, output_dir = _trained_lm_run(tmp_path)
+    head_dirs = [str(output_dir / "head")]
+    (packed,) = speculative_methods(
+        head_dirs, make_tiny_llama(), None, make_tiny_llama, "cpu-8", "cpu", pack=True
+    )
+    (unpacked,) = speculative_methods(head_dirs, make_tiny_llama(), None, make_tiny_llama, "cpu-8", "cpu")
+    assert has_packed_linears(packed.generator.model) and has_packed_linears(packed.generator.head)
+    assert not has_packed_linears(unpacked.generator.model)
+    prompt = torch.tensor([[5, 9, 13, 17, 21]])
+    # the merged adapter is in the packed weights: the same adapted base as the unpacked merge
+    torch.testing.assert_close(
+        _logits(packed.generator.model, prompt),
+        _logits(unpacked.generator.model, prompt),
+        rtol=1e-4,
+        atol=1e-4,
+    )
+    greedy = [
+        method.generator.generate(prompt, max_new_tokens=16).new_tokens for method in (packed, unpacked)
+    ]
+    assert greedy[0] == greedy[1]
