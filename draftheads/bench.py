@@ -412,8 +412,7 @@ def speculative_methods(
         head_model = load_model() if adapter_path(head_dir).is_dir() else model
         head = load_head(head_dir, base_model=head_model, map_location=device)
         if pack:
-            pack_linears(head_model)
-            pack_linears(head)
+            pack_linears(head_model, head)
         generator = SpeculativeGenerator(head_model, head, tokenizer, tree=bench_tree(tree, head_dir, head_model))
         methods.append(SpeculativeMethod(method_name(generator.head.kind, head_dir, methods), generator))
     return methods

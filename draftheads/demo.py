@@ -300,8 +300,7 @@ def run_demo(settings: DemoSettings) -> dict:
     head = load_head(head_dir, base_model=model).eval()
     # Training is over: tune and decode on prepacked linear layers, as generate and bench do (the
     # plain generate it is compared with runs on the same packed base).
-    pack_linears(model)
-    pack_linears(head)
+    pack_linears(model, head)
 
     heading(3, "tune: the draft tree for this machine")
     started = time.perf_counter()

@@ -762,10 +762,10 @@ def _candidate_dict(candidate: Candidate) -> dict:
 def describe(record: dict) -> str:
     """A few lines for the terminal: acceptance, cost, the choice."""
     acceptance = record["acceptance"]
-    ceiling = record["verify_cost"]["ceiling"]
     top1 = " ".join(f"{row[0]:.2f}" for row in acceptance["probabilities"])
     topk = " ".join(f"{sum(row):.2f}" for row in acceptance["probabilities"])
     cost = record["verify_cost"]
+    ceiling = cost["ceiling"]
     curve = ", ".join(
         f"{n}:{c:.2f}" for n, c in zip(cost["sizes"], cost["relative"]) if n in (1, 4, 8, 16, 32, 64)
     )
@@ -851,8 +851,7 @@ def run(args: argparse.Namespace) -> int:
     model, tokenizer = load_base(base, dtype=settings.dtype, device=settings.device)
     head = load_head(head_dir, base_model=model, map_location=settings.device)
     if not args.no_pack:  # tune on the kernels generate and bench decode with by default
-        pack_linears(model)
-        pack_linears(head)
+        pack_linears(model, head)
     started = time.perf_counter()
     record = tune_tree(model, head, tokenizer, head_dir, settings)
     print(describe(record))

@@ -287,8 +287,7 @@ class SpeculativeGenerator:
         model, tokenizer = load_base(base, dtype=dtype, device=device)
         head = load_head(head_dir, base_model=model, map_location=device)  # merges a Medusa-2 adapter
         if pack:
-            pack_linears(model)
-            pack_linears(head)
+            pack_linears(model, head)
         if tree is None:  # the tree `draftheads tune-tree` chose for this device and dtype, if any
             tree = load_tuned_tree(head_dir, model.dtype, model.device)
         return cls(model, head, tokenizer, tree=tree)

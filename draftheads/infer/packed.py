@@ -9,7 +9,7 @@ the same projection on 2-8 rows, and a forward of 2 / 4 / 8 tokens costs 1.0-1.0
 1.2-1.3x one unpacked token (two interleaved runs; docs/benchmarks.md). The math is the same linear map; only the summation order differs, as
 it already does between MKL's one-row and many-row kernels.
 
-``pack_linears(module)`` swaps every ``nn.Linear`` for a ``PackedLinear`` (an ``nn.Linear`` with the
+``pack_linears(model, head)`` swaps every ``nn.Linear`` for a ``PackedLinear`` (an ``nn.Linear`` with the
 same parameters plus the reordered copy), so ``isinstance`` checks, ``.weight`` and state dicts are
 unchanged. It is an inference optimisation: with autograd recording, a ``PackedLinear`` runs plain
 ``F.linear``; if its weight is changed in place (an adapter merged, a checkpoint loaded) the copy is
@@ -92,17 +92,19 @@ class PackedLinear(nn.Linear):
         return _packed_linear(x, self._packed_weight, self.bias)
 
 
-def pack_linears(module: nn.Module) -> int:
-    """Replace every ``nn.Linear`` inside ``module`` by a ``PackedLinear`` sharing its parameters;
-    returns how many were replaced (0 where ``packing_supported`` is false). Idempotent."""
-    if not packing_supported(module):
-        return 0
+def pack_linears(*modules: nn.Module) -> int:
+    """Replace every ``nn.Linear`` inside each module (a base model, its head) by a ``PackedLinear``
+    sharing its parameters; returns how many were replaced (none in a module where
+    ``packing_supported`` is false). Idempotent."""
     replaced = 0
-    for parent in list(module.modules()):
-        for name, child in list(parent.named_children()):
-            if type(child) is nn.Linear:  # exact type: peft / quantised subclasses keep their forward
-                setattr(parent, name, PackedLinear.wrap(child))
-                replaced += 1
+    for module in modules:
+        if not packing_supported(module):
+            continue
+        for parent in list(module.modules()):
+            for name, child in list(parent.named_children()):
+                if type(child) is nn.Linear:  # exact type: peft / quantised subclasses keep their forward
+                    setattr(parent, name, PackedLinear.wrap(child))
+                    replaced += 1
     return replaced
 
 

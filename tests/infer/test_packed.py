@@ -46,6 +46,11 @@ def test_pack_linears_keeps_the_module_and_is_idempotent():
     assert after.keys() == before.keys()
     assert all(after[name].data_ptr() == before[name] for name in before)  # the very same storage
     assert pack_linears(model) == 0
+    # several modules at once (a base model and its head): each counted, an unsupported one skipped
+    assert (
+        pack_linears(make_tiny_llama(), make_tiny_llama().to(torch.bfloat16), make_tiny_llama())
+        == 2 * linears
+    )
 
 
 def test_in_place_weight_change_is_repacked():
@@ -96,8 +101,7 @@ def test_greedy_on_packed_layers_matches_unpacked_generate(config, tree):
     model = make_tiny_llama()
     torch.manual_seed(0)
     head = build_head(model, config)
-    pack_linears(model)
-    pack_linears(head)
+    pack_linears(model, head)
     generator = SpeculativeGenerator(model, head, tree=tree)
     assert generator.pad_to_multiple == 1
     generator_seed = torch.Generator().manual_seed(5)
