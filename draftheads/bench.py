@@ -419,7 +419,7 @@ def speculative_methods(
 
 
 def run(args) -> int:
-    from draftheads.base import load_base, resolve_dtype
+    from draftheads.base_model import load_base, resolve_dtype
     from draftheads.infer.packed import pack_linears
 
     base_name = args.base

@@ -274,7 +274,7 @@ def generate_stage(model, head, tokenizer, settings: DemoSettings, head_dir: Pat
 
 def run_demo(settings: DemoSettings) -> dict:
     """Run (or resume) every stage; returns what ``demo.json`` records."""
-    from draftheads.base import load_base
+    from draftheads.base_model import load_base
     from draftheads.heads import load_head
     from draftheads.infer.packed import pack_linears
 

@@ -68,7 +68,7 @@ def export_head(
             "the adapter into the base (peft merge_and_unload) and serve that model"
         )
     if _needs_base_weights(format_name, head):
-        from draftheads.base import load_base
+        from draftheads.base_model import load_base
 
         name = base or head.base_spec.name_or_path
         if not name:

@@ -12,7 +12,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from draftheads.base import hub_name
+from draftheads.base_model import hub_name
 
 BENCH_NAME = "bench.json"
 # Hub card metadata: https://huggingface.co/docs/hub/model-cards (YAML front matter).

@@ -834,7 +834,7 @@ def settings_from_args(args: argparse.Namespace) -> TuneSettings:
 
 
 def run(args: argparse.Namespace) -> int:
-    from draftheads.base import load_base
+    from draftheads.base_model import load_base
     from draftheads.heads import load_head
     from draftheads.infer.packed import pack_linears
 

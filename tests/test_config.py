@@ -2,7 +2,8 @@
 
 import pytest
 
-from draftheads.config import ConfigError, RunConfig, load_run_config, parse_overrides
+from draftheads.config import RunConfig, load_run_config
+from draftheads.settings import ConfigError, parse_overrides
 
 
 def test_defaults_without_file():

@@ -64,7 +64,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from draftheads.base import load_tokenizer
+    from draftheads.base_model import load_tokenizer
     from draftheads.config import load_run_config
     from draftheads.data.pipeline import build_datasets
 

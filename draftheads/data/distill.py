@@ -199,7 +199,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     import torch
 
-    from draftheads.base import load_base
+    from draftheads.base_model import load_base
 
     if args.batch_size < 1 or args.max_new_tokens < 1 or args.temperature < 0:
         raise SystemExit("distill: --batch-size and --max-new-tokens must be >= 1 and --temperature >= 0")

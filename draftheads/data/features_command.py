@@ -43,8 +43,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     import torch
 
-    from draftheads.base import BaseModelError, load_base, resolve_dtype
-    from draftheads.config import ConfigError, load_run_config
+    from draftheads.base_model import BaseModelError, load_base, resolve_dtype
+    from draftheads.config import load_run_config
+    from draftheads.settings import ConfigError
     from draftheads.data.features import CacheIdentity, write_feature_cache
     from draftheads.data.pipeline import build_datasets
     from draftheads.data.sources import DataError

@@ -115,7 +115,7 @@ def cache_key(data: DataConfig, tokenizer) -> str:
 def dataset_cache_root(data: DataConfig) -> Path:
     if data.cache_dir:
         return Path(data.cache_dir)
-    from draftheads.base import cache_dir  # base imports torch; only needed for the default
+    from draftheads.base_model import cache_dir  # base imports torch; only needed for the default
 
     return cache_dir() / "datasets"
 

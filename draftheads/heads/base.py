@@ -261,7 +261,7 @@ def head_class(kind: str) -> type[DraftHead]:
 
 def head_config_from_dict(data: dict, where: str = "head") -> HeadConfig:
     """Validate a ``head:`` config section (must contain ``kind``) into its dataclass."""
-    from draftheads.config import ConfigError, from_dict
+    from draftheads.settings import ConfigError, from_dict
 
     if not isinstance(data, dict) or "kind" not in data:
         raise ConfigError(f"{where}: needs 'kind' (one of the registered head kinds)")
@@ -300,7 +300,7 @@ def load_head(directory: str | Path, base_model=None, map_location: str | torch.
         if key not in saved:
             raise ValueError(f"{config_path}: missing field '{key}'")
     cls = head_class(saved["head_kind"])
-    from draftheads.config import from_dict
+    from draftheads.settings import from_dict
 
     config = from_dict(cls.config_class, saved["head_config"], f"{config_path}:head_config")
     base_config_dict = dict(saved["base_config"])

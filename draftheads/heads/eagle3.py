@@ -35,7 +35,7 @@ import torch
 from torch import nn
 from transformers import DynamicCache
 
-from draftheads.config import ConfigError
+from draftheads.settings import ConfigError
 from draftheads.heads.base import DraftHead, HeadConfig, register_head
 from draftheads.heads.layers import (
     additive_mask,

@@ -32,7 +32,7 @@ from typing import Any
 
 import torch
 
-from draftheads.base import hub_name
+from draftheads.base_model import hub_name
 from draftheads.heads.base import (
     CONFIG_NAME,
     FORMAT_VERSION,
@@ -619,7 +619,7 @@ def load_foreign_head(directory: str | Path, saved: dict[str, Any], base_model=N
     ``medusa-vllm``), ours or published by others. With ``base_model`` the checkpoint is checked
     against it (HeadMismatchError names the field) and attached; without one the base config is
     rebuilt from the checkpoint's fields and a warning lists what could not be checked."""
-    from draftheads.config import from_dict
+    from draftheads.settings import from_dict
 
     directory = Path(directory)
     where = directory / CONFIG_NAME

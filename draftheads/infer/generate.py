@@ -238,7 +238,7 @@ class SpeculativeGenerator:
         if implementation not in TREE_ATTENTION:
             raise TreeInputError(
                 f"base model uses attn_implementation '{implementation}'; tree verification needs one of "
-                f"{TREE_ATTENTION} (load it with draftheads.base.load_base(..., attn_implementation='sdpa'))"
+                f"{TREE_ATTENTION} (load it with draftheads.base_model.load_base(..., attn_implementation='sdpa'))"
             )
         if head.drafting not in ("parallel", "autoregressive"):
             raise ValueError(f"{head.kind} head has unknown drafting style '{head.drafting}'")
@@ -274,7 +274,7 @@ class SpeculativeGenerator:
         device and dtype (``draftheads tune-tree``) is used if there is one, else the default.
         ``pack``: run the base model's and the head's linear layers through prepacked oneDNN
         weights where that applies (fp32 on an x86 CPU; ``draftheads.infer.packed``)."""
-        from draftheads.base import load_base
+        from draftheads.base_model import load_base
         from draftheads.heads import load_head
 
         if base is None:

@@ -20,8 +20,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from draftheads.base import BaseModelError
-    from draftheads.config import ConfigError, load_run_config
+    from draftheads.base_model import BaseModelError
+    from draftheads.config import load_run_config
+    from draftheads.settings import ConfigError
     from draftheads.data.sources import DataError
     from draftheads.heads import HeadMismatchError
     from draftheads.train.loop import run_training

@@ -19,7 +19,8 @@ import math
 import torch
 from torch import nn
 
-from draftheads.config import LAMBDA0_BY_BASE_LOSS, ConfigError, JointConfig
+from draftheads.config import LAMBDA0_BY_BASE_LOSS, JointConfig
+from draftheads.settings import ConfigError
 from draftheads.train.losses import cross_entropy, kl_divergence, masked_mean
 from draftheads.train.objective import ObjectiveOutput, SupervisedTokens, compute_objective, ones_like_rows
 

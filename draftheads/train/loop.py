@@ -33,8 +33,9 @@ import torch
 from torch import nn
 
 import draftheads
-from draftheads.base import DTYPES, load_base, resolve_dtype
-from draftheads.config import ConfigError, RunConfig, TrainConfig, to_dict
+from draftheads.base_model import DTYPES, load_base, resolve_dtype
+from draftheads.config import RunConfig, TrainConfig
+from draftheads.settings import ConfigError, to_dict
 from draftheads.heads.adapter import ADAPTER_DIR
 from draftheads.train import checkpoint
 from draftheads.train.batching import BatchStream, fixed_batches

@@ -7,7 +7,7 @@ import torch
 from head_fixtures import TINY_LLAMA
 from transformers import LlamaConfig
 
-from draftheads.config import ConfigError
+from draftheads.settings import ConfigError
 from draftheads.heads import Eagle3Config, Eagle3Head, build_head
 from draftheads.heads.base import head_config_from_dict
 

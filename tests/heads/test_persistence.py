@@ -16,7 +16,7 @@ from head_fixtures import (
     token_counts,
 )
 
-from draftheads.config import ConfigError
+from draftheads.settings import ConfigError
 from draftheads.heads import HeadMismatchError, build_head, head_class, load_head
 from draftheads.heads.base import head_config_from_dict
 

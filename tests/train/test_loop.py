@@ -7,7 +7,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from draftheads.config import ConfigError, load_run_config
+from draftheads.config import load_run_config
+from draftheads.settings import ConfigError
 from draftheads.heads import load_head
 from draftheads.train import checkpoint
 from draftheads.train.loop import run_training

@@ -11,7 +11,8 @@ import torch
 from peft import PeftModel
 from safetensors.torch import load_file
 
-from draftheads.config import ConfigError, JointConfig, load_run_config
+from draftheads.config import JointConfig, load_run_config
+from draftheads.settings import ConfigError
 from draftheads.heads import HeadMismatchError, MedusaConfig, build_head, load_head
 from draftheads.heads.adapter import MERGED_ADAPTER_KEY
 from draftheads.infer import SpeculativeGenerator

