@@ -53,7 +53,7 @@ def tiny_llama():
 @pytest.fixture(scope="session")
 def smollm2():
     """The embedded SmolLM2-135M-Instruct in fp32 (converted once into DRAFTHEADS_CACHE)."""
-    from draftheads.base import load_base
+    from draftheads.base_model import load_base
 
     model, tokenizer = load_base("smollm2-135m-instruct", dtype="float32")
     return model, tokenizer
@@ -61,7 +61,7 @@ def smollm2():
 
 @pytest.fixture(scope="session")
 def smollm2_tokenizer():
-    from draftheads.base import load_tokenizer
+    from draftheads.base_model import load_tokenizer
 
     return load_tokenizer("smollm2-135m-instruct")
 

@@ -97,7 +97,7 @@ def test_smollm2_greedy_matches_generate(smollm2, kind):
 
 @pytest.fixture(scope="module")
 def packed_smollm2(smollm2):
-    from draftheads.base import load_base
+    from draftheads.base_model import load_base
 
     if not packing_supported(smollm2[0]):
         pytest.skip("this torch build or CPU has no oneDNN fp32 packing")
@@ -134,7 +134,7 @@ def test_generate_command_streams(smollm2, tmp_path, capsys):
 
 
 if __name__ == "__main__":  # the full check, by hand
-    from draftheads.base import load_base
+    from draftheads.base_model import load_base
 
     torch.set_num_threads(1)
     kind = sys.argv[1]

@@ -284,7 +284,7 @@ def tiny_base_dir(tmp_path):
 
 
 def test_tune_tree_saves_a_tree_the_generator_and_bench_use(tmp_path, tiny_base_dir):
-    from draftheads.base import load_base
+    from draftheads.base_model import load_base
     from draftheads.bench import bench_tree
     from draftheads.cli import main
     from draftheads.infer import SpeculativeGenerator
