@@ -16,7 +16,7 @@ norm.weight}`` with k 0-based (``modules.0`` is module 1).
 
 Drafting state (see ``catch_up`` / ``draft_step``): each depth is a different module acting at the
 SAME position as the root's predecessor, so a draft node sees the prefix and itself only
-(``draft_attends_ancestors = False``).
+(the ``module-per-depth`` drafting style of ``draftheads.infer.draft``).
 - cache: an ``MtpCache``: a list with one ``DynamicCache`` per module, plus
   the states each module k >= 2 still waits to process (module k at position i needs t_{i+k},
   so it runs k - 1 positions behind module 1).
@@ -104,8 +104,7 @@ class MtpCache(list):
 class MtpHead(DraftHead):
     kind = "mtp"
     config_class = MtpConfig
-    drafting = "autoregressive"
-    draft_attends_ancestors = False
+    drafting = "module-per-depth"
 
     def __init__(self, config: MtpConfig, base_config, base_name: str | None = None):
         super().__init__(config, base_config, base_name)

@@ -1,26 +1,42 @@
-"""Proposals: a draft head's candidate tree for one decoding step.
+"""Drafters: every way of proposing a candidate tree, behind one interface.
 
-- Parallel heads (Medusa): ``draft_parallel`` reads the head's K distributions, computed from the
-  features of the last accepted node of the previous verification forward (no extra pass), and
-  fills a static tree: the node at path [i1, ..., id] gets the i_d-th best token of head d.
-- Autoregressive heads (EAGLE, EAGLE-3, MTP): ``draft_autoregressive`` runs the head's ``draft_step``
-  once per tree depth on its own cache, from the ``catch_up`` state, and builds either a static tree
-  (the i-th best token of the drafter's distribution at the parent) or an EAGLE-2 dynamic tree.
+A ``Drafter`` holds the drafting state of one sequence and is driven by the decode loop
+(``generate.py``) and by tuning (``draftheads.tuning``) through the same four calls:
 
-Positions: the drafter pairs the token at position j + 1 with its state at position j (``catch_up``
-is called with the positions j of the features). A depth-d node (its token at ``root_position + d``)
-is therefore expanded at drafter position ``root_position + d - 1``, when the head attends to its
-ancestors (EAGLE). MTP's modules all act at the last accepted position, ``root_position - 1``, each
-seeing its cache prefix and itself (``DraftHead.draft_attends_ancestors``).
+- ``prefill(features, next_ids)``: start a sequence from the base model's features at positions
+  0..T-1 and the tokens at positions 1..T (the last one is the first root);
+- ``propose(root, position, tree) -> Draft``: a candidate tree whose node 0 is ``root``, the base
+  model's own token at ``position``; whatever the drafter wrote while drafting is rolled back;
+- ``commit(features, next_ids, position)``: the verifier accepted tokens; the base features at
+  positions ``position..position+n-1`` and the tokens one position later;
+- ``path_candidates(root, position, path, top_k)``: the drafter's top-k at each depth along a given
+  path (teacher forcing), which is what tuning measures acceptance with.
+
+Implementations, chosen by the head's ``drafting`` style through ``DRAFTERS``:
+
+- ``ParallelDrafter`` (Medusa; Cai et al. 2024): the head's K distributions come from the features of
+  the last accepted position (no pass of its own) and fill a static tree: the node at path
+  [i1, ..., id] gets the i_d-th best token of head d.
+- ``AutoregressiveDrafter`` (EAGLE, EAGLE-3; Li et al. 2024): the head runs ``draft_step`` once per
+  tree depth on its own KV cache and builds either a static tree (the i-th best token of the
+  drafter's distribution at the parent) or an EAGLE-2 dynamic tree. The drafter pairs the token at
+  position j + 1 with its state at position j, so a depth-d node (its token at ``root_position + d``)
+  is expanded at drafter position ``root_position + d - 1`` and attends to its tree ancestors.
+- ``ModulePerDepthDrafter`` (DeepSeek-V3 MTP; DeepSeek-AI 2024, sec. 2.2): depth d is module d, and
+  every module acts at the last accepted position ``root_position - 1``, seeing its own cache
+  prefix and itself, never the other depths' entries.
 """
 
 from __future__ import annotations
 
+import copy
+import functools
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 
-from draftheads.infer.cache import cache_lengths
+from draftheads.infer.cache import cache_lengths, crop_to_lengths
 from draftheads.infer.tree import (
     ROOT_PARENT,
     DynamicTree,
@@ -43,39 +59,148 @@ class Draft:
         return self.topology.pad_tokens(self.tokens)  # (N,)
 
 
+@functools.lru_cache(maxsize=64)
+def static_topology(tree: StaticTree, pad_to_multiple: int) -> TreeTopology:
+    """A static tree's topology, built once per (tree, padding)."""
+    return tree.topology(pad_to_multiple)
+
+
+# ---- the interface ------------------------------------------------------------------------------
+
+
+class Drafter:
+    """Proposes a candidate tree per decoding step for one sequence; see the module docstring.
+
+    Args:
+        head: the ``DraftHead`` (attached to the base model that verifies).
+        pad_to_multiple: pad each proposed tree to a multiple of this many tokens.
+    """
+
+    # Default tree per device type: small on CPU, where verifying N tokens grows with N well before
+    # N = 16 (docs/inference.md); the papers' trees on GPU.
+    default_trees: ClassVar[dict[str, str]] = {}
+    dynamic_trees: ClassVar[bool] = False  # can it draft an EAGLE-2 dynamic tree?
+
+    def __init__(self, head, pad_to_multiple: int = 1):
+        self.head = head
+        self.pad_to_multiple = pad_to_multiple
+
+    @property
+    def feature_layers(self) -> tuple[int, ...]:
+        """The base model's ``hidden_states`` indices the drafter reads."""
+        return tuple(self.head.feature_layers)
+
+    @property
+    def max_depth(self) -> int:
+        """The deepest tree it can draft (Medusa K heads, MTP D modules); -1: no limit."""
+        return self.head.num_draft_steps
+
+    def select_features(self, hidden_states) -> torch.Tensor:
+        """(1, T, F) drafter features from the base model's ``hidden_states``."""
+        return self.head.select_features(hidden_states)
+
+    def check_tree(self, tree: StaticTree | DynamicTree) -> None:
+        """Raise ValueError if this drafter cannot fill ``tree``."""
+        if isinstance(tree, DynamicTree) and not self.dynamic_trees:
+            raise ValueError(
+                f"{self.head.kind} heads draft all depths at once; give a static tree, not '{tree.name}'"
+            )
+
+    def fork(self) -> Drafter:
+        """A drafter in the same state whose later calls leave this one's state untouched."""
+        return copy.copy(self)
+
+    def prefill(self, features: torch.Tensor, next_ids: torch.Tensor) -> None:
+        """Start a sequence: features (1, T, F) at positions 0..T-1, next_ids (1, T) at 1..T."""
+        raise NotImplementedError
+
+    def commit(self, features: torch.Tensor, next_ids: torch.Tensor, position: int) -> None:
+        """Accepted: features (1, n, F) at positions position.., next_ids (1, n) one position later."""
+        raise NotImplementedError
+
+    def propose(self, root: int, position: int, tree: StaticTree | DynamicTree) -> Draft:
+        """A candidate tree after the committed prefix, ``root`` (node 0) at ``position``."""
+        raise NotImplementedError
+
+    def path_candidates(
+        self, root: int, position: int, path: torch.Tensor, top_k: int
+    ) -> torch.Tensor:
+        """(len(path) + 1, top_k) base-vocabulary candidates: row d - 1 holds the drafter's best
+        tokens at depth d when the nodes above are ``root`` and ``path[:d - 1]`` (the true path)."""
+        raise NotImplementedError
+
+
+DRAFTERS: dict[str, type[Drafter]] = {}  # a head's ``drafting`` style -> its Drafter
+
+
+def register_drafter(style: str):
+    """Class decorator: the Drafter for heads whose ``drafting`` is ``style``."""
+
+    def register(cls: type[Drafter]) -> type[Drafter]:
+        if style in DRAFTERS:
+            raise ValueError(f"drafting style '{style}' registered twice")
+        DRAFTERS[style] = cls
+        return cls
+
+    return register
+
+
+def drafter_for(head, pad_to_multiple: int = 1) -> Drafter:
+    """The Drafter for ``head``'s drafting style."""
+    style = getattr(head, "drafting", None)
+    if style not in DRAFTERS:
+        raise ValueError(
+            f"{head.kind} head has unknown drafting style '{style}'; known: {', '.join(sorted(DRAFTERS))}"
+        )
+    return DRAFTERS[style](head, pad_to_multiple)
+
+
 # ---- parallel heads (Medusa) --------------------------------------------------------------------
 
 
-def draft_parallel(
-    head, features: torch.Tensor, root_token: int, tree: StaticTree, topology: TreeTopology
-) -> Draft:
-    """Fill a static tree from a parallel head.
+@register_drafter("parallel")
+class ParallelDrafter(Drafter):
+    default_trees: ClassVar[dict[str, str]] = {"cpu": "cpu-8", "cuda": "mc_sim_7b_63"}
 
-    Args:
-        features: (1, 1, F) base features at the last accepted position (``select_features``).
-        root_token: the base model's token after that position (node 0).
-        topology: ``tree.topology(...)`` (built once by the caller, maybe padded).
-    """
-    depth = tree.depth
-    device = features.device
-    tokens = torch.full((tree.num_nodes,), root_token, dtype=torch.long, device=device)  # (M,)
-    if depth == 0:
+    def __init__(self, head, pad_to_multiple: int = 1):
+        super().__init__(head, pad_to_multiple)
+        self.last_features: torch.Tensor | None = None  # (1, 1, F) at the last accepted position
+
+    def prefill(self, features, next_ids) -> None:
+        self.last_features = features[:, -1:] if features.shape[1] else None
+
+    def commit(self, features, next_ids, position) -> None:
+        self.last_features = features[:, -1:]
+
+    def _ranked(self, depth: int, count: int) -> torch.Tensor:
+        """(depth, count) base-vocabulary ids, best first, of heads 1..depth."""
+        logits = self.head.draft_logits(self.last_features)[0, -1, :depth].float()  # (D, V)
+        return self.head.draft_to_target(torch.topk(logits, count, dim=-1).indices)  # (D, count)
+
+    def propose(self, root, position, tree) -> Draft:
+        self.check_tree(tree)
+        topology = static_topology(tree, self.pad_to_multiple)
+        device = self.last_features.device
+        tokens = torch.full((tree.num_nodes,), root, dtype=torch.long, device=device)  # (M,)
+        if tree.depth == 0:
+            return Draft(tokens, topology)
+        widest = max(tree.top_k(d) for d in range(1, tree.depth + 1))
+        candidates = self._ranked(tree.depth, widest)  # (D, widest)
+        depths = topology.depths[1 : tree.num_nodes].to(device)  # (M - 1,)
+        ranks = torch.tensor(tree.ranks[1:], dtype=torch.long, device=device)  # (M - 1,)
+        tokens[1:] = candidates[depths - 1, ranks]
         return Draft(tokens, topology)
-    logits = head.draft_logits(features)[0, -1, :depth].float()  # (D, V)
-    widest = max(tree.top_k(d) for d in range(1, depth + 1))
-    candidates = head.draft_to_target(torch.topk(logits, widest, dim=-1).indices)  # (D, widest)
-    depths = topology.depths[1 : tree.num_nodes].to(device)  # (M - 1,)
-    ranks = torch.tensor(tree.ranks[1:], dtype=torch.long, device=device)  # (M - 1,)
-    tokens[1:] = candidates[depths - 1, ranks]
-    return Draft(tokens, topology)
+
+    def path_candidates(self, root, position, path, top_k) -> torch.Tensor:
+        return self._ranked(len(path) + 1, top_k)  # each head's view is independent of the path
 
 
-# ---- autoregressive heads (EAGLE, EAGLE-3, MTP) -------------------------------------------------
+# ---- autoregressive heads (EAGLE, EAGLE-3) and MTP ----------------------------------------------
 
 
 class _Proposals:
     """Everything the drafter proposed for one tree (root excluded), depth by depth, and the drafter
-    cache entries it wrote. Local bookkeeping of one ``draft_autoregressive`` call."""
+    cache entries it wrote. Local bookkeeping of one ``propose`` or ``path_candidates`` call."""
 
     def __init__(self):
         self.tokens: list[torch.Tensor] = []  # per proposal: 0-d base-vocabulary id
@@ -115,37 +240,6 @@ def _drafter_mask(
     return mask[None, None].to(device)  # (1, 1, n, K)
 
 
-def _expand(
-    head, cache, proposals: _Proposals, nodes: list[int], depth: int, root_state, root_position: int
-) -> torch.Tensor:
-    """Run ``draft_step`` on ``nodes`` (all at ``depth``); return (n, V_draft) log-probabilities of
-    their children and record their drafter states."""
-    device, dtype = root_state.device, root_state.dtype
-    lengths = cache_lengths(head.draft_caches(cache))
-    if head.draft_attends_ancestors:
-        prefix_length = lengths[0] - len(proposals.cached)
-        position = root_position + depth - 1
-    else:
-        # MTP: module depth + 1 acts at the last accepted position and sees its own cache + itself.
-        prefix_length = lengths[depth]
-        position = root_position - 1
-    parent_states = torch.stack(
-        [
-            root_state if proposals.parents[n] == ROOT_PARENT else proposals.states[proposals.parents[n]]
-            for n in nodes
-        ]
-    )[None]  # (1, n, h)
-    token_ids = torch.stack([proposals.tokens[n] for n in nodes])[None]  # (1, n)
-    position_ids = torch.full_like(token_ids, position)  # (1, n)
-    mask = _drafter_mask(proposals, nodes, prefix_length, head.draft_attends_ancestors, dtype, device)
-    states, logits = head.draft_step(cache, depth, parent_states, token_ids, position_ids, mask)
-    if head.draft_attends_ancestors:
-        proposals.cached.extend(nodes)
-    for node, state in zip(nodes, states[0]):
-        proposals.states[node] = state
-    return torch.log_softmax(logits[0].float(), dim=-1)  # (n, V_draft)
-
-
 def _children(head, log_probabilities: torch.Tensor, count: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Top-``count`` children per row of (n, V_draft) log-probs: base-vocabulary ids and log-probs."""
     count = min(count, log_probabilities.shape[-1])
@@ -163,34 +257,79 @@ def _finish(proposals: _Proposals, kept: list[int], root_token: torch.Tensor, pa
     return Draft(tokens, tree_topology(parents, pad_to_multiple))
 
 
-def draft_autoregressive(
-    head,
-    cache,
-    root_token: int,
-    root_state: torch.Tensor,
-    root_logits: torch.Tensor,
-    root_position: int,
-    tree: StaticTree | DynamicTree,
-    pad_to_multiple: int = 1,
-) -> Draft:
-    """Draft a tree with an autoregressive head; ``cache`` gains entries (the caller rolls it back).
+@register_drafter("autoregressive")
+class AutoregressiveDrafter(Drafter):
+    default_trees: ClassVar[dict[str, str]] = {"cpu": "dynamic-cpu", "cuda": "dynamic-gpu"}
+    dynamic_trees = True
+    attends_ancestors: ClassVar[bool] = True  # a node sees its tree ancestors written while drafting
 
-    Args:
-        cache: the head's cache after ``catch_up`` up to position ``root_position - 1``.
-        root_token: the base model's last token, at position ``root_position`` (node 0).
-        root_state: (1, h) and root_logits: (1, V_draft), as returned by ``catch_up``.
-        tree: a static shape (candidates by rank at each parent) or EAGLE-2 settings.
-    """
-    device = root_state.device
-    proposals = _Proposals()
-    root = torch.tensor(root_token, dtype=torch.long, device=device)
-    root_log_probabilities = torch.log_softmax(root_logits[0].float(), dim=-1)[None]  # (1, V_draft)
+    def __init__(self, head, pad_to_multiple: int = 1):
+        super().__init__(head, pad_to_multiple)
+        self.cache = None  # the head's own KV cache(s), holding the accepted prefix only
+        self.state: torch.Tensor | None = None  # (1, h) drafter state at the last accepted position
+        self.logits: torch.Tensor | None = None  # (1, V_draft) its distribution for the root
 
-    if isinstance(tree, StaticTree):
-        # Proposal i is tree node i + 1; nodes are listed depth by depth, parents first.
+    def fork(self) -> Drafter:
+        other = copy.copy(self)
+        other.cache = copy.deepcopy(self.cache)
+        return other
+
+    def prefill(self, features, next_ids) -> None:
+        self.cache = self.head.new_cache()
+        if features.shape[1]:
+            self.commit(features, next_ids, 0)
+
+    def commit(self, features, next_ids, position) -> None:
+        positions = position + torch.arange(next_ids.shape[1], device=next_ids.device)[None]  # (1, n)
+        self.state, self.logits = self.head.catch_up(self.cache, features, next_ids, positions)
+
+    # Where a depth-d expansion sits in the drafter's caches (overridden by MTP).
+
+    def _prefix_length(self, lengths: list[int], written: int, depth: int) -> int:
+        """Cache entries every node being expanded sees (the accepted prefix)."""
+        return lengths[0] - written
+
+    def _position(self, root_position: int, depth: int) -> int:
+        return root_position + depth - 1
+
+    def _expand(self, proposals: _Proposals, nodes: list[int], depth: int, root_position: int) -> torch.Tensor:
+        """Run ``draft_step`` on ``nodes`` (all at ``depth``); return (n, V_draft) log-probabilities
+        of their children and record their drafter states."""
+        head, root_state = self.head, self.state[0]
+        device, dtype = root_state.device, root_state.dtype
+        lengths = cache_lengths(head.draft_caches(self.cache))
+        prefix_length = self._prefix_length(lengths, len(proposals.cached), depth)
+        parent_states = torch.stack(
+            [root_state if proposals.parents[n] == ROOT_PARENT else proposals.states[proposals.parents[n]] for n in nodes]
+        )[None]  # (1, n, h)
+        token_ids = torch.stack([proposals.tokens[n] for n in nodes])[None]  # (1, n)
+        position_ids = torch.full_like(token_ids, self._position(root_position, depth))  # (1, n)
+        mask = _drafter_mask(proposals, nodes, prefix_length, self.attends_ancestors, dtype, device)
+        states, logits = head.draft_step(self.cache, depth, parent_states, token_ids, position_ids, mask)
+        if self.attends_ancestors:
+            proposals.cached.extend(nodes)
+        for node, state in zip(nodes, states[0]):
+            proposals.states[node] = state
+        return torch.log_softmax(logits[0].float(), dim=-1)  # (n, V_draft)
+
+    def propose(self, root, position, tree) -> Draft:
+        self.check_tree(tree)
+        caches = self.head.draft_caches(self.cache)
+        lengths = cache_lengths(caches)
+        root_token = torch.tensor(root, dtype=torch.long, device=self.state.device)
+        if isinstance(tree, StaticTree):
+            proposals, kept = self._static(tree, position)
+        else:
+            proposals, kept = self._dynamic(tree, position)
+        crop_to_lengths(caches, lengths)  # drafted entries are rebuilt from real features on commit
+        return _finish(proposals, kept, root_token, self.pad_to_multiple)
+
+    def _static(self, tree: StaticTree, position: int) -> tuple[_Proposals, list[int]]:
+        """Fill a static tree; proposal i is tree node i + 1 (nodes listed depth by depth)."""
+        head, proposals = self.head, _Proposals()
         node_depths = [len(path) for path in ((),) + tree.choices]
         by_node: dict[int, int] = {}  # tree node -> proposal
-        log_probabilities = {0: root_log_probabilities[0]}  # tree node -> (V_draft,) at that node
+        log_probabilities = {0: torch.log_softmax(self.logits[0].float(), dim=-1)}  # node -> (V_draft,)
         for depth in range(1, tree.depth + 1):
             layer = [n for n in range(1, tree.num_nodes) if node_depths[n] == depth]
             candidates: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # parent -> (ids, scores)
@@ -201,36 +340,55 @@ def draft_autoregressive(
                     candidates[parent] = _children(head, log_probabilities[parent][None], width)
                 ids, scores = candidates[parent]
                 proposal_parent = ROOT_PARENT if parent == 0 else by_node[parent]
-                by_node[node] = proposals.add(
-                    proposal_parent, ids[0, rank : rank + 1], scores[0, rank : rank + 1]
-                )[0]
+                by_node[node] = proposals.add(proposal_parent, ids[0, rank : rank + 1], scores[0, rank : rank + 1])[0]
             expanding = [n for n in layer if n in set(tree.parents)]
             if expanding:
-                rows = _expand(
-                    head,
-                    cache,
-                    proposals,
-                    [by_node[n] for n in expanding],
-                    depth,
-                    root_state[0],
-                    root_position,
-                )
+                rows = self._expand(proposals, [by_node[n] for n in expanding], depth, position)
                 log_probabilities.update(zip(expanding, rows))
-        return _finish(proposals, list(range(len(proposals.tokens))), root, pad_to_multiple)
+        return proposals, list(range(len(proposals.tokens)))
 
-    # EAGLE-2 (Li et al. 2024, sec. 4): expand the top_k best frontier nodes at each depth, score a
-    # node by its cumulative draft log-probability, keep the best total_tokens - 1 over all depths.
-    ids, scores = _children(head, root_log_probabilities, tree.top_k)  # (1, k)
-    frontier = proposals.add(ROOT_PARENT, ids[0], scores[0])
-    for depth in range(1, tree.depth):
-        rows = _expand(head, cache, proposals, frontier, depth, root_state[0], root_position)  # (k, V)
-        ids, scores = _children(head, rows, tree.top_k)  # (k, k)
-        frontier_scores = torch.stack([proposals.scores[n] for n in frontier])  # (k,)
-        cumulative = frontier_scores[:, None] + scores  # (k, k)
-        layer = []
-        for row, parent in enumerate(frontier):
-            layer.extend(proposals.add(parent, ids[row], cumulative[row]))
-        best = torch.topk(cumulative.flatten(), min(tree.top_k, cumulative.numel())).indices
-        frontier = [layer[int(i)] for i in best.sort().values]
-    kept = select_dynamic_nodes(torch.stack(proposals.scores), proposals.parents, tree.total_tokens)
-    return _finish(proposals, kept, root, pad_to_multiple)
+    def _dynamic(self, tree: DynamicTree, position: int) -> tuple[_Proposals, list[int]]:
+        """EAGLE-2 (Li et al. 2024, sec. 4): expand the top_k best frontier nodes at each depth, score a
+        node by its cumulative draft log-probability, keep the best total_tokens - 1 over all depths."""
+        proposals = _Proposals()
+        root_log_probabilities = torch.log_softmax(self.logits[0].float(), dim=-1)[None]  # (1, V_draft)
+        ids, scores = _children(self.head, root_log_probabilities, tree.top_k)  # (1, k)
+        frontier = proposals.add(ROOT_PARENT, ids[0], scores[0])
+        for depth in range(1, tree.depth):
+            rows = self._expand(proposals, frontier, depth, position)  # (k, V_draft)
+            ids, scores = _children(self.head, rows, tree.top_k)  # (k, k)
+            frontier_scores = torch.stack([proposals.scores[n] for n in frontier])  # (k,)
+            cumulative = frontier_scores[:, None] + scores  # (k, k)
+            layer = []
+            for row, parent in enumerate(frontier):
+                layer.extend(proposals.add(parent, ids[row], cumulative[row]))
+            best = torch.topk(cumulative.flatten(), min(tree.top_k, cumulative.numel())).indices
+            frontier = [layer[int(i)] for i in best.sort().values]
+        kept = select_dynamic_nodes(torch.stack(proposals.scores), proposals.parents, tree.total_tokens)
+        return proposals, kept
+
+    def path_candidates(self, root, position, path, top_k) -> torch.Tensor:
+        caches = self.head.draft_caches(self.cache)
+        lengths = cache_lengths(caches)
+        proposals = _Proposals()
+        log_probabilities = torch.log_softmax(self.logits[0].float(), dim=-1)[None]  # (1, V_draft)
+        rows = [_children(self.head, log_probabilities, top_k)[0][0]]  # depth 1: (top_k,)
+        parent = ROOT_PARENT
+        for depth, token in enumerate(path.tolist(), start=1):  # expand the true depth-d node
+            node = proposals.add(parent, torch.tensor([token], device=self.state.device), torch.zeros(1))[0]
+            log_probabilities = self._expand(proposals, [node], depth, position)  # (1, V_draft)
+            rows.append(_children(self.head, log_probabilities, top_k)[0][0])
+            parent = node
+        crop_to_lengths(caches, lengths)
+        return torch.stack(rows)  # (len(path) + 1, top_k)
+
+
+@register_drafter("module-per-depth")
+class ModulePerDepthDrafter(AutoregressiveDrafter):
+    attends_ancestors = False
+
+    def _prefix_length(self, lengths, written, depth) -> int:
+        return lengths[depth]  # module depth + 1 sees its own cache and itself
+
+    def _position(self, root_position, depth) -> int:
+        return root_position - 1  # every module acts at the last accepted position

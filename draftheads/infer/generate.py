@@ -21,11 +21,11 @@ from pathlib import Path
 
 import torch
 
-from draftheads.infer.cache import cache_lengths, crop_to_lengths, keep_accepted, new_cache
-from draftheads.infer.draft import draft_autoregressive, draft_parallel
+from draftheads.base_model import SUPPORTED_ATTENTION
+from draftheads.infer.cache import keep_accepted, new_cache
+from draftheads.infer.draft import Drafter, drafter_for
 from draftheads.infer.packed import has_packed_linears, pack_linears
 from draftheads.infer.tree import (
-    StaticTree,
     TreeTopology,
     load_tuned_tree,
     resolve_tree,
@@ -34,16 +34,7 @@ from draftheads.infer.tree import (
 )
 from draftheads.infer.verify import SamplingParams, next_token, verify_tree
 
-TREE_ATTENTION = ("sdpa", "eager")  # flash-attention-2 rejects a 4D mask; others are unverified
 DEFAULT_MAX_NEW_TOKENS = 256
-# Default tree per (drafting style, device type): small on CPU, where verifying N tokens costs
-# ~1.2-1.8x one token up to N = 16 and grows fast after (REFERENCE.md sec. 6); the papers' on GPU.
-DEFAULT_TREES = {
-    ("parallel", "cpu"): "cpu-8",
-    ("parallel", "cuda"): "mc_sim_7b_63",
-    ("autoregressive", "cpu"): "dynamic-cpu",
-    ("autoregressive", "cuda"): "dynamic-gpu",
-}
 
 
 # ---- the verification forward -------------------------------------------------------------------
@@ -58,10 +49,10 @@ def check_tree_inputs(model, input_ids, attention_mask, position_ids, past_lengt
     (taken as padding), a bool mask (misread by eager attention), missing position_ids (positions
     then run past the tree's depth), and attention kernels that ignore or reject a 4D mask."""
     implementation = getattr(model.config, "_attn_implementation", None)
-    if implementation not in TREE_ATTENTION:
+    if implementation not in SUPPORTED_ATTENTION:
         raise TreeInputError(
             f"attn_implementation '{implementation}' cannot verify a tree (it needs a 4D float mask); "
-            f"load the base model with attn_implementation in {TREE_ATTENTION}"
+            f"load the base model with attn_implementation in {SUPPORTED_ATTENTION}"
         )
     if not isinstance(attention_mask, torch.Tensor) or attention_mask.dim() != 4:
         shape = getattr(attention_mask, "shape", None)
@@ -227,7 +218,7 @@ class SpeculativeGenerator:
         head: a ``DraftHead`` of any kind; it is attached to ``base_model`` (and checked to fit).
         tokenizer: needed for chat messages, text output and streaming.
         tree: a registered tree name (``draftheads.infer.tree.TREES``), a ``StaticTree`` /
-            ``DynamicTree``, or a Medusa-style choice list; default by drafting style and device.
+            ``DynamicTree``, or a Medusa-style choice list; default: the drafter's for this device.
             Trees deeper than the head can draft (Medusa K heads, MTP D modules) are cut to fit.
         pad_to_multiple: pad each tree to a multiple of this many tokens (padding is masked and never
             accepted); default ``default_pad_to_multiple(base_model)``.
@@ -235,29 +226,28 @@ class SpeculativeGenerator:
 
     def __init__(self, base_model, head, tokenizer=None, tree=None, pad_to_multiple: int | None = None):
         implementation = getattr(base_model.config, "_attn_implementation", None)
-        if implementation not in TREE_ATTENTION:
+        if implementation not in SUPPORTED_ATTENTION:
             raise TreeInputError(
                 f"base model uses attn_implementation '{implementation}'; tree verification needs one of "
-                f"{TREE_ATTENTION} (load it with draftheads.base_model.load_base(..., attn_implementation='sdpa'))"
+                f"{SUPPORTED_ATTENTION} (load it with draftheads.base_model.load_base(..., attn_implementation='sdpa'))"
             )
-        if head.drafting not in ("parallel", "autoregressive"):
-            raise ValueError(f"{head.kind} head has unknown drafting style '{head.drafting}'")
         self.model = base_model
         self.head = head.attach(base_model).eval()
         self.tokenizer = tokenizer
-        device_type = "cuda" if base_model.device.type == "cuda" else "cpu"
-        chosen = resolve_tree(tree if tree is not None else DEFAULT_TREES[(head.drafting, device_type)])
-        if head.drafting == "parallel" and not isinstance(chosen, StaticTree):
-            raise ValueError(
-                f"{head.kind} heads draft all depths at once; give a static tree, not '{chosen.name}'"
-            )
-        self.tree = chosen.truncated(head.num_draft_steps)  # -1 (EAGLE): no limit
         if pad_to_multiple is None:
             pad_to_multiple = default_pad_to_multiple(base_model)
         self.pad_to_multiple = pad_to_multiple
+        drafter = self.new_drafter()
+        device_type = "cuda" if base_model.device.type == "cuda" else "cpu"
+        chosen = resolve_tree(tree if tree is not None else drafter.default_trees[device_type])
+        drafter.check_tree(chosen)
+        self.tree = chosen.truncated(drafter.max_depth)  # -1 (EAGLE): no limit
         self.eos_ids = _eos_ids(base_model, tokenizer)
         self.max_length = getattr(base_model.config, "max_position_embeddings", None)
-        self._static_topologies: dict[int, TreeTopology] = {}  # by depth (cut near the context limit)
+
+    def new_drafter(self) -> Drafter:
+        """A drafter for one sequence (``draftheads.infer.draft``), chosen by the head's drafting style."""
+        return drafter_for(self.head, self.pad_to_multiple)
 
     @classmethod
     def from_pretrained(
@@ -291,13 +281,6 @@ class SpeculativeGenerator:
         if tree is None:  # the tree `draftheads tune-tree` chose for this device and dtype, if any
             tree = load_tuned_tree(head_dir, model.dtype, model.device)
         return cls(model, head, tokenizer, tree=tree)
-
-    # ---- trees for one step -------------------------------------------------------------------
-
-    def _static_topology(self, tree: StaticTree) -> TreeTopology:
-        if tree.depth not in self._static_topologies:
-            self._static_topologies[tree.depth] = tree.topology(self.pad_to_multiple)
-        return self._static_topologies[tree.depth]
 
     # ---- inputs -------------------------------------------------------------------------------
 
@@ -344,8 +327,8 @@ class SpeculativeGenerator:
         tally: _Tally,
     ) -> Iterator[list[int]]:
         """Yield the new tokens of each step (prefill, then one chunk per verification forward)."""
-        model, head = self.model, self.head
-        hidden_layers = head.feature_layers
+        model, drafter = self.model, self.new_drafter()
+        hidden_layers = drafter.feature_layers
         prompt_length = input_ids.shape[1]
         limit = min(self.max_length or 2**62, prompt_length + max_new_tokens)  # final sequence length
 
@@ -374,30 +357,16 @@ class SpeculativeGenerator:
         yield tokens
         if done:
             return
-        features = head.select_features(output.hidden_states)  # (1, T, F)
+        features = drafter.select_features(output.hidden_states)  # (1, T, F)
+        next_ids = torch.cat([input_ids[:, 1:], input_ids.new_tensor([[root]])], dim=1)  # (1, T)
+        drafter.prefill(features, next_ids)
         past = prompt_length  # cache entries; the root sits at position `past`
-        if head.drafting == "parallel":
-            last_features = features[:, -1:]  # (1, 1, F)
-        else:
-            draft_cache = head.new_cache()
-            next_ids = torch.cat([input_ids[:, 1:], input_ids.new_tensor([[root]])], dim=1)  # (1, T)
-            positions = torch.arange(past, device=input_ids.device)[None]  # (1, T)
-            draft_state, draft_logits = head.catch_up(draft_cache, features, next_ids, positions)
 
         while True:
             # Node depth d lands at position past + d; accepting d drafts makes the sequence
             # past + d + 2 long, which must stay within the context.
             tree = self.tree.truncated((self.max_length or 2**62) - past - 2)
-            if head.drafting == "parallel":
-                draft = draft_parallel(head, last_features, root, tree, self._static_topology(tree))
-            else:
-                lengths = cache_lengths(head.draft_caches(draft_cache))
-                draft = draft_autoregressive(
-                    head, draft_cache, root, draft_state, draft_logits, past, tree, self.pad_to_multiple
-                )
-                crop_to_lengths(
-                    head.draft_caches(draft_cache), lengths
-                )  # drafted entries are rebuilt from real features
+            draft = drafter.propose(root, past, tree)
             tokens_in_tree = draft.padded_tokens  # (N,)
             output = tree_forward(model, cache, tokens_in_tree, draft.topology, hidden_layers)
             acceptance = verify_tree(output.logits[0], tokens_in_tree, draft.topology, params, generator)
@@ -409,13 +378,8 @@ class SpeculativeGenerator:
             yield tokens
             if done:
                 return
-            features = head.select_features(output.hidden_states)[:, accepted.to(model.device)]  # (1, A, F)
-            if head.drafting == "parallel":
-                last_features = features[:, -1:]
-            else:
-                next_ids = torch.tensor([new], device=input_ids.device)  # (1, A)
-                positions = past + torch.arange(len(new), device=input_ids.device)[None]  # (1, A)
-                draft_state, draft_logits = head.catch_up(draft_cache, features, next_ids, positions)
+            features = drafter.select_features(output.hidden_states)[:, accepted.to(model.device)]  # (1, A, F)
+            drafter.commit(features, torch.tensor([new], device=input_ids.device), past)  # (1, A) ids
             past += len(new)
             root = acceptance.next_token
 

@@ -216,4 +216,4 @@ def test_mtp_draft_step_uses_the_next_module_at_the_root_position(tiny_llama, se
             head.draft_step(cache, 1, parents, nodes, node_positions, wrong)
         with pytest.raises(ValueError, match="drafts depths 1..2, got depth 3"):
             head.draft_step(cache, 3, parents, nodes, node_positions, None)
-    assert head.num_draft_steps == 3 and head.draft_attends_ancestors is False
+    assert head.num_draft_steps == 3 and head.drafting == "module-per-depth"

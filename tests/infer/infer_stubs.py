@@ -95,7 +95,6 @@ class AutoregressiveStub(_StubHead):
 
     kind: ClassVar[str] = "stub-autoregressive"
     drafting: ClassVar[str] = "autoregressive"
-    draft_attends_ancestors: ClassVar[bool] = True
 
     def new_cache(self):
         return DynamicCache()
@@ -130,8 +129,7 @@ class ModuleStub(_StubHead):
     its cache and itself. Its state is (position, depth)."""
 
     kind: ClassVar[str] = "stub-modules"
-    drafting: ClassVar[str] = "autoregressive"
-    draft_attends_ancestors: ClassVar[bool] = False
+    drafting: ClassVar[str] = "module-per-depth"
 
     def __init__(self, model, reference: torch.Tensor, right: bool, num_modules: int = 3):
         super().__init__(model, reference, right)
@@ -186,7 +184,6 @@ class SelfDraftStub(_StubHead):
 
     kind: ClassVar[str] = "stub-self-draft"
     drafting: ClassVar[str] = "autoregressive"
-    draft_attends_ancestors: ClassVar[bool] = True
     MAX_DEPTH = 8
 
     def __init__(self, model, first_token: int):
