@@ -17,6 +17,7 @@ from pathlib import Path
 
 import torch
 
+DEFAULT_DTYPE = "auto"  # bf16 on CUDA, fp32 on CPU (``resolve_dtype``); every command's default
 SUPPORTED_ATTENTION = ("sdpa", "eager")  # tree verification passes a 4D float mask; FA2 rejects it
 DTYPES = {
     "float32": torch.float32,
@@ -62,7 +63,7 @@ def resolve_dtype(dtype: str | torch.dtype, device: str | torch.device = "cpu") 
     """``auto`` is bf16 on CUDA and fp32 on CPU (fp32 keeps greedy decoding bit-exact)."""
     if isinstance(dtype, torch.dtype):
         return dtype
-    if dtype == "auto":
+    if dtype == DEFAULT_DTYPE:
         return torch.bfloat16 if torch.device(device).type == "cuda" else torch.float32
     if dtype not in DTYPES:
         raise ValueError(f"unknown dtype '{dtype}'; expected auto or one of {sorted(DTYPES)}")
@@ -157,7 +158,7 @@ def load_tokenizer(name_or_path: str):
 
 def load_base(
     name_or_path: str = "smollm2-135m-instruct",
-    dtype: str | torch.dtype = "auto",
+    dtype: str | torch.dtype = DEFAULT_DTYPE,
     device: str | torch.device = "cpu",
     attn_implementation: str = "sdpa",
 ):

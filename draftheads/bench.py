@@ -10,7 +10,6 @@ model produces itself (so plain decoding has tau = 1; REFERENCE.md section 3).
 from __future__ import annotations
 
 import json
-import platform
 import statistics
 import time
 from collections import defaultdict
@@ -19,11 +18,34 @@ from pathlib import Path
 
 import torch
 
-from draftheads.arguments import add_no_pack_argument, positive_int
+from draftheads.base_model import DEFAULT_DTYPE
+from draftheads.infer.generate import DEFAULT_MAX_NEW_TOKENS
+from draftheads.machine import machine_info
 
 TAU_CONVENTION = "tokens per base-model forward, counting the token the base model produces itself (plain decoding = 1)"
 PROMPT_LOOKUP_TOKENS = 10  # HF's documented default n-gram continuation length for prompt lookup
 REFERENCE = "generate"  # plain HF generate: every speedup and agreement is relative to it
+
+
+@dataclass(frozen=True)
+class BenchSettings:
+    """Every default of ``draftheads bench`` (the CLI only overrides these)."""
+
+    heads: tuple[str, ...] = ()  # head directories (draftheads or an engine format)
+    base: str | None = None  # default: the base recorded in the first head
+    prompts: str = "mt-bench"  # mt-bench | humaneval | FILE.jsonl
+    limit: int | None = None  # number of prompts, spread over categories
+    categories: tuple[str, ...] | None = None
+    max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS
+    temperature: float = 0.0
+    dtype: str = DEFAULT_DTYPE
+    device: str = "cpu"
+    repeats: int = 1  # timed repeats per prompt (median kept)
+    tree: str | None = None  # tree name or tuned-tree file (default: each head's tuned tree)
+    prompt_lookup: bool = True  # include HF prompt-lookup decoding as a baseline
+    pack: bool = True  # prepacked linear layers for every method (``draftheads.infer.packed``)
+    seed: int = 0
+    out: str = "bench-results"
 
 
 @dataclass(frozen=True)
@@ -209,32 +231,6 @@ def summarize(samples: list[Sample], reference_method: str) -> list[Summary]:
     return summaries
 
 
-def machine_info(dtype: torch.dtype, device: str) -> dict:
-    import transformers
-
-    cpu = platform.processor()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    info = {
-        "platform": platform.platform(),
-        "python": platform.python_version(),
-        "cpu": cpu,
-        "cpu_threads": torch.get_num_threads(),
-        "torch": torch.__version__,
-        "transformers": transformers.__version__,
-        "dtype": str(dtype).replace("torch.", ""),
-        "device": device,
-    }
-    if torch.cuda.is_available() and device.startswith("cuda"):
-        info["gpu"] = torch.cuda.get_device_name(0)
-    return info
-
-
 def markdown_table(summaries: list[Summary]) -> str:
     lines = [
         "| category | method | tau | tokens/s | speedup | overhead (tau/speedup) | acceptance by depth | agreement |",
@@ -312,7 +308,7 @@ def write_results(samples, summaries, info: dict, settings: dict, out_dir: Path)
     return [json_path, md_path, *plot(summaries, out_dir)]
 
 
-# ---- command ------------------------------------------------------------------------------------
+# ---- prompts, heads and the whole job ------------------------------------------------------------
 
 
 def build_prompts(name: str, tokenizer, limit: int | None, categories: list[str] | None = None) -> list[BenchPrompt]:
@@ -346,6 +342,10 @@ def _spread(prompts: list[BenchPrompt], limit: int) -> list[BenchPrompt]:
     return chosen
 
 
+class BenchError(ValueError):
+    """Bench settings that cannot run; the message names the setting and value."""
+
+
 def bench_tree(tree: str | None, head_dir: str, model):
     """``--tree``: a registered name, a tuned-tree file, or (None) the head's own tuned tree for this
     device and dtype (``draftheads tune-tree``); None again means the generator's default."""
@@ -356,29 +356,9 @@ def bench_tree(tree: str | None, head_dir: str, model):
     if tree.endswith(".json"):
         tuned = load_tuned_tree(tree, model.dtype, model.device)
         if tuned is None:
-            raise SystemExit(f"draftheads bench: {tree} holds no tree tuned for {tuned_tree_key(model.dtype, model.device)}")
+            raise BenchError(f"--tree {tree}: holds no tree tuned for {tuned_tree_key(model.dtype, model.device)}")
         return tuned
     return tree
-
-
-def add_arguments(parser) -> None:
-    from draftheads.infer.generate import DEFAULT_MAX_NEW_TOKENS
-
-    parser.add_argument("--heads", nargs="*", default=[], help="head directories (draftheads or engine format)")
-    parser.add_argument("--base", default=None, help="base model (default: the one recorded in the first head)")
-    parser.add_argument("--prompts", default="mt-bench", help="mt-bench | humaneval | FILE.jsonl")
-    parser.add_argument("--limit", type=positive_int, default=None, help="number of prompts (spread over categories)")
-    parser.add_argument("--categories", nargs="*", default=None)
-    parser.add_argument("--max-new-tokens", type=positive_int, default=DEFAULT_MAX_NEW_TOKENS)
-    parser.add_argument("--temperature", type=float, default=0.0)
-    parser.add_argument("--dtype", default="float32", help="float32 | bfloat16")
-    parser.add_argument("--device", default="cpu")
-    parser.add_argument("--repeats", type=positive_int, default=1, help="timed repeats per prompt (median kept)")
-    parser.add_argument("--tree", default=None, help="tree name or tuned-tree file (default: the head's tuned tree)")
-    parser.add_argument("--no-prompt-lookup", action="store_true", help="skip the prompt-lookup baseline")
-    add_no_pack_argument(parser)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--out", default="bench-results", help="output directory")
 
 
 def method_name(kind: str, head_dir: str, methods: list) -> str:
@@ -395,61 +375,55 @@ def method_name(kind: str, head_dir: str, methods: list) -> str:
     return name
 
 
-def speculative_methods(
-    head_dirs, model, tokenizer, load_model, tree: str | None, device, pack: bool = False
-) -> list:
-    """One ``SpeculativeMethod`` per head directory, on the shared ``model``. A joint (Medusa-2) head
-    merges its adapter into the base it is loaded on, so it gets a base of its own from
-    ``load_model()``: the baselines and the other heads keep the original base. ``pack``: prepack
-    the linear layers of the heads and of such own bases (after the merge), as of the shared base."""
-    from draftheads.heads import load_head
-    from draftheads.heads.adapter import adapter_path
+def speculative_methods(head_dirs, model, tokenizer, tree: str | None, device, pack: bool = False) -> list:
+    """One ``SpeculativeMethod`` per head directory, each on the model it drafts for: ``model`` itself,
+    or for a joint (Medusa-2) head an adapted copy of it (``load_head_and_base``), so the baselines and
+    the other heads keep the original base. ``pack``: prepack the linear layers of ``model``, of every
+    head and of every adapted copy (after the merge), so every method runs on the same kernels."""
+    from draftheads.heads import load_head_and_base
     from draftheads.infer import SpeculativeGenerator
     from draftheads.infer.packed import pack_linears
 
+    loaded = [(head_dir, *load_head_and_base(head_dir, model, map_location=device)) for head_dir in head_dirs]
+    if pack:
+        pack_linears(model, *(module for _, head, head_model in loaded for module in (head, head_model)))
     methods: list = []
-    for head_dir in head_dirs:
-        head_model = load_model() if adapter_path(head_dir).is_dir() else model
-        head = load_head(head_dir, base_model=head_model, map_location=device)
-        if pack:
-            pack_linears(head_model, head)
+    for head_dir, head, head_model in loaded:
         generator = SpeculativeGenerator(head_model, head, tokenizer, tree=bench_tree(tree, head_dir, head_model))
         methods.append(SpeculativeMethod(method_name(generator.head.kind, head_dir, methods), generator))
     return methods
 
 
-def run(args) -> int:
+def bench(settings: BenchSettings, progress: bool = True) -> tuple[list[Summary], list[Path]]:
+    """Run every method on the same prompts, interleaved; write bench.json, bench.md and charts to
+    ``settings.out``; return the summaries and the files written."""
     from draftheads.base_model import load_base, resolve_dtype
-    from draftheads.infer.packed import pack_linears
+    from draftheads.heads import resolve_base_model
+    from draftheads.infer.packed import packing_supported
 
-    base_name = args.base
-    if base_name is None:
-        if not args.heads:
-            raise SystemExit("draftheads bench: give --base or at least one --heads directory")
-        base_name = json.loads((Path(args.heads[0]) / "config.json").read_text())["base_model"]["name_or_path"]
-    model, tokenizer = load_base(base_name, dtype=args.dtype, device=args.device)
+    if settings.base is None and not settings.heads:
+        raise BenchError("give a base model (--base) or at least one head directory (--heads) to read it from")
+    base_name = resolve_base_model(settings.heads[0], settings.base) if settings.heads else settings.base
+    model, tokenizer = load_base(base_name, dtype=settings.dtype, device=settings.device)
     # Every method runs on the same kernels: plain generate and prompt lookup gain from packing too.
-    packed = not args.no_pack and pack_linears(model) > 0
+    packed = settings.pack and packing_supported(model)
+    heads = speculative_methods(settings.heads, model, tokenizer, settings.tree, settings.device, pack=packed)
     methods = [HFMethod(REFERENCE, model, tokenizer)]
-    if not args.no_prompt_lookup:
+    if settings.prompt_lookup:
         methods.append(HFMethod("prompt-lookup", model, tokenizer, prompt_lookup=PROMPT_LOOKUP_TOKENS))
-    methods += speculative_methods(
-        args.heads, model, tokenizer, lambda: load_base(base_name, dtype=args.dtype, device=args.device)[0],
-        args.tree, args.device, pack=packed,
+    methods += heads
+    prompts = build_prompts(settings.prompts, tokenizer, settings.limit, settings.categories)
+    if progress:
+        print(
+            f"bench: {len(prompts)} prompts x {len(methods)} methods, max_new_tokens={settings.max_new_tokens}, "
+            f"T={settings.temperature}, {settings.dtype} on {settings.device}"
+            f"{', prepacked linear layers' if packed else ''}"
+        )
+    samples = run_bench(
+        methods, prompts, settings.max_new_tokens, settings.temperature, settings.repeats, settings.seed,
+        progress=progress,
     )
-    prompts = build_prompts(args.prompts, tokenizer, args.limit, args.categories)
-    print(f"bench: {len(prompts)} prompts x {len(methods)} methods, max_new_tokens={args.max_new_tokens}, "
-          f"T={args.temperature}, {args.dtype} on {args.device}"
-          f"{', prepacked linear layers' if packed else ''}")
-    samples = run_bench(methods, prompts, args.max_new_tokens, args.temperature, args.repeats, args.seed)
     summaries = summarize(samples, reference_method=REFERENCE)
-    settings = {
-        "base": base_name, "heads": args.heads, "prompts": args.prompts, "limit": args.limit,
-        "max_new_tokens": args.max_new_tokens, "temperature": args.temperature, "dtype": args.dtype,
-        "repeats": args.repeats, "tree": args.tree, "seed": args.seed, "packed_linears": packed,
-    }
-    paths = write_results(samples, summaries, machine_info(resolve_dtype(args.dtype), args.device), settings,
-                          Path(args.out))
-    print(markdown_table([s for s in summaries if s.category == "all"]))
-    print("wrote " + ", ".join(str(p) for p in paths))
-    return 0
+    record = {**asdict(settings), "base": base_name, "packed_linears": packed}
+    info = machine_info(resolve_dtype(settings.dtype, settings.device), settings.device)
+    return summaries, write_results(samples, summaries, info, record, Path(settings.out))

@@ -1,8 +1,8 @@
 """The ``draftheads`` command: one thin entry point over the subcommands.
 
-Each subcommand lives next to the code it drives and exposes ``add_arguments(parser)`` and
-``run(args) -> int``; only the chosen subcommand's module is imported, so ``draftheads generate``
-never pays for deepspeed or datasets.
+Each subcommand is a module of ``draftheads.commands`` exposing ``add_arguments(parser)`` and
+``run(args) -> int`` over the library code it drives; only the chosen subcommand's module is
+imported, so ``draftheads generate`` never pays for deepspeed or datasets.
 """
 
 from __future__ import annotations
@@ -13,15 +13,15 @@ import sys
 
 # name -> (module, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
-    "data": ("draftheads.data.command", "inspect a data pipeline: conversations, tokens, masks"),
-    "distill": ("draftheads.data.distill", "regenerate assistant turns with the base model"),
-    "train": ("draftheads.train.command", "train a draft head on a frozen base model"),
-    "cache-features": ("draftheads.data.features_command", "cache base hidden states for offline training"),
-    "generate": ("draftheads.infer.command", "decode with a draft head (lossless speculative decoding)"),
-    "export": ("draftheads.export", "export a head for the Hub, vLLM or SGLang"),
-    "bench": ("draftheads.bench", "benchmark heads against plain and prompt-lookup decoding"),
-    "tune-tree": ("draftheads.tune", "pick the draft tree that maximises tokens/s on this machine"),
-    "demo": ("draftheads.demo", "the end-to-end demo on the embedded defaults"),
+    "data": ("draftheads.commands.data", "inspect a data pipeline: conversations, tokens, masks"),
+    "distill": ("draftheads.commands.distill", "regenerate assistant turns with the base model"),
+    "train": ("draftheads.commands.train", "train a draft head on a frozen base model"),
+    "cache-features": ("draftheads.commands.cache_features", "cache base hidden states for offline training"),
+    "generate": ("draftheads.commands.generate", "decode with a draft head (lossless speculative decoding)"),
+    "export": ("draftheads.commands.export", "export a head for the Hub, vLLM or SGLang"),
+    "bench": ("draftheads.commands.bench", "benchmark heads against plain and prompt-lookup decoding"),
+    "tune-tree": ("draftheads.commands.tune_tree", "pick the draft tree that maximises tokens/s on this machine"),
+    "demo": ("draftheads.commands.demo", "the end-to-end demo on the embedded defaults"),
 }
 
 

@@ -14,7 +14,6 @@ generation. Delete the directory (or a stage's part of it) to redo a stage.
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
 import time
@@ -22,7 +21,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import draftheads
-from draftheads.arguments import positive_int
 
 
 @dataclass(frozen=True)
@@ -187,7 +185,8 @@ def train_stage(
 def tune_stage(model, head, tokenizer, settings: DemoSettings, head_dir: Path) -> bool:
     """Tune the tree unless it already is for this device and dtype; returns whether it was reused."""
     from draftheads.infer.tree import load_tuned_tree
-    from draftheads.tune import TuneSettings, describe, tune_tree
+    from draftheads.tuning.report import describe
+    from draftheads.tuning.tune import TuneSettings, tune_tree
 
     if load_tuned_tree(head_dir, model.dtype, model.device) is not None:
         print(f"reusing the tuned tree in {head_dir} (delete tree.json to tune again)")
@@ -275,7 +274,7 @@ def generate_stage(model, head, tokenizer, settings: DemoSettings, head_dir: Pat
 def run_demo(settings: DemoSettings) -> dict:
     """Run (or resume) every stage; returns what ``demo.json`` records."""
     from draftheads.base_model import load_base
-    from draftheads.heads import load_head
+    from draftheads.heads import load_head_and_base
     from draftheads.infer.packed import pack_linears
 
     out_dir = Path(settings.out_dir)
@@ -297,7 +296,8 @@ def run_demo(settings: DemoSettings) -> dict:
     times.train = time.perf_counter() - started
     if reused:
         times.reused.append("train")
-    head = load_head(head_dir, base_model=model).eval()
+    head, model = load_head_and_base(head_dir, model)
+    head.eval()
     # Training is over: tune and decode on prepacked linear layers, as generate and bench do (the
     # plain generate it is compared with runs on the same packed base).
     pack_linears(model, head)
@@ -336,34 +336,3 @@ def run_demo(settings: DemoSettings) -> dict:
     record = {"settings": dataclasses.asdict(settings), "times": dataclasses.asdict(times), **outcome}
     (out_dir / "demo.json").write_text(json.dumps(record, indent=2) + "\n")
     return record
-
-
-# ---- command ------------------------------------------------------------------------------------
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    defaults = DemoSettings()
-    parser.add_argument("--out", default=defaults.out_dir, help="demo directory (reused on a re-run)")
-    parser.add_argument("--base", default=defaults.base)
-    parser.add_argument(
-        "--conversations", type=positive_int, default=defaults.conversations, help="conversations to distill"
-    )
-    parser.add_argument("--train-steps", type=positive_int, default=defaults.train_steps)
-    parser.add_argument("--max-new-tokens", type=positive_int, default=defaults.max_new_tokens)
-    parser.add_argument("--question", default=defaults.question_id, help="MT-bench question id")
-    parser.add_argument("--no-tune", action="store_true", help="skip tree tuning (use the default tree)")
-
-
-def run(args: argparse.Namespace) -> int:
-    settings = dataclasses.replace(
-        DemoSettings(),
-        out_dir=args.out,
-        base=args.base,
-        conversations=args.conversations,
-        train_steps=args.train_steps,
-        max_new_tokens=args.max_new_tokens,
-        question_id=args.question,
-        tune=not args.no_tune,
-    )
-    run_demo(settings)
-    return 0

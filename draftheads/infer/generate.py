@@ -13,7 +13,6 @@ cache keeps only the accepted entries (``cache.py``). Greedy decoding in fp32 re
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -21,7 +20,7 @@ from pathlib import Path
 
 import torch
 
-from draftheads.base_model import SUPPORTED_ATTENTION
+from draftheads.base_model import DEFAULT_DTYPE, SUPPORTED_ATTENTION
 from draftheads.infer.cache import keep_accepted, new_cache
 from draftheads.infer.draft import Drafter, drafter_for
 from draftheads.infer.packed import has_packed_linears, pack_linears
@@ -254,7 +253,7 @@ class SpeculativeGenerator:
         cls,
         head_dir: str | Path,
         base: str | None = None,
-        dtype: str | torch.dtype = "auto",
+        dtype: str | torch.dtype = DEFAULT_DTYPE,
         device: str = "cpu",
         tree=None,
         pack: bool = True,
@@ -265,17 +264,10 @@ class SpeculativeGenerator:
         ``pack``: run the base model's and the head's linear layers through prepacked oneDNN
         weights where that applies (fp32 on an x86 CPU; ``draftheads.infer.packed``)."""
         from draftheads.base_model import load_base
-        from draftheads.heads import load_head
+        from draftheads.heads import load_head_and_base, resolve_base_model
 
-        if base is None:
-            config_path = Path(head_dir) / "config.json"
-            if not config_path.is_file():
-                raise FileNotFoundError(f"no config.json in head directory {head_dir}")
-            base = json.loads(config_path.read_text()).get("base_model", {}).get("name_or_path")
-            if not base:
-                raise ValueError(f"{config_path}: base_model.name_or_path is empty; pass base=... explicitly")
-        model, tokenizer = load_base(base, dtype=dtype, device=device)
-        head = load_head(head_dir, base_model=model, map_location=device)  # merges a Medusa-2 adapter
+        model, tokenizer = load_base(resolve_base_model(head_dir, base), dtype=dtype, device=device)
+        head, model = load_head_and_base(head_dir, model, map_location=device)  # Medusa-2: adapted copy
         if pack:
             pack_linears(model, head)
         if tree is None:  # the tree `draftheads tune-tree` chose for this device and dtype, if any

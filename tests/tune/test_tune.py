@@ -13,21 +13,11 @@ import torch
 from draftheads.heads import Eagle3Config, MedusaConfig, MtpConfig, build_head
 from draftheads.infer.packed import packing_supported
 from draftheads.infer.tree import DynamicTree, StaticTree, load_tuned_tree, padded_size, tuned_tree_key
-from draftheads.tune import (
-    AcceptanceModel,
-    CostCurve,
-    DecodingBench,
-    TuneSettings,
-    acceptance_from_ranks,
-    choose_dynamic_tree,
-    choose_static_tree,
-    describe,
-    dynamic_proposals,
-    isotonic,
-    judgeable,
-    measure_acceptance,
-    save_tuned_tree,
-)
+from draftheads.tuning.acceptance import AcceptanceModel, acceptance_from_ranks, judgeable, measure_acceptance
+from draftheads.tuning.cost import CostCurve, DecodingBench, isotonic
+from draftheads.tuning.report import describe
+from draftheads.tuning.search import choose_dynamic_tree, choose_static_tree, dynamic_proposals
+from draftheads.tuning.tune import TuneSettings, save_tuned_tree
 from tests.data.data_fixtures import save_tiny_base
 from tests.infer.infer_stubs import AutoregressiveStub, ModuleStub, ParallelStub, greedy_reference
 
@@ -246,7 +236,7 @@ def test_timing_runs_the_real_drafting_code(tiny_llama, kind):
 
 
 def test_saved_tree_loads_back_per_device_and_dtype(tmp_path):
-    from draftheads.tune import Candidate
+    from draftheads.tuning.search import Candidate
 
     static = Candidate(StaticTree("tuned-4", ((0,), (1,), (0, 0))), 4, 2.1, 1.2, 1.75)
     dynamic = Candidate(DynamicTree("tuned-k2", 2, 3, 9), 9, 2.5, 1.5, 1.67)

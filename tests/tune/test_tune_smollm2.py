@@ -8,7 +8,7 @@ import torch
 
 from draftheads.heads import Eagle3Config, build_head
 from draftheads.infer.tree import DynamicTree, load_tuned_tree
-from draftheads.tune import TuneSettings, tune_tree
+from draftheads.tuning.tune import TuneSettings, tune_tree
 
 
 @pytest.mark.integration

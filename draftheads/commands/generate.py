@@ -9,11 +9,14 @@ import argparse
 import sys
 
 from draftheads.arguments import add_no_pack_argument, non_negative_int, positive_int
+from draftheads.base_model import DEFAULT_DTYPE
 from draftheads.infer.generate import DEFAULT_MAX_NEW_TOKENS
 from draftheads.infer.tree import TREES
+from draftheads.infer.verify import SamplingParams
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    sampling = SamplingParams()
     parser.add_argument("--heads", required=True, help="head directory (config.json + model.safetensors)")
     parser.add_argument(
         "--base", default=None, help="base model (default: the one recorded in the head's config)"
@@ -23,31 +26,38 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--raw", action="store_true", help="use the prompt as plain text, without the chat template"
     )
     parser.add_argument("--max-new-tokens", type=positive_int, default=DEFAULT_MAX_NEW_TOKENS)
-    parser.add_argument("--temperature", type=float, default=0.0, help="0: greedy (lossless either way)")
-    parser.add_argument("--top-p", type=float, default=1.0)
-    parser.add_argument("--top-k", type=non_negative_int, default=0)
+    parser.add_argument(
+        "--temperature", type=float, default=sampling.temperature, help="0: greedy (lossless either way)"
+    )
+    parser.add_argument("--top-p", type=float, default=sampling.top_p)
+    parser.add_argument("--top-k", type=non_negative_int, default=sampling.top_k)
     parser.add_argument("--seed", type=int, default=None)
     parser.add_argument(
         "--tree", default=None, choices=sorted(TREES), help="draft tree (default: by head and device)"
     )
     parser.add_argument(
-        "--dtype", default="auto", help="auto (bf16 on GPU, fp32 on CPU) | float32 | bfloat16"
+        "--dtype", default=DEFAULT_DTYPE, help="auto (bf16 on GPU, fp32 on CPU) | float32 | bfloat16"
     )
     parser.add_argument("--device", default="cpu")
     add_no_pack_argument(parser)
 
 
 def run(args: argparse.Namespace) -> int:
+    from draftheads.heads import HeadFormatError
     from draftheads.infer.generate import SpeculativeGenerator
 
-    generator = SpeculativeGenerator.from_pretrained(
-        args.heads,
-        base=args.base,
-        dtype=args.dtype,
-        device=args.device,
-        tree=args.tree,
-        pack=not args.no_pack,
-    )
+    try:
+        generator = SpeculativeGenerator.from_pretrained(
+            args.heads,
+            base=args.base,
+            dtype=args.dtype,
+            device=args.device,
+            tree=args.tree,
+            pack=not args.no_pack,
+        )
+    except HeadFormatError as err:
+        print(f"draftheads generate: {err}", file=sys.stderr)
+        return 2
     prompt = args.prompt if args.raw else [{"role": "user", "content": args.prompt}]
     stream = generator.generate(
         prompt,

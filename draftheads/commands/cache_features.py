@@ -45,11 +45,11 @@ def run(args: argparse.Namespace) -> int:
 
     from draftheads.base_model import BaseModelError, load_base, resolve_dtype
     from draftheads.config import load_run_config
-    from draftheads.settings import ConfigError
     from draftheads.data.features import CacheIdentity, write_feature_cache
     from draftheads.data.pipeline import build_datasets
     from draftheads.data.sources import DataError
     from draftheads.heads import build_head
+    from draftheads.settings import ConfigError
 
     try:
         run = load_run_config(args.config, args.overrides)

@@ -1,0 +1,1 @@
+"""The ``draftheads`` subcommands: argument parsing and printing over the library, one module each."""

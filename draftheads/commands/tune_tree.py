@@ -1,0 +1,75 @@
+"""``draftheads tune-tree``: pick the draft tree that maximises expected tokens/s on this machine."""
+
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+
+from draftheads.arguments import add_no_pack_argument, at_least, non_negative_int, positive_int
+from draftheads.tuning.tune import TuneSettings
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    defaults = TuneSettings()
+    parser.add_argument("--heads", required=True, help="head directory; the tuned tree is saved there")
+    parser.add_argument("--base", default=None, help="base model (default: the one recorded in the head)")
+    parser.add_argument("--data", default=defaults.data, help="mt-bench | humaneval | conversation source")
+    parser.add_argument(
+        "--skip", type=non_negative_int, default=defaults.skip, help="skip the first N prompts (training data)"
+    )
+    parser.add_argument("--prompts", type=positive_int, default=defaults.prompts, help="held-out prompts")
+    parser.add_argument("--max-new-tokens", type=positive_int, default=defaults.max_new_tokens)
+    parser.add_argument("--max-prompt-tokens", type=positive_int, default=defaults.max_prompt_tokens)
+    parser.add_argument("--top-k", type=positive_int, default=defaults.top_k, help="ranks measured per depth")
+    parser.add_argument("--max-depth", type=positive_int, default=defaults.max_depth, help="depths measured (EAGLE)")
+    parser.add_argument(
+        "--max-nodes", type=at_least(2), default=defaults.max_nodes, help="largest tree (root included)"
+    )
+    parser.add_argument("--prefix-tokens", type=positive_int, default=defaults.prefix_tokens)
+    parser.add_argument("--repeats", type=positive_int, default=defaults.repeats)
+    parser.add_argument("--dtype", default=defaults.dtype, help="float32 | bfloat16 (costs differ by dtype)")
+    parser.add_argument("--device", default=defaults.device)
+    add_no_pack_argument(parser)
+
+
+def settings_from_args(args: argparse.Namespace) -> TuneSettings:
+    return TuneSettings(
+        data=args.data,
+        skip=args.skip,
+        prompts=args.prompts,
+        max_new_tokens=args.max_new_tokens,
+        max_prompt_tokens=args.max_prompt_tokens,
+        top_k=args.top_k,
+        max_depth=args.max_depth,
+        max_nodes=args.max_nodes,
+        prefix_tokens=args.prefix_tokens,
+        repeats=args.repeats,
+        dtype=args.dtype,
+        device=args.device,
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    from draftheads.base_model import load_base
+    from draftheads.heads import HeadFormatError, load_head_and_base, resolve_base_model
+    from draftheads.infer.packed import pack_linears
+    from draftheads.tuning.report import describe
+    from draftheads.tuning.tune import tune_tree
+
+    settings = settings_from_args(args)
+    head_dir = Path(args.heads)
+    try:
+        base = resolve_base_model(head_dir, args.base)
+    except HeadFormatError as err:
+        print(f"draftheads tune-tree: {err}")
+        return 2
+    model, tokenizer = load_base(base, dtype=settings.dtype, device=settings.device)
+    head, model = load_head_and_base(head_dir, model, map_location=settings.device)
+    if not args.no_pack:  # tune on the kernels generate and bench decode with by default
+        pack_linears(model, head)
+    started = time.perf_counter()
+    record = tune_tree(model, head, tokenizer, head_dir, settings)
+    print(describe(record))
+    print(f"tuned in {time.perf_counter() - started:.0f} s; wrote " + ", ".join(record["paths"]))
+    return 0

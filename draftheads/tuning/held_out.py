@@ -1,0 +1,69 @@
+"""Held-out prompts and the base model's greedy continuations of them: the text tuning measures on."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+
+
+def held_out_prompts(
+    source: str, skip: int, count: int, tokenizer, max_prompt_tokens: int
+) -> list[torch.Tensor]:
+    """Chat-formatted first user turns: from eval prompts (mt-bench, humaneval) or from any
+    conversation source, after skipping ``skip`` items (keep them out of the training data)."""
+    from draftheads.data.prompts import EMBEDDED, load_prompts
+    from draftheads.data.sources import read_conversations
+
+    if source in EMBEDDED or _is_prompt_file(source):
+        texts = [prompt.turns[0] for prompt in load_prompts(source)[skip:]]
+    else:
+        # Extra conversations in reserve for prompts that turn out too long.
+        conversations, _ = read_conversations(source, limit=skip + 4 * count)
+        texts = [
+            next(m["content"] for m in c.messages if m["role"] == "user")
+            for c in conversations[skip:]
+            if any(m["role"] == "user" for m in c.messages)
+        ]
+    prompts = []
+    for text in texts:
+        ids = tokenizer.apply_chat_template(
+            [{"role": "user", "content": text}], add_generation_prompt=True, return_dict=False
+        )
+        if len(ids) <= max_prompt_tokens:
+            prompts.append(torch.tensor(ids, dtype=torch.long))
+        if len(prompts) == count:
+            break
+    if not prompts:
+        raise ValueError(
+            f"--data {source}: no prompt of at most {max_prompt_tokens} tokens after skipping {skip}"
+        )
+    return prompts
+
+
+def _is_prompt_file(source: str) -> bool:
+    """A .jsonl of prompts (``turns`` or ``prompt``, as bench reads) rather than of conversations."""
+    path = Path(source)
+    if path.suffix != ".jsonl" or not path.is_file():
+        return False
+    with open(path, encoding="utf-8") as stream:
+        first = next((line for line in stream if line.strip()), "{}")
+    try:
+        record = json.loads(first)
+    except json.JSONDecodeError:
+        return False
+    return isinstance(record, dict) and ("turns" in record or "prompt" in record)
+
+
+def greedy_continuations(generator, prompts: list[torch.Tensor], max_new_tokens: int, progress: bool = True):
+    """((T,) prompt + greedy continuation, prompt length) per prompt. Decoded with the head itself
+    (lossless, so the tokens are the base's greedy ones; any float disagreement is caught later,
+    where only positions whose path is the base's own greedy path are judged)."""
+    from tqdm.auto import tqdm
+
+    sequences = []
+    for prompt in tqdm(prompts, desc="continuations", unit="prompt", disable=not progress):
+        result = generator.generate(prompt, max_new_tokens=max_new_tokens)
+        sequences.append((result.sequences[0], result.prompt_length))
+    return sequences

@@ -1,0 +1,137 @@
+"""Tune a head's tree for this machine: measure acceptance and cost, choose, save.
+
+No fixed tree is right everywhere: how many candidates pay off depends on how often the head is right
+at each depth and rank (``acceptance``), and on what verifying N tokens and drafting cost here
+(``cost``; on a CPU verifying N tokens grows with N, on a GPU it is nearly flat up to dozens).
+``search`` chooses. The choice is saved with the head (``tree.json``, keyed by device and dtype, read
+by ``draftheads.infer.tree.load_tuned_tree``), with the measured curves (``tune-<device>-<dtype>.json``)
+and a chart (``.png``).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+
+from draftheads.base_model import DEFAULT_DTYPE
+from draftheads.infer.tree import TUNED_TREE_FILE, TUNED_TREE_FORMAT, tree_to_dict, tuned_tree_key
+from draftheads.tuning.acceptance import head_vocab_size, measure_acceptance, measured_depth
+from draftheads.tuning.cost import DecodingBench, cost_sizes
+from draftheads.tuning.held_out import greedy_continuations, held_out_prompts
+from draftheads.tuning.report import plot_tuning
+from draftheads.tuning.search import Candidate, choose_dynamic_tree, choose_static_tree
+
+
+@dataclass(frozen=True)
+class TuneSettings:
+    """Every default of ``draftheads tune-tree`` (the CLI only overrides these)."""
+
+    # prompts: mt-bench | humaneval | a prompt .jsonl (bench's form) | a conversation source (first user turns)
+    data: str = "sharegpt"
+    skip: int = 10000  # skip the first N prompts: the shipped configs train on ShareGPT's first 2,600 (eagle3: 9,000)
+    prompts: int = 8  # held-out prompts
+    max_new_tokens: int = 128  # greedy continuation per prompt (the positions measured)
+    max_prompt_tokens: int = 256  # longer prompts are skipped
+    top_k: int = 8  # ranks measured per depth
+    max_depth: int = 6  # depths measured for heads without a fixed depth (EAGLE)
+    max_nodes: int = 64  # largest tree considered (root included)
+    prefix_tokens: int = 200  # context before the timed tree forwards
+    repeats: int = 5  # timed repeats (median)
+    dtype: str = DEFAULT_DTYPE
+    device: str = "cpu"
+
+
+def save_tuned_tree(head_dir: Path, key: str, best: Candidate, record: dict) -> list[Path]:
+    """Merge the choice for ``key`` into ``tree.json``; write the curves and a chart next to it."""
+    tree_path = head_dir / TUNED_TREE_FILE
+    saved = {"format": TUNED_TREE_FORMAT, "trees": {}}
+    if tree_path.is_file():
+        previous = json.loads(tree_path.read_text())
+        if previous.get("format") == TUNED_TREE_FORMAT:
+            saved = previous
+    saved["trees"][key] = {
+        "tree": tree_to_dict(best.tree),
+        "expected_tokens_per_step": best.expected_tokens,
+        "expected_speedup": best.expected_speedup,
+        "machine": record["machine"],
+    }
+    tree_path.write_text(json.dumps(saved, indent=2) + "\n")
+    stem = "tune-" + key.replace("/", "-")
+    curves_path = head_dir / f"{stem}.json"
+    curves_path.write_text(json.dumps(record, indent=2) + "\n")
+    return [tree_path, curves_path, plot_tuning(record, head_dir / f"{stem}.png")]
+
+
+def tune_tree(
+    model, head, tokenizer, head_dir: str | Path, settings: TuneSettings, progress: bool = True
+) -> dict:
+    """Measure, choose and save; returns the record written to ``tune-<device>-<dtype>.json``."""
+    from draftheads.infer.generate import SpeculativeGenerator
+    from draftheads.infer.packed import has_packed_linears
+    from draftheads.machine import machine_info
+
+    head_dir = Path(head_dir)
+    generator = SpeculativeGenerator(model, head, tokenizer)  # its default tree; its padding rule
+    pad = generator.pad_to_multiple
+    prompts = held_out_prompts(
+        settings.data, settings.skip, settings.prompts, tokenizer, settings.max_prompt_tokens
+    )
+    sequences = greedy_continuations(generator, prompts, settings.max_new_tokens, progress)
+    depth = measured_depth(head, settings.max_depth)
+    top_k = min(settings.top_k, head_vocab_size(head))
+    acceptance = measure_acceptance(model, head, sequences, depth, top_k, progress)
+
+    prefix = torch.cat([tokens for tokens, _ in sequences])[: settings.prefix_tokens]
+    bench = DecodingBench(model, head, prefix, pad, settings.repeats)
+    curve = bench.verify_cost(cost_sizes(settings.max_nodes, pad), progress)
+    one_step = curve.seconds[curve.sizes.index(1)]
+
+    def draft_cost(tree) -> float:
+        return bench.draft_seconds(tree) / one_step
+
+    drafter = generator.new_drafter()
+    dynamic = drafter.dynamic_trees and drafter.max_depth < 0  # EAGLE: unbounded depth
+    if dynamic:
+        best, candidates = choose_dynamic_tree(
+            acceptance, curve.relative, draft_cost, top_k, depth, settings.max_nodes, pad
+        )
+    else:
+        best, candidates = choose_static_tree(acceptance, curve.relative, draft_cost, settings.max_nodes, pad)
+    key = tuned_tree_key(model.dtype, model.device)
+    record = {
+        "setting": key,
+        "settings": asdict(settings),
+        "machine": machine_info(model.dtype, str(model.device)),
+        "head": {"kind": head.kind, "dir": str(head_dir)},
+        "tau_convention": "expected tokens per step count the token the base model produces itself",
+        "acceptance": asdict(acceptance),
+        "verify_cost": {
+            "sizes": list(curve.sizes),
+            "seconds": list(curve.seconds),
+            "fitted_seconds": curve.fitted(),
+            "relative": [curve.relative(n) for n in curve.sizes],
+            "pad_to_multiple": pad,
+            "packed_linears": has_packed_linears(model),
+            "ceiling": {
+                **dict(zip(("speedup", "tokens"), curve.ceiling())),
+                "at_tau": [curve.speedup_bound(tau) for tau in (2, 3, 4)],
+            },
+        },
+        "chosen": _candidate_dict(best),
+        "candidates": [_candidate_dict(c) for c in candidates],
+    }
+    record["paths"] = [str(p) for p in save_tuned_tree(head_dir, key, best, record)]
+    return record
+
+
+def _candidate_dict(candidate: Candidate) -> dict:
+    return {
+        "tree": tree_to_dict(candidate.tree),
+        "nodes": candidate.nodes,
+        "expected_tokens": candidate.expected_tokens,
+        "cost": candidate.cost,
+        "expected_speedup": candidate.expected_speedup,
+    }
