@@ -4,7 +4,7 @@ Every method decodes the same prompts on the same machine, interleaved prompt by
 in machine speed hits all methods alike): plain HF ``generate``, HF prompt-lookup decoding, and
 draftheads speculative decoding with each given head. Times are medians over repeats, warm-up
 excluded. tau is reported as tokens emitted per base-model forward, counting the token the base
-model produces itself (so plain decoding has tau = 1; REFERENCE.md section 3).
+model produces itself (so plain decoding has tau = 1, as EAGLE counts it).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Offline hidden-state caches: the frozen base model's hidden states, computed once (issue 7).
+"""Offline hidden-state caches: the frozen base model's hidden states, computed once.
 
 Training many epochs, or many head variants, on the same data runs the base model's body for
 every batch again; offline training reads its hidden states from disk instead. A cache holds,

@@ -34,9 +34,9 @@ from draftheads.heads.layers import build_decoder_layer, build_rotary_embedding,
 class EagleConfig(HeadConfig):
     kind: ClassVar[str] = "eagle"
     # Training: input features get U(-a, a) noise so the drafter tolerates its own imprecise
-    # features at inference (EAGLE trains with U(-0.1, 0.1), REFERENCE.md section 1); 0 disables it.
+    # features at inference (EAGLE trains with U(-0.1, 0.1): Li et al. 2024, "EAGLE", sec. 3.3); 0 disables it.
     feature_noise: float = 0.1
-    # EAGLE's fc has a bias; vLLM's EagleLlamaForCausalLM loads none (see heads/formats.py), so
+    # EAGLE's fc has a bias; vLLM's EagleLlamaForCausalLM loads none (see draftheads.export.eagle), so
     # heads meant for vLLM's ``eagle`` format train with fc_bias: false.
     fc_bias: bool = True
 

@@ -2,7 +2,7 @@
 
 After verifying a tree, the base cache holds prefix + all N tree nodes; only the accepted path's
 entries may stay. ``keep_accepted`` moves them to the front of the tree region and crops the rest
-(~1 ms at any prefix length, against 2.7-48 ms for re-indexing the whole cache; REFERENCE.md sec. 6).
+(cheap at any prefix length, where re-indexing the whole cache grows with it: docs/inference.md).
 
 A drafter's cache is rolled back instead (its ``DynamicCache`` objects, ``head.draft_caches(cache)``:
 one for EAGLE/EAGLE-3, one per module for MTP):

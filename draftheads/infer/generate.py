@@ -5,7 +5,7 @@ loop (``SpeculativeGenerator._decode``, the only loop over decoding steps in the
 public ``SpeculativeGenerator`` with ``generate`` and ``from_pretrained``.
 
 One step: the head proposes a tree (``draft.py``); the unmodified Hugging Face model verifies every
-node in ONE forward through a 4D additive mask with explicit positions (REFERENCE.md sec. 2); a
+node in ONE forward through a 4D additive mask with explicit positions (``tree.py``); a
 verifier (``verify.py``) keeps the longest valid path plus the base model's own next token; the KV
 cache keeps only the accepted entries (``cache.py``). Greedy decoding in fp32 reproduces
 ``model.generate(do_sample=False)`` token for token; sampling follows the base model's distribution.
@@ -44,7 +44,7 @@ class TreeInputError(ValueError):
 
 
 def check_tree_inputs(model, input_ids, attention_mask, position_ids, past_length: int) -> None:
-    """Refuse the inputs that transformers 5.x accepts but silently misreads (issue 4): a 2D mask
+    """Refuse the inputs that transformers 5.x accepts but silently misreads: a 2D mask
     (taken as padding), a bool mask (misread by eager attention), missing position_ids (positions
     then run past the tree's depth), and attention kernels that ignore or reject a 4D mask."""
     implementation = getattr(model.config, "_attn_implementation", None)
@@ -109,7 +109,7 @@ class GenerationStats:
 
     tau, the mean accepted length, counts the token the base model produces itself at each
     verification step: a step that accepts d draft tokens emits d + 1 tokens, so tau = 1 without a
-    head and tau <= depth + 1 (REFERENCE.md sec. 3; EAGLE counts this way, some engines do not).
+    head and tau <= depth + 1 (EAGLE counts this way, Li et al. 2024; some engines do not).
     tau is measured over verification forwards (the prefill forward is not one) before truncation
     at EOS or max_new_tokens; it is NaN when no verification step ran.
     """

@@ -1,13 +1,11 @@
 """Prepacked fp32 linear layers for CPU decoding: verifying a few tokens at close to one token's cost.
 
-Measured on this project's 2-core AMD EPYC (AVX2, torch 2.13.0 with MKL 2024.2, SmolLM2-135M, fp32):
-``F.linear`` on 2-16 rows runs MKL's sgemm, which re-packs the weight on every call, so the
-49152 x 576 vocabulary projection takes 20-25 ms for 2-16 rows against 9-11 ms for one, and a
-whole forward of 2-8 tree tokens costs 1.7-1.9x one token. oneDNN with the weight reordered once
-into its blocked layout (what PyTorch's inductor does for frozen CPU linears) takes 5.5-8.4 ms for
-the same projection on 2-8 rows, and a forward of 2 / 4 / 8 tokens costs 1.0-1.05 / 1.1-1.3 /
-1.2-1.3x one unpacked token (two interleaved runs; docs/benchmarks.md). The math is the same linear map; only the summation order differs, as
-it already does between MKL's one-row and many-row kernels.
+Why: in fp32 on CPU, ``F.linear`` on a few rows runs MKL's sgemm, which re-packs the weight on every
+call, so verifying a handful of tree tokens can cost far more than one token. oneDNN with the
+weight reordered once into its blocked layout (what PyTorch's inductor does for frozen CPU linears)
+brings a few-token forward close to a one-token one; the measurements, with the machines they were
+taken on, are in docs/inference.md. The math is the same linear map; only the summation order
+differs, as it already does between MKL's one-row and many-row kernels.
 
 ``pack_linears(model, head)`` swaps every ``nn.Linear`` for a ``PackedLinear`` (an ``nn.Linear`` with the
 same parameters plus the reordered copy), so ``isinstance`` checks, ``.weight`` and state dicts are
@@ -26,7 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-PACK_BATCH_HINT = 16  # rows oneDNN's layout is chosen for: trees of 2-64 tokens measured alike for 4, 16, 64
+PACK_BATCH_HINT = 16  # rows oneDNN's layout is chosen for (4, 16 and 64 measured alike: docs/inference.md)
 
 
 def _reorder(weight: torch.Tensor) -> torch.Tensor:

@@ -1,7 +1,8 @@
 """Draft trees: their shapes, the tree attention mask, and root-to-leaf retrieve paths.
 
 A tree holds N nodes; node 0 is the root (the token the base model produced last), and every other
-node has a parent with a smaller index, so one forward can verify all of them (REFERENCE.md sec. 2).
+node has a parent with a smaller index, so one forward can verify all of them (Miao et al. 2024,
+"SpecInfer"; Cai et al. 2024, "Medusa", sec. 2.1.2).
 
 - ``TreeTopology``: the shape of one tree (parents, depths, ancestor matrix, retrieve paths), without
   tokens. Built once for a static tree, once per step for a dynamic one.
@@ -12,7 +13,7 @@ node has a parent with a smaller index, so one forward can verify all of them (R
   the kept nodes from draft scores.
 - ``tree_attention_mask`` / ``tree_position_ids``: the verification forward's inputs.
 
-Padding: in fp32 on CPU a GEMM with 2-3 rows is far slower than with 4 (REFERENCE.md sec. 6), so a
+Padding: in fp32 on CPU MKL's GEMM with 2-3 rows can be slower than with 4 (docs/inference.md), so a
 topology may carry padding nodes after the real ones. A padding node sees the prefix and itself, has
 no parent and no children, and is in no retrieve path, so it can never be accepted.
 """
@@ -121,7 +122,7 @@ def tree_attention_mask(
     """The additive float mask (B, 1, N, past + N) for verifying the tree after ``past_length`` tokens:
     0 where a node may attend (the whole prefix, itself, its ancestors), ``finfo(dtype).min`` elsewhere.
 
-    A float mask, because a bool mask is silently misread by eager attention (issue 4)."""
+    A float mask, because transformers 5.x eager attention silently misreads a bool one."""
     if not dtype.is_floating_point:
         raise ValueError(f"the tree mask must be a floating dtype (the model's), got {dtype}")
     size = topology.size
@@ -271,8 +272,8 @@ EAGLE1_26 = (
     (0, 0, 0, 1), (0, 0, 0, 2), (0, 0, 0, 0, 0), (0, 0, 0, 0, 1),
 )  # fmt: skip
 
-# Small trees for CPU decoding, where verifying N tokens costs ~1.2-1.8x one token up to N = 16
-# (REFERENCE.md sec. 6): most nodes on the top-1 spine, a few second choices near the root.
+# Small trees for CPU decoding, where verifying N tokens grows with N well before N = 16
+# (docs/inference.md): most nodes on the top-1 spine, a few second choices near the root.
 CPU_8 = ((0,), (1,), (0, 0), (0, 1), (1, 0), (0, 0, 0), (0, 0, 0, 0))
 CPU_16 = (
     (0,), (1,), (2,), (0, 0), (0, 1), (1, 0), (0, 2), (0, 0, 0), (0, 0, 1), (0, 1, 0), (1, 0, 0),

@@ -1,7 +1,8 @@
 """Acceptance rules: which path of a verified tree the base model keeps, and its next token.
 
 Each verifier is a pure function of (tree logits, node tokens, topology, sampling params, generator)
--> ``Acceptance`` (REFERENCE.md sec. 3):
+-> ``Acceptance`` (Leviathan et al. 2023 and Chen et al. 2023 for the sampling rule; Cai et al. 2024,
+"Medusa", sec. 2.3.1 for typical acceptance):
 
 - ``verify_greedy`` (T = 0, lossless): a child is accepted iff its token is the argmax at its parent.
 - ``verify_sampling`` (T > 0, lossless): rejection sampling with deterministic (one-hot) proposals, as

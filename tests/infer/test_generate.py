@@ -159,7 +159,7 @@ def test_batch_and_empty_prompts_refused(model):
         generator.generate("hello")
 
 
-# ---- the verification-input guards (issue 4: each of these is silently wrong in transformers 5.x) ----
+# ---- the verification-input guards (each of these is silently wrong in transformers 5.x) ----
 
 
 def guard_inputs(model, past=5, count=3):
