@@ -107,8 +107,9 @@ def render_model_card(config: dict[str, Any], parameters: int, bench: dict | Non
     if config.get("head_config", {}).get("joint"):
         text += (
             "**Medusa-2: outputs follow the adapted base.** These heads were trained jointly with a LoRA adapter on "
-            f"the base model (in `adapter/`, peft format). Loading the head merges the adapter into `{base_name}`, "
-            "so decoding is lossless with respect to the *adapted* base model, not the original one.\n\n"
+            f"the base model (in `adapter/`, peft format). Loading the head (`load_head_and_base`) merges the adapter "
+            f"into a copy of `{base_name}`, so decoding is lossless with respect to the *adapted* base model, not "
+            "the original one.\n\n"
         )
     text += "\n".join(["| | |", "|---|---|"] + [f"| {name} | {_format_number(value)} |" for name, value in summary_rows]) + "\n\n"
     text += "## Held-out evaluation\n\n" + _eval_section(training.get("eval")) + "\n"

@@ -8,11 +8,14 @@ from draftheads.heads.base import (
     BaseModelSpec,
     DraftHead,
     HeadConfig,
+    HeadFormatError,
     HeadMismatchError,
     build_head,
     head_class,
     load_head,
+    load_head_and_base,
     register_head,
+    resolve_base_model,
 )
 
 # Importing the families registers them (``@register_head``); nothing else runs at import time.
@@ -30,6 +33,7 @@ __all__ = [
     "EagleConfig",
     "EagleHead",
     "HeadConfig",
+    "HeadFormatError",
     "HeadMismatchError",
     "MedusaConfig",
     "MedusaHead",
@@ -38,5 +42,7 @@ __all__ = [
     "build_head",
     "head_class",
     "load_head",
+    "load_head_and_base",
     "register_head",
+    "resolve_base_model",
 ]

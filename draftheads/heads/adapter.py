@@ -1,23 +1,24 @@
-"""A Medusa-2 head's base adapter: the LoRA weights trained together with the heads (issue 7).
+"""A Medusa-2 head's base adapter: the LoRA weights trained together with the heads (Medusa-2
+fine-tunes the backbone jointly with the heads; Cai et al. 2024, arXiv:2401.10774).
 
 The adapter lives in ``<head dir>/adapter`` in peft's format (``adapter_config.json`` +
 ``adapter_model.safetensors``). The heads learned to predict the *adapted* base, so decoding
-verifies with the adapted base: ``load_head(dir, base_model)`` merges the adapter into the base
-weights (W <- W + (alpha / r) B A, peft ``merge_and_unload``). Merged, the adapted base costs
-exactly what the original does per token; an unmerged adapter adds two rank-r matmuls to every
-linear layer (SmolLM2, rank 32 on all linear layers, fp32, 2-core CPU, interleaved medians: one
-decoding forward after a 200-token prefix 75 ms unmerged vs 48 ms merged; 1.6-2x slower for 1
-and 16 new tokens in a noisier rerun).
+verifies with the adapted base: ``adapted_base`` returns a copy of the base model with the adapter
+merged into its weights (W <- W + (alpha / r) B A, peft ``merge_and_unload``), which costs per token
+what the original does (an unmerged adapter adds two rank-r matmuls to every adapted linear layer;
+docs/export.md has the measurement). The base model it is given is never modified.
 
-The merge happens in place, once: the base config records the adapter's fingerprint
-(``MERGED_ADAPTER_KEY``), so loading the same head again does not merge twice and loading a head
-with another adapter into an already-adapted base is refused.
+The adapted copy's config records the adapter's fingerprint (``MERGED_ADAPTER_KEY``): ``load_head``
+attaches a joint head only to a model carrying its own adapter, and no adapter is merged twice.
 """
 
 from __future__ import annotations
 
+import copy
 import hashlib
 from pathlib import Path
+
+from draftheads.heads.base import HeadMismatchError
 
 ADAPTER_DIR = "adapter"
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
@@ -39,25 +40,45 @@ def adapter_fingerprint(head_dir: str | Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()[:16]
 
 
-def merge_adapter(base_model, head_dir: str | Path):
-    """Merge the head's base adapter into ``base_model`` in place and return it (frozen, eval mode).
+def merged_adapter(model) -> str | None:
+    """The fingerprint of the adapter merged into ``model``'s weights, or None for an original base."""
+    return getattr(model.config, MERGED_ADAPTER_KEY, None)
 
-    Raises ``HeadMismatchError`` if ``base_model`` already holds another merged adapter."""
-    from draftheads.heads.base import HeadMismatchError
 
+def check_adapted(model, head_dir: str | Path) -> None:
+    """Raise HeadMismatchError unless ``model`` carries the adapter of the joint head in ``head_dir``."""
     fingerprint = adapter_fingerprint(head_dir)
-    merged = getattr(base_model.config, MERGED_ADAPTER_KEY, None)
+    merged = merged_adapter(model)
     if merged == fingerprint:
-        return base_model
+        return
+    if merged is None:
+        raise HeadMismatchError(
+            f"the head in {head_dir} is a joint (Medusa-2) head: it drafts for its base with adapter "
+            f"{fingerprint} merged, and this base model has none. Load the pair with "
+            "load_head_and_base(head_dir, base_model), which returns the adapted copy and leaves the base as it is"
+        )
+    raise HeadMismatchError(
+        f"the base model already has adapter {merged} merged into its weights; the head in {head_dir} "
+        f"needs adapter {fingerprint}: use load_head_and_base(head_dir, base_model) with the original base"
+    )
+
+
+def adapted_base(base_model, head_dir: str | Path):
+    """A new model: a copy of ``base_model`` with the adapter of the joint head in ``head_dir`` merged
+    into its weights, frozen, in eval mode, its config recording the adapter's fingerprint.
+    ``base_model`` is left as it is; it must be an original base (HeadMismatchError otherwise)."""
+    fingerprint = adapter_fingerprint(head_dir)
+    merged = merged_adapter(base_model)
     if merged is not None:
         raise HeadMismatchError(
-            f"the base model already has adapter {merged} merged into its weights; the head in {head_dir} "
-            f"needs adapter {fingerprint}: load a fresh base model"
+            f"the base model already has adapter {merged} merged into its weights; the adapter of the head "
+            f"in {head_dir} ({fingerprint}) goes on the original base: pass that"
         )
     from peft import PeftModel
 
-    adapted = PeftModel.from_pretrained(base_model, str(adapter_path(head_dir)))
-    model = adapted.merge_and_unload()  # the same module tree, LoRA folded into its linear weights
+    # peft injects the LoRA layers into the module it is given: give it the copy.
+    adapted = PeftModel.from_pretrained(copy.deepcopy(base_model), str(adapter_path(head_dir)))
+    model = adapted.merge_and_unload()  # the copy's module tree, LoRA folded into its linear weights
     model.eval().requires_grad_(False)
     setattr(model.config, MERGED_ADAPTER_KEY, fingerprint)
     return model

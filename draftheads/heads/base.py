@@ -38,6 +38,11 @@ class HeadMismatchError(ValueError):
     """A head does not fit the base model it is loaded against; names the mismatched field."""
 
 
+class HeadFormatError(ValueError):
+    """A head directory does not say what is needed (no config.json, a missing field, a format no
+    reader knows); names the file and the field."""
+
+
 @dataclass
 class HeadConfig:
     """Fields common to every head kind; subclasses add their own (with defaults)."""
@@ -279,26 +284,69 @@ def build_head(base_model, config: HeadConfig, base_name: str | None = None) -> 
     return head_class(config.kind).from_base(base_model, config, base_name)
 
 
+def _read_config(directory: str | Path) -> tuple[Path, dict[str, Any]]:
+    """(path, contents) of a head directory's config.json."""
+    config_path = Path(directory) / CONFIG_NAME
+    if not config_path.is_file():
+        raise HeadFormatError(f"no {CONFIG_NAME} in head directory {directory}")
+    try:
+        return config_path, json.loads(config_path.read_text())
+    except json.JSONDecodeError as err:
+        raise HeadFormatError(f"{config_path}: not valid JSON ({err})") from err
+
+
+def _is_ours(saved: dict[str, Any]) -> bool:
+    return saved.get("format") == "draftheads"
+
+
+def _is_joint(saved: dict[str, Any]) -> bool:
+    """A Medusa-2 head, trained with a LoRA adapter on its base (engine formats hold none)."""
+    return _is_ours(saved) and bool((saved.get("head_config") or {}).get("joint", False))
+
+
+def resolve_base_model(head_dir: str | Path, base: str | None = None) -> str:
+    """The base model a head drafts for: ``base`` if given, else the one the head's config.json
+    records (``base_model.name_or_path``; in an engine-format checkpoint, our metadata block or the
+    format's own field, e.g. the speculators verifier). Raises HeadFormatError naming the file and
+    the field when neither names one."""
+    if base:
+        return base
+    config_path, saved = _read_config(head_dir)
+    if _is_ours(saved):
+        fields: tuple[str, ...] = ("base_model.name_or_path",)
+        name = (saved.get("base_model") or {}).get("name_or_path")
+    else:
+        from draftheads.export.reading import recorded_base_fields, recorded_base_name
+
+        fields, name = recorded_base_fields(saved), recorded_base_name(saved)
+    if name:
+        return str(name)
+    raise HeadFormatError(
+        f"{config_path}: records no base model ({' / '.join(fields)} is missing or empty); "
+        "pass the base model explicitly (--base, or base=...)"
+    )
+
+
 def load_head(directory: str | Path, base_model=None, map_location: str | torch.device = "cpu") -> DraftHead:
-    """Load a head saved with ``save_pretrained``; if ``base_model`` is given, check it fits and
-    attach to it (a mismatch raises HeadMismatchError naming the field). A joint (Medusa-2) head
-    first merges its base adapter into ``base_model``, in place (``draftheads.heads.adapter``):
-    it drafts for, and must be verified by, the adapted base."""
+    """Load a head saved with ``save_pretrained``, or from an engine format a registered reader
+    knows (``draftheads.export``). If ``base_model`` is given, check it fits and attach to it (a
+    mismatch raises HeadMismatchError naming the field); ``base_model`` is never modified.
+
+    A joint (Medusa-2) head drafts for, and must be verified by, its base with the head's adapter
+    merged: it attaches only to a model that already carries that merge (from ``load_head_and_base``
+    or ``adapter.adapted_base``); any other base raises HeadMismatchError."""
     from safetensors.torch import load_file
     from transformers import AutoConfig
 
     directory = Path(directory)
-    config_path = directory / CONFIG_NAME
-    if not config_path.is_file():
-        raise FileNotFoundError(f"no {CONFIG_NAME} in head directory {directory}")
-    saved = json.loads(config_path.read_text())
-    if saved.get("format") != "draftheads":
-        from draftheads.heads import formats  # engine formats (EAGLE-3, vLLM Medusa, ...)
+    config_path, saved = _read_config(directory)
+    if not _is_ours(saved):
+        from draftheads.export.reading import read_engine_head  # registers every engine format
 
-        return formats.load_foreign_head(directory, saved, base_model, map_location)
+        return read_engine_head(directory, saved, base_model, map_location)
     for key in ("head_kind", "head_config", "base_model", "base_config"):
         if key not in saved:
-            raise ValueError(f"{config_path}: missing field '{key}'")
+            raise HeadFormatError(f"{config_path}: missing field '{key}'")
     cls = head_class(saved["head_kind"])
     from draftheads.settings import from_dict
 
@@ -312,11 +360,31 @@ def load_head(directory: str | Path, base_model=None, map_location: str | torch.
         raise ValueError(f"{directory / WEIGHTS_NAME}: missing keys {missing[:5]}, unexpected keys {unexpected[:5]}")
     head.to(map_location)
     if base_model is not None:
-        if getattr(config, "joint", False):
-            from draftheads.heads.adapter import merge_adapter
+        if _is_joint(saved):
+            from draftheads.heads.adapter import check_adapted
 
             head.base_spec.check_fits(base_model.config, where=f"{head.kind} head in {directory}")
-            merge_adapter(base_model, directory)
+            check_adapted(base_model, directory)
         head.to(dtype=base_model.dtype, device=base_model.device)
         head.attach(base_model)
     return head
+
+
+def load_head_and_base(directory: str | Path, base_model, map_location: str | torch.device | None = None):
+    """The head in ``directory`` attached to the model it drafts for, as ``(head, model)``:
+    ``base_model`` itself for a plain head; for a joint (Medusa-2) head, a copy of ``base_model``
+    with the head's adapter merged (``adapter.adapted_base``), unless ``base_model`` already is that
+    adapted base. ``base_model`` is never modified. ``map_location``: default the model's device."""
+    model = base_model
+    _, saved = _read_config(directory)
+    if _is_joint(saved):
+        from draftheads.heads.adapter import adapted_base, adapter_fingerprint, merged_adapter
+
+        recorded = saved.get("base_model")
+        if isinstance(recorded, dict):  # refuse a base that does not fit before copying it
+            spec = BaseModelSpec(**{f.name: recorded.get(f.name) for f in dataclasses.fields(BaseModelSpec)})
+            spec.check_fits(base_model.config, where=f"{saved.get('head_kind')} head in {directory}")
+        if merged_adapter(base_model) != adapter_fingerprint(directory):
+            model = adapted_base(base_model, directory)
+    head = load_head(directory, base_model=model, map_location=model.device if map_location is None else map_location)
+    return head, model

@@ -35,7 +35,6 @@ import torch
 from torch import nn
 from transformers import DynamicCache
 
-from draftheads.settings import ConfigError
 from draftheads.heads.base import DraftHead, HeadConfig, register_head
 from draftheads.heads.layers import (
     additive_mask,
@@ -47,6 +46,7 @@ from draftheads.heads.layers import (
     replace_linear_input,
     shift_left,
 )
+from draftheads.settings import ConfigError
 
 # Default draft vocabulary cap: the EAGLE-3 release and SpecForge use 32,000 ids for Llama-3's
 # 128,256. Token frequencies are Zipfian, so the number of ids needed to cover nearly all

@@ -15,6 +15,7 @@ from hub_standin import HubStandIn
 from safetensors.torch import load_file
 
 from draftheads.cli import main
+from draftheads.export import write_head
 from draftheads.heads import build_head, load_head
 from draftheads.heads.eagle3 import Eagle3Config
 from draftheads.heads.medusa import MedusaConfig
@@ -93,10 +94,18 @@ def test_existing_output_is_not_overwritten_silently(trained_medusa_dir, tmp_pat
     assert "--overwrite" in capsys.readouterr().err and (out / "keep.txt").exists()
 
 
+def test_a_format_storing_base_tensors_needs_a_base_the_head_names(tiny_llama, tmp_path, capsys):
+    head = build_head(tiny_llama, MedusaConfig(num_heads=2, num_layers=1, shared_lm_head=True))
+    directory = head.save_pretrained(tmp_path / "head")  # the tiny base has no name to record
+    code = main(["export", "--heads", str(directory), "--format", "medusa-vllm", "--out", str(tmp_path / "x")])
+    assert code == 1
+    err = capsys.readouterr().err
+    assert f"{directory / 'config.json'}: records no base model (base_model.name_or_path" in err
+    assert "--base" in err and not (tmp_path / "x").exists()
+
+
 def test_engine_checkpoint_converts_back_to_draftheads(tiny_llama, tmp_path):
     head = build_head(tiny_llama, Eagle3Config(draft_vocab_size=50, feature_layers=(1, 2, 3)), base_name="tiny-llama")
-    from draftheads.heads.formats import write_head
-
     write_head(head, tmp_path / "eagle3", "eagle3")
     out = tmp_path / "back"
     assert main(["export", "--heads", str(tmp_path / "eagle3"), "--out", str(out)]) == 0

@@ -1,0 +1,245 @@
+"""EAGLE-3 engine formats: ``eagle3`` (SGLang / vLLM ``LlamaForCausalLMEagle3``) and vLLM's
+``speculators`` layout, written and read back.
+
+- ``eagle3``: SGLang ``LlamaForCausalLMEagle3`` (sglang/srt/models/llama_eagle3.py), which vLLM
+  also loads (vllm/model_executor/models/llama_eagle3.py renames ``midlayer.`` -> ``layers.0.``).
+- ``speculators``: vLLM's speculators config (vllm/transformers_utils/configs/speculators/
+  {base,algos}.py): ``vllm serve DIR`` reads the verifier from it. vLLM registers only ``eagle3``
+  there, so EAGLE-1 heads have no speculators layout.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from draftheads.base_model import hub_name
+from draftheads.export.checkpoint import (
+    DRAFTHEADS_KEY,
+    dtype_name,
+    head_metadata,
+    save_tensors,
+    strip_prefix,
+    write_config,
+)
+from draftheads.export.draft_layer import (
+    LAYER_GEOMETRY,
+    base_fields_from_layer_config,
+    draft_layer_config,
+    release_fc_inputs,
+    require_llama,
+)
+from draftheads.export.registry import (
+    EngineReader,
+    ExportOptions,
+    FormatError,
+    register_reader,
+    register_writer,
+)
+from draftheads.heads.base import WEIGHTS_NAME, DraftHead
+from draftheads.heads.eagle3 import default_feature_layers
+
+ARCHITECTURES = ("LlamaForCausalLMEagle3", "Eagle3LlamaForCausalLM")
+HEAD_TENSORS = ("fc.weight", "norm.weight", "lm_head.weight", "d2t", "t2d")  # besides the layer
+
+
+# ---- capture layers ---------------------------------------------------------------------------
+# vLLM llama.py ``get_eagle3_aux_hidden_state_layers`` and SGLang llama.py
+# ``set_eagle3_layers_to_capture`` both default to the inputs of decoder layers (2, L // 2, L - 3),
+# which is our ``default_feature_layers``. The two engines count other layers differently: vLLM
+# reads top-level ``eagle_aux_hidden_state_layer_ids`` as "input of layer i" (= hs[i];
+# gpu_model_runner ``_get_eagle3_aux_layers_from_config``), SGLang reads
+# ``eagle_config.eagle_aux_hidden_state_layer_ids`` as "output of layer i" and adds one
+# (``set_eagle3_layers_to_capture``: ``val + 1``).
+
+
+def layer_id_fields(head: DraftHead) -> dict[str, Any]:
+    """Capture layers, written only when they differ from the engines' shared default. vLLM prefers
+    the top-level field, so writing both keeps each engine on the same layers."""
+    layers = tuple(head.feature_layers)
+    if layers == default_feature_layers(head.base_spec.num_hidden_layers):
+        return {}
+    return {
+        "eagle_aux_hidden_state_layer_ids": list(layers),
+        "eagle_config": {"eagle_aux_hidden_state_layer_ids": [i - 1 for i in layers]},
+    }
+
+
+def capture_layer_ids(config: dict[str, Any]) -> list[int] | None:
+    """Capture layers as HF hidden_states indices, from whichever engine field is present."""
+    if config.get("eagle_aux_hidden_state_layer_ids"):
+        return list(config["eagle_aux_hidden_state_layer_ids"])
+    nested = (config.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids")
+    return [i + 1 for i in nested] if nested else None
+
+
+# ---- writers ----------------------------------------------------------------------------------
+
+
+def eagle3_tensors(head: DraftHead, layer_prefix: str) -> dict[str, torch.Tensor]:
+    """The head's tensors in the engines' names, its decoder layer under ``layer_prefix``."""
+    if len(head.feature_layers) != 3:
+        # vLLM builds fc with 3 * hidden inputs (llama_eagle3.py), SGLang with 3 unless told otherwise.
+        raise FormatError(
+            f"the EAGLE-3 engine formats fuse exactly 3 base layers; this head reads {len(head.feature_layers)} "
+            f"({list(head.feature_layers)}). Use --format draftheads."
+        )
+    state = head.head_state_dict()
+    layer = strip_prefix(state, "midlayer.")
+    tensors = {f"{layer_prefix}{k}": v for k, v in layer.items()}
+    for name in ("fc.weight", "norm.weight", "lm_head.weight"):
+        tensors[name] = state[name]
+    # d2t: int64 offsets (target = draft + d2t[draft]); t2d: bool mask over the target vocabulary.
+    tensors["d2t"] = state["d2t"].to(torch.int64)
+    tensors["t2d"] = state["t2d"].to(torch.bool)
+    unexpected = set(state) - set(HEAD_TENSORS) - {f"midlayer.{k}" for k in layer}
+    if unexpected:
+        raise FormatError(f"eagle3 head has tensors the EAGLE-3 format has no place for: {sorted(unexpected)}")
+    return tensors
+
+
+@register_writer("eagle3", ("eagle3",), "SGLang, vLLM, SafeAILab EAGLE (LlamaForCausalLMEagle3)")
+def write_eagle3(head: DraftHead, directory: Path, options: ExportOptions) -> dict[str, Any]:
+    require_llama(head, "eagle3")
+    tensors = eagle3_tensors(head, "midlayer.")
+    config = draft_layer_config(head, "LlamaForCausalLMEagle3")
+    config["draft_vocab_size"] = int(tensors["lm_head.weight"].shape[0])
+    config["vocab_size"] = head.base_spec.vocab_size
+    config.update(layer_id_fields(head))
+    config[DRAFTHEADS_KEY] = head_metadata(head)
+    save_tensors(tensors, directory / WEIGHTS_NAME)
+    return write_config(config, directory)
+
+
+@register_writer("speculators", ("eagle3",), "vLLM (`vllm serve DIR`, speculators eagle3)")
+def write_speculators(head: DraftHead, directory: Path, options: ExportOptions) -> dict[str, Any]:
+    require_llama(head, "speculators")
+    # speculators' own Eagle3DraftModel names the layer ``layers.0.``; vLLM's loader prefixes
+    # "model." and reads it directly (llama_eagle3.py load_weights).
+    tensors = eagle3_tensors(head, "layers.0.")
+    layer_config = draft_layer_config(head, "LlamaForCausalLM")
+    layer_config["vocab_size"] = head.base_spec.vocab_size
+    verifier = options.verifier or hub_name(head.base_spec.name_or_path)
+    config = {
+        "architectures": ["Eagle3Speculator"],
+        "speculators_model_type": "eagle3",
+        "transformer_layer_config": layer_config,
+        "draft_vocab_size": int(tensors["lm_head.weight"].shape[0]),
+        # vLLM algos.py defaults norm_before_residual to TRUE when absent; EAGLE-3 (and our head)
+        # keeps the un-normed fc output as the residual, i.e. False.
+        "norm_before_residual": False,
+        "eagle_aux_hidden_state_layer_ids": list(head.feature_layers),
+        "speculators_config": {
+            "algorithm": "eagle3",
+            "proposal_methods": [{"proposal_type": "greedy", "speculative_tokens": options.speculative_tokens}],
+            "default_proposal_method": "greedy",
+            "verifier": {
+                "name_or_path": verifier,
+                "architectures": list(head.base_config.architectures or []),
+            },
+        },
+        "torch_dtype": dtype_name(head),
+        DRAFTHEADS_KEY: head_metadata(head),
+    }
+    save_tensors(tensors, directory / WEIGHTS_NAME)
+    return write_config(config, directory)
+
+
+# ---- readers ----------------------------------------------------------------------------------
+
+LAYER_PREFIXES = ("midlayer.", "layers.0.", "model.layers.0.", "model.midlayer.")
+
+
+@register_reader
+class Eagle3Reader(EngineReader):
+    """``LlamaForCausalLMEagle3`` checkpoints, and SafeAILab EAGLE-3 releases whose config says
+    only ``LlamaForCausalLM`` (recognised by ``fc`` reading three hidden states)."""
+
+    name = "eagle3"
+    kind = "eagle3"
+    description = f"eagle3 ({', '.join(ARCHITECTURES)})"
+    geometry_fields = LAYER_GEOMETRY
+
+    def recognises(self, saved):
+        return any(architecture in ARCHITECTURES for architecture in saved.get("architectures") or [])
+
+    def recognises_layout(self, tensors):
+        return release_fc_inputs(tensors) == 3
+
+    def base_config_fields(self, config):
+        return base_fields_from_layer_config(config)
+
+    def base_num_layers(self, config):
+        layers = capture_layer_ids(config)
+        if layers is None:
+            return None
+        num_layers = layers[-1] + 3  # invert the default (2, L // 2, L - 3): the last id is L - 3
+        return num_layers, f"base num_hidden_layers (taken as {num_layers} from the capture layers {layers})"
+
+    def head_config_values(self, config, base_num_layers):
+        values: dict[str, Any] = {"draft_vocab_size": config.get("draft_vocab_size") or config["vocab_size"]}
+        layers = capture_layer_ids(config)
+        if layers is not None and tuple(layers) != default_feature_layers(base_num_layers):
+            values["feature_layers"] = list(layers)
+        return values
+
+    def head_state(self, tensors, config, where):
+        if config.get("norm_before_residual"):
+            raise FormatError(
+                f"{where}: norm_before_residual=true (residual taken after hidden_norm) is a different "
+                "EAGLE-3 variant than the one draftheads implements"
+            )
+        out: dict[str, torch.Tensor] = {}
+        notes: list[str] = []
+        for name, value in tensors.items():
+            prefix = next((p for p in LAYER_PREFIXES if name.startswith(p)), None)
+            if prefix is not None:
+                out["midlayer." + name[len(prefix) :]] = value
+            elif name in HEAD_TENSORS:
+                out[name] = value
+            elif name.removeprefix("model.") in ("fc.weight", "norm.weight"):
+                out[name.removeprefix("model.")] = value
+            elif "embed_tokens" in name:
+                notes.append(f"ignored {name} (the base model's embedding is used)")
+            else:
+                raise FormatError(f"{where}: tensor '{name}' has no place in an EAGLE-3 head")
+        vocab, draft_vocab = config["vocab_size"], out["lm_head.weight"].shape[0]
+        if "d2t" not in out:
+            if draft_vocab != vocab:
+                raise FormatError(f"{where}: draft vocabulary {draft_vocab} < {vocab} but no d2t mapping")
+            out["d2t"] = torch.zeros(draft_vocab, dtype=torch.int64)
+        if "t2d" not in out:
+            t2d = torch.zeros(vocab, dtype=torch.bool)
+            t2d[torch.arange(draft_vocab) + out["d2t"]] = True
+            out["t2d"] = t2d
+        return out, notes
+
+
+@register_reader
+class SpeculatorsReader(Eagle3Reader):
+    """vLLM speculators checkpoints (``speculators_model_type``); only eagle3 is readable."""
+
+    name = "speculators"
+    description = "speculators eagle3"
+    base_name_field = "speculators_config.verifier.name_or_path"
+
+    def recognises(self, saved):
+        return "speculators_model_type" in saved
+
+    def recognises_layout(self, tensors):
+        return False
+
+    def engine_config(self, saved, where):
+        """Flatten the speculators config into the plain draft-layer config EAGLE-3 reads."""
+        if saved["speculators_model_type"] != "eagle3":
+            raise FormatError(
+                f"{where}: speculators_model_type '{saved['speculators_model_type']}' is not readable here "
+                "(readable: eagle3)"
+            )
+        config = dict(saved.get("transformer_layer_config") or {})
+        for key in ("draft_vocab_size", "eagle_aux_hidden_state_layer_ids", "norm_before_residual", "target_hidden_size"):
+            if key in saved:
+                config[key] = saved[key]
+        return config

@@ -1,0 +1,115 @@
+"""EAGLE-3 engine formats (``draftheads.export.eagle3``): exact layouts, checked against the engines'
+loaders, and the capture-layer conventions.
+
+Sources of the asserted names (repository, path):
+- sgl-project/sglang python/sglang/srt/models/llama_eagle3.py: LlamaForCausalLMEagle3; keys fc, midlayer.*
+  (q/k/v/o, gate/up/down, input_layernorm, hidden_norm, post_attention_layernorm), norm, lm_head,
+  d2t (hot_token_id = d2t + arange), t2d skipped; reads config.draft_vocab_size; tie_word_embeddings
+  true makes lm_head the embedding.
+- vllm-project/vllm vllm/model_executor/models/llama_eagle3.py: renames "midlayer." -> "layers.0.",
+  d2t -> draft_id_to_target_id, fc input 3 * hidden; registry maps LlamaForCausalLMEagle3 there.
+- vllm-project/vllm vllm/transformers_utils/configs/speculators/{base,algos}.py: speculators_model_type
+  eagle3, transformer_layer_config, speculators_config.proposal_methods[0].speculative_tokens,
+  verifier.name_or_path, draft_vocab_size, norm_before_residual (defaults to TRUE when absent).
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from format_fixtures import DRAFT_VOCAB, HEAD_DIM, HIDDEN, KV_HEADS, VOCAB, make_head
+from safetensors.torch import load_file
+
+from draftheads.export import DRAFTHEADS_KEY, FormatError, write_head
+from draftheads.heads import load_head
+from tests.conftest import make_tiny_llama
+
+
+def test_eagle3_layout_matches_sglang_and_vllm_loaders(tiny_llama, tmp_path):
+    config = write_head(make_head(tiny_llama, "eagle3"), tmp_path, "eagle3")
+    tensors = load_file(str(tmp_path / "model.safetensors"))
+    layer = {
+        "self_attn.q_proj.weight": (HIDDEN, 2 * HIDDEN),  # q/k/v read concat(emb, hidden)
+        "self_attn.k_proj.weight": (KV_HEADS * HEAD_DIM, 2 * HIDDEN),
+        "self_attn.v_proj.weight": (KV_HEADS * HEAD_DIM, 2 * HIDDEN),
+        "self_attn.o_proj.weight": (HIDDEN, HIDDEN),
+        "mlp.gate_proj.weight": (128, HIDDEN),
+        "mlp.up_proj.weight": (128, HIDDEN),
+        "mlp.down_proj.weight": (HIDDEN, 128),
+        "input_layernorm.weight": (HIDDEN,),
+        "hidden_norm.weight": (HIDDEN,),
+        "post_attention_layernorm.weight": (HIDDEN,),
+    }
+    expected = {f"midlayer.{k}": v for k, v in layer.items()} | {
+        "fc.weight": (HIDDEN, 3 * HIDDEN),
+        "norm.weight": (HIDDEN,),
+        "lm_head.weight": (DRAFT_VOCAB, HIDDEN),
+        "d2t": (DRAFT_VOCAB,),
+        "t2d": (VOCAB,),
+    }
+    assert {k: tuple(v.shape) for k, v in tensors.items()} == expected
+    assert tensors["d2t"].dtype == torch.int64 and tensors["t2d"].dtype == torch.bool
+    # target id of draft id d is d + d2t[d] (SGLang hot_token_id), and exactly those ids are in t2d
+    targets = torch.arange(DRAFT_VOCAB) + tensors["d2t"]
+    assert tensors["t2d"][targets].all() and int(tensors["t2d"].sum()) == DRAFT_VOCAB
+    assert config["architectures"] == ["LlamaForCausalLMEagle3"]
+    assert config["num_hidden_layers"] == 1 and config["draft_vocab_size"] == DRAFT_VOCAB
+    assert config["vocab_size"] == VOCAB and config["hidden_size"] == HIDDEN
+    assert config["tie_word_embeddings"] is False
+    assert config["num_attention_heads"] == 4 and config["num_key_value_heads"] == KV_HEADS
+    assert config["rope_theta"] == tiny_llama.config.rope_parameters["rope_theta"]
+    assert json.loads((tmp_path / "config.json").read_text()) == config
+
+
+def test_eagle3_default_layers_are_left_to_the_engines(tmp_path):
+    base = make_tiny_llama(num_hidden_layers=8)  # default (2, 4, 5): distinct
+    config = write_head(make_head(base, "eagle3", draft_vocab_size=DRAFT_VOCAB), tmp_path, "eagle3")
+    assert "eagle_aux_hidden_state_layer_ids" not in config and "eagle_config" not in config
+    assert load_head(tmp_path, base_model=base).feature_layers == (2, 4, 5)
+
+
+def test_eagle3_non_default_layers_written_in_each_engines_convention(tiny_llama, tmp_path):
+    head = make_head(tiny_llama, "eagle3", draft_vocab_size=DRAFT_VOCAB, feature_layers=(1, 2, 3))
+    config = write_head(head, tmp_path, "eagle3")
+    assert config["eagle_aux_hidden_state_layer_ids"] == [1, 2, 3]  # vLLM: input of layer i = hs[i]
+    assert config["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == [0, 1, 2]  # SGLang adds 1
+    loaded = load_head(tmp_path, base_model=tiny_llama)
+    assert loaded.feature_layers == (1, 2, 3)
+    # a third-party config with only SGLang's field reads the same layers
+    saved = json.loads((tmp_path / "config.json").read_text())
+    del saved[DRAFTHEADS_KEY], saved["eagle_aux_hidden_state_layer_ids"]
+    (tmp_path / "config.json").write_text(json.dumps(saved))
+    assert load_head(tmp_path, base_model=tiny_llama).feature_layers == (1, 2, 3)
+
+
+def test_speculators_config_matches_vllm_reader(tiny_llama, tmp_path):
+    config = write_head(make_head(tiny_llama, "eagle3"), tmp_path, "speculators")
+    assert config["speculators_model_type"] == "eagle3"
+    assert config["norm_before_residual"] is False  # vLLM's default when absent would be True
+    assert config["draft_vocab_size"] == DRAFT_VOCAB
+    assert config["eagle_aux_hidden_state_layer_ids"] == [1, 2, 3]  # hs indices = vLLM's convention
+    speculators = config["speculators_config"]
+    assert speculators["algorithm"] == "eagle3"
+    assert speculators["proposal_methods"][0]["speculative_tokens"] == 3
+    assert speculators["verifier"]["name_or_path"] == "tiny-llama"
+    layer = config["transformer_layer_config"]
+    assert layer["num_hidden_layers"] == 1 and layer["vocab_size"] == VOCAB and layer["hidden_size"] == HIDDEN
+    tensors = load_file(str(tmp_path / "model.safetensors"))
+    assert "layers.0.hidden_norm.weight" in tensors and not any(k.startswith("midlayer.") for k in tensors)
+
+
+def test_speculators_other_than_eagle3_are_refused(tiny_llama, tmp_path):
+    write_head(make_head(tiny_llama, "eagle3"), tmp_path, "speculators")
+    saved = json.loads((tmp_path / "config.json").read_text())
+    saved["speculators_model_type"] = "mlp"
+    (tmp_path / "config.json").write_text(json.dumps(saved))
+    with pytest.raises(FormatError, match="speculators_model_type 'mlp' is not readable here"):
+        load_head(tmp_path, base_model=tiny_llama)
+
+
+def test_eagle3_formats_need_three_feature_layers(tiny_llama, tmp_path):
+    head = make_head(tiny_llama, "eagle3", draft_vocab_size=DRAFT_VOCAB, feature_layers=(1, 3))
+    with pytest.raises(FormatError, match="exactly 3"):
+        write_head(head, tmp_path, "eagle3")
