@@ -51,8 +51,8 @@ from draftheads.settings import ConfigError
 # Default draft vocabulary cap: the EAGLE-3 release and SpecForge use 32,000 ids for Llama-3's
 # 128,256. Token frequencies are Zipfian, so the number of ids needed to cover nearly all
 # assistant text barely grows with the tokenizer's size; a base vocab at or under the cap is used
-# whole. SmolLM2 (49,152) gets 32,000, cutting the vocab projection (the drafter's largest matmul,
-# REFERENCE.md section 1) by 35%; CPU configs may go lower.
+# whole. SmolLM2 (49,152) gets 32,000, cutting the vocab projection (the drafter's largest matmul)
+# by 35%; CPU configs may go lower.
 DEFAULT_DRAFT_VOCAB_CAP = 32000
 
 
@@ -64,7 +64,8 @@ class Eagle3Config(HeadConfig):
     # Draft vocabulary size N. None: min(V, DEFAULT_DRAFT_VOCAB_CAP).
     draft_vocab_size: int | None = None
     # Unrolled steps of training-time test: the EAGLE-3 training code (and SpecForge) use 7, the
-    # paper 5; 7 matches the draft depths EAGLE-2 trees use (REFERENCE.md section 2).
+    # paper 5; 7 matches the draft depth EAGLE-2 trees use (SafeAILab/EAGLE eagle/model/ea_model.py,
+    # ``EaModel.from_pretrained(depth=7)``).
     ttt_steps: int = 7
 
     def __post_init__(self):
