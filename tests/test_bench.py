@@ -81,3 +81,21 @@ def test_method_names_use_the_run_name_and_stay_distinct(tmp_path):
         "medusa:medusa-smollm2#3",
     ]
     assert method_name("eagle3", str(tmp_path / "my-head"), []) == "eagle3:my-head"
+
+
+def test_results_without_matplotlib_are_written_without_charts(tmp_path, monkeypatch):
+    import draftheads.bench as bench_module
+
+    monkeypatch.setattr(bench_module, "available", lambda module: module != "matplotlib")
+    samples = [_sample("generate", "a", 10, 1.0, 10), _sample("medusa", "a", 10, 0.5, 5, accepted=(3,), steps=4)]
+    summaries = summarize(samples, "generate")
+    with pytest.warns(UserWarning, match=r"draftheads\[plots\]"):
+        paths = write_results(samples, summaries, {"cpu": "test"}, {}, tmp_path)
+    assert {p.name for p in paths} == {"bench.json", "bench.md"}
+
+
+def test_bench_settings_refuse_a_run_without_base_or_heads():
+    from draftheads.bench import BenchError, BenchSettings, bench
+
+    with pytest.raises(BenchError, match="--base"):
+        bench(BenchSettings(), progress=False)

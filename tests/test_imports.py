@@ -85,3 +85,27 @@ def test_layering():
         assert importers_of(layer, "draftheads.heads") == []
     assert importers_of("draftheads.train", "draftheads.infer") == []
     assert importers_of("draftheads.export", "draftheads.infer") == []
+
+
+def test_decoding_export_and_tuning_need_no_training_extras():
+    """What a core install (no ``[train]`` extra) runs: importing these pulls in none of the extras."""
+    modules = [
+        "draftheads.infer.generate",
+        "draftheads.commands.generate",
+        "draftheads.commands.bench",
+        "draftheads.commands.tune_tree",
+        "draftheads.commands.export",
+        "draftheads.tuning.tune",
+        "draftheads.export",
+        "draftheads.heads",
+    ]
+    script = (
+        "import importlib, sys\n"
+        f"for name in {modules!r}:\n"
+        "    importlib.import_module(name)\n"
+        "extras = ('deepspeed', 'wandb', 'datasets', 'peft', 'matplotlib')\n"
+        "print(sorted(m for m in extras if m in sys.modules))\n"
+    )
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.strip() == "[]"

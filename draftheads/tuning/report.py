@@ -2,11 +2,18 @@
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 
+from draftheads.optional import available
 
-def plot_tuning(record: dict, path: Path) -> Path:
-    """Acceptance by depth and rank, the verify cost curve, expected speedup by tree size."""
+
+def plot_tuning(record: dict, path: Path) -> list[Path]:
+    """Acceptance by depth and rank, the verify cost curve, expected speedup by tree size; no chart
+    (and a warning) where matplotlib is not installed."""
+    if not available("matplotlib"):
+        warnings.warn("matplotlib is not installed: no tuning chart (pip install 'draftheads[plots]')")
+        return []
     import matplotlib
 
     matplotlib.use("Agg")
@@ -46,7 +53,7 @@ def plot_tuning(record: dict, path: Path) -> Path:
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
-    return path
+    return [path]
 
 
 def describe(record: dict) -> str:

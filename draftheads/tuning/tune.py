@@ -62,7 +62,7 @@ def save_tuned_tree(head_dir: Path, key: str, best: Candidate, record: dict) -> 
     stem = "tune-" + key.replace("/", "-")
     curves_path = head_dir / f"{stem}.json"
     curves_path.write_text(json.dumps(record, indent=2) + "\n")
-    return [tree_path, curves_path, plot_tuning(record, head_dir / f"{stem}.png")]
+    return [tree_path, curves_path, *plot_tuning(record, head_dir / f"{stem}.png")]
 
 
 def tune_tree(
