@@ -3,6 +3,9 @@
 A run is described by ``RunConfig``. YAML files under ``configs/`` override the dataclass defaults;
 command-line ``key=value`` (dotted) overrides override the YAML. An unknown key is an error that
 names the key and the closest valid one, so a typo never silently falls back to a default.
+Each section's ``validate()`` refuses values that cannot work, naming the key and the value; a
+RunConfig runs them when it is built. Checks that need the head kind live with the training recipe
+(``draftheads.train.recipe``), those that need a device or files with the training loop.
 
 The ``head`` section is kind-specific: its dataclass comes from the head registry
 (``draftheads.heads.base.HEAD_REGISTRY``), looked up by ``head.kind``.
@@ -15,9 +18,10 @@ from pathlib import Path
 from typing import Any
 
 from draftheads.heads.base import head_config_from_dict
-from draftheads.settings import from_dict, merge, parse_overrides, read_yaml
+from draftheads.settings import ConfigError, from_dict, merge, parse_overrides, read_yaml
 
-
+PRECISIONS = ("auto", "fp32", "bf16")  # train.precision
+REPORT_TARGETS = ("none", "wandb")  # train.report_to
 
 # ----------------------------------------------------------------------------------------------
 # sections
@@ -85,7 +89,7 @@ class TrainConfig:
     wandb_project: str = "draftheads"
     log_every: int = 10
     # After training, time the frozen base body's forward alone on this many training micro-batches
-    # (0: skip), so tokens/s can be compared with its ceiling (issue 3: training >= 0.6 of it).
+    # (0: skip), so tokens/s can be compared with its ceiling (docs/training.md reports the ratio).
     base_throughput_batches: int = 8
     # Score each draft step on this random fraction of the supervised tokens per batch (training
     # only; evaluation scores all). The vocab projections dominate a step's cost (docs/training.md):
@@ -96,21 +100,55 @@ class TrainConfig:
     # equal head.*, and it must fit the base; EAGLE-3 keeps its draft vocabulary.
     init_head: str | None = None
 
-    def __post_init__(self):
+    def validate(self) -> None:
+        """Refuse values that cannot work, naming the field and the value (ConfigError)."""
+        at_least = {
+            "micro_batch_size": 1,
+            "gradient_accumulation_steps": 1,
+            "max_steps": 1,
+            "eval_batches": 1,
+            "keep_checkpoints": 1,
+            "log_every": 1,
+            "warmup_steps": 0,
+            "eval_every": 0,
+            "save_every": 0,
+            "base_throughput_batches": 0,
+        }
+        for name, minimum in at_least.items():
+            if getattr(self, name) < minimum:
+                raise ConfigError(f"train.{name} must be >= {minimum}, got {getattr(self, name)}")
+        if self.epochs is not None and self.epochs <= 0:
+            raise ConfigError(f"train.epochs must be > 0 (or null to use train.max_steps), got {self.epochs}")
+        if not self.learning_rate > 0:
+            raise ConfigError(f"train.learning_rate must be > 0, got {self.learning_rate}")
+        if not 0.0 <= self.min_lr_ratio <= 1.0:
+            raise ConfigError(f"train.min_lr_ratio must be in [0, 1], got {self.min_lr_ratio}")
+        if self.grad_clip < 0 or self.weight_decay < 0:
+            raise ConfigError(
+                "train.grad_clip and train.weight_decay must be >= 0, "
+                f"got {self.grad_clip}, {self.weight_decay}"
+            )
+        if self.precision not in PRECISIONS:
+            raise ConfigError(f"train.precision must be one of {PRECISIONS}, got '{self.precision}'")
+        if self.report_to not in REPORT_TARGETS:
+            raise ConfigError(f"train.report_to must be one of {REPORT_TARGETS}, got '{self.report_to}'")
         if not 0.0 < self.loss_token_fraction <= 1.0:
-            raise ValueError(f"loss_token_fraction must be in (0, 1], got {self.loss_token_fraction}")
+            raise ConfigError(f"train.loss_token_fraction must be in (0, 1], got {self.loss_token_fraction}")
 
 
-# Peak head-loss weight lambda0 of Medusa-2 per base loss (Medusa paper section 2.2.2; REFERENCE.md
-# section 1): 0.2 when the base learns real next tokens; ~0.01 with self-distillation, where the
-# KL term is small and a larger weight would let the heads pull the base off its distribution.
+# Peak head-loss weight lambda0 of Medusa-2 per base loss (Cai et al. 2024, "Medusa", sec. 2.2.2
+# joint training and sec. 2.3.2 self-distillation; FasterDecoding/Medusa trains with
+# medusa_heads_coefficient 0.2): 0.2 when the base learns real next tokens; ~0.01 with
+# self-distillation, where the KL term is small and a larger weight would let the heads pull the
+# base off its distribution.
 LAMBDA0_BY_BASE_LOSS = {"lm": 0.2, "kl": 0.01}
+BASE_LOSSES = tuple(LAMBDA0_BY_BASE_LOSS)
 
 
 @dataclass
 class JointConfig:
     """Medusa-2 (``head.joint: true``): a LoRA adapter on the base trains together with the heads,
-    L = L_base + lambda0 * sum_k 0.8^k CE_k. Paper defaults (REFERENCE.md section 1)."""
+    L = L_base + lambda0 * sum_k 0.8^k CE_k (Cai et al. 2024, "Medusa", sec. 2.2.2)."""
 
     lora_rank: int = 32
     lora_alpha: float = 16.0
@@ -122,8 +160,25 @@ class JointConfig:
     base_loss: str = "kl"
     lambda0: float | None = None  # peak head-loss weight; None: LAMBDA0_BY_BASE_LOSS[base_loss]
     # lambda0 rises as sin(pi/2 * step / (ratio * total steps)) and then stays at its peak
-    # (the Medusa reference's "sine" scheduler; ratio 1 ramps over the whole run).
+    # (FasterDecoding/Medusa's "sine" medusa_scheduler; ratio 1 ramps over the whole run).
     lambda0_warmup_ratio: float = 1.0
+
+    def validate(self) -> None:
+        """Refuse values that cannot work, naming the field and the value (ConfigError)."""
+        if self.base_loss not in BASE_LOSSES:
+            raise ConfigError(f"joint.base_loss must be one of {BASE_LOSSES}, got '{self.base_loss}'")
+        if self.lora_rank < 1:
+            raise ConfigError(f"joint.lora_rank must be >= 1, got {self.lora_rank}")
+        if not 0.0 <= self.lora_dropout < 1.0:
+            raise ConfigError(f"joint.lora_dropout must be in [0, 1), got {self.lora_dropout}")
+        if not self.head_lr_multiple > 0:
+            raise ConfigError(f"joint.head_lr_multiple must be > 0, got {self.head_lr_multiple}")
+        if self.lambda0 is not None and self.lambda0 < 0:
+            raise ConfigError(f"joint.lambda0 must be >= 0 (or null for the default), got {self.lambda0}")
+        if not 0.0 <= self.lambda0_warmup_ratio <= 1.0:
+            raise ConfigError(
+                f"joint.lambda0_warmup_ratio must be in [0, 1], got {self.lambda0_warmup_ratio}"
+            )
 
     def peak_lambda0(self) -> float:
         return self.lambda0 if self.lambda0 is not None else LAMBDA0_BY_BASE_LOSS[self.base_loss]
@@ -139,6 +194,10 @@ class RunConfig:
     head: Any = None  # a head config dataclass, chosen by ``head.kind`` (see heads.base)
     train: TrainConfig = field(default_factory=TrainConfig)
     joint: JointConfig = field(default_factory=JointConfig)  # used when the head says joint: true
+
+    def __post_init__(self):
+        self.train.validate()
+        self.joint.validate()
 
 
 def build_run_config(data: dict, where: str = "config") -> RunConfig:

@@ -66,3 +66,12 @@ def test_a_loss_token_fraction_outside_zero_one_is_refused():
     with pytest.raises(ConfigError, match=r"loss_token_fraction must be in \(0, 1\], got 0.0"):
         load_run_config(None, ["train.loss_token_fraction=0"])
     assert load_run_config(None, ["train.loss_token_fraction=0.5"]).train.loss_token_fraction == 0.5
+
+
+def test_values_that_cannot_work_are_refused_when_loading(tmp_path):
+    path = tmp_path / "run.yaml"
+    path.write_text("train:\n  micro_batch_size: 0\n")
+    with pytest.raises(ConfigError, match=r"run.yaml: train.micro_batch_size must be >= 1, got 0"):
+        load_run_config(path)
+    with pytest.raises(ConfigError, match=r"joint.lora_rank must be >= 1, got 0"):
+        load_run_config(None, ["joint.lora_rank=0"])

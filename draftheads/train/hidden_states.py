@@ -1,19 +1,21 @@
 """Where a batch's base hidden states come from: the frozen base (online) or a cache (offline).
 
-Each source is a callable ``(batch, split) -> hidden_states`` that the loop calls for every
-training and evaluation batch; ``compute_objective`` accepts what either returns (the HF tuple, or
-a dict index -> (B, T, h) holding the head's ``required_hidden_states``). In joint training
-(Medusa-2) the base trains inside the engine's module and the source returns None.
+Each source is a callable ``(batch, split) -> hidden_states`` that ``FrozenBaseRecipe`` calls for
+every training and evaluation batch; ``compute_objective`` accepts what either returns (the HF
+tuple, or a dict index -> (B, T, h) holding the head's ``required_hidden_states``).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from draftheads.train.metrics import base_hidden_states
+
+HiddenStateSource = Callable[[dict, str], Any]  # (batch, split) -> the base's hidden states
 
 
 @dataclass(frozen=True)
@@ -38,14 +40,6 @@ class CachedHiddenStates:
     def __call__(self, batch: dict, split: str) -> dict[int, torch.Tensor]:
         rows = batch["row_index"].tolist()
         return self.cache.batch(split, rows, batch["input_ids"], self.dtype, self.layers)
-
-
-@dataclass(frozen=True)
-class TrainedBaseHiddenStates:
-    """Joint training: the engine's module runs the (adapted) base itself."""
-
-    def __call__(self, batch: dict, split: str) -> None:
-        return None
 
 
 def open_feature_cache(

@@ -1,16 +1,16 @@
 """The training loop: setup -> train -> save -> cleanup, in one place you can read.
 
-The base model is frozen (eval mode, no grad) and produces hidden states online for every batch,
-or they are read from a feature cache (``data.features``, offline training); only the draft head
-trains, through a DeepSpeed engine (ZeRO 0-3 from ``configs/deepspeed/``). Medusa-2
-(``head.joint: true``) trains a LoRA adapter on the base with the heads in the same engine
-(``draftheads.train.joint``).
+What trains, and on what, is the run's recipe (``draftheads.train.recipe``), the module a
+DeepSpeed engine wraps (ZeRO 0-3 from ``configs/deepspeed/``): the draft head on the frozen base's
+hidden states, computed online for every batch or read from a feature cache (``data.features``),
+or, for Medusa-2 (``head.joint: true``), the heads with a LoRA adapter on the base
+(``draftheads.train.joint``). The loop below never asks which.
 On a CPU the same code runs as a single gloo process; on GPUs launch it with
 ``deepspeed --num_gpus N $(which draftheads) train --config FILE``.
 
-Each default lives once, in ``draftheads.config.TrainConfig``: the DeepSpeed JSON carries only
-what TrainConfig does not own (ZeRO stage, bucket sizes, ...); batch sizes, accumulation,
-clipping and precision are filled in from TrainConfig.
+Each default lives once, in ``draftheads.config.TrainConfig``, which also refuses values that
+cannot work: the DeepSpeed JSON carries only what TrainConfig does not own (ZeRO stage, bucket
+sizes, ...); batch sizes, accumulation, clipping and precision are filled in from TrainConfig.
 """
 
 from __future__ import annotations
@@ -23,36 +23,25 @@ import os
 import random
 import socket
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 from typing import Any
 
 import torch
-from torch import nn
 
 import draftheads
 from draftheads.base_model import DTYPES, load_base, resolve_dtype
 from draftheads.config import RunConfig, TrainConfig
 from draftheads.settings import ConfigError, to_dict
-from draftheads.heads.adapter import ADAPTER_DIR
 from draftheads.train import checkpoint
 from draftheads.train.batching import BatchStream, fixed_batches
-from draftheads.train.hidden_states import OnlineHiddenStates, TrainedBaseHiddenStates, open_feature_cache
-from draftheads.train.joint import (
-    JointObjectiveModule,
-    add_lora_adapter,
-    check_joint_config,
-    head_loss_weight,
-    is_joint,
-)
 from draftheads.train.metrics import EvalResult, base_forward_tokens_per_second, evaluate
-from draftheads.train.reporting import REPORT_TARGETS, Reporter, plot_curves
+from draftheads.train.recipe import Recipe, recipe_for
+from draftheads.train.reporting import Reporter, plot_curves
 from draftheads.train.schedule import build_scheduler
 
 HEAD_DIR = "head"
-PRECISIONS = ("auto", "fp32", "bf16")
 # DeepSpeed keys that TrainConfig owns (key -> the run-config field to set instead).
 OWNED_DEEPSPEED_KEYS = {
     "train_batch_size": "train.micro_batch_size and train.gradient_accumulation_steps",
@@ -66,38 +55,7 @@ OWNED_DEEPSPEED_KEYS = {
 }
 
 
-# ---- configuration checks -------------------------------------------------------------------------
-
-
-def check_train_config(train: TrainConfig) -> None:
-    """Refuse values that cannot work, naming the field (ConfigError)."""
-    at_least = {
-        "micro_batch_size": 1,
-        "gradient_accumulation_steps": 1,
-        "max_steps": 1,
-        "eval_batches": 1,
-        "keep_checkpoints": 1,
-        "log_every": 1,
-        "warmup_steps": 0,
-        "eval_every": 0,
-        "save_every": 0,
-        "base_throughput_batches": 0,
-    }
-    for name, minimum in at_least.items():
-        if getattr(train, name) < minimum:
-            raise ConfigError(f"train.{name} must be >= {minimum}, got {getattr(train, name)}")
-    if train.epochs is not None and train.epochs <= 0:
-        raise ConfigError(f"train.epochs must be > 0 (or null to use train.max_steps), got {train.epochs}")
-    if not train.learning_rate > 0:
-        raise ConfigError(f"train.learning_rate must be > 0, got {train.learning_rate}")
-    if not 0.0 <= train.min_lr_ratio <= 1.0:
-        raise ConfigError(f"train.min_lr_ratio must be in [0, 1], got {train.min_lr_ratio}")
-    if train.grad_clip < 0 or train.weight_decay < 0:
-        raise ConfigError(f"train.grad_clip and train.weight_decay must be >= 0, got {train.grad_clip}, {train.weight_decay}")
-    if train.precision not in PRECISIONS:
-        raise ConfigError(f"train.precision must be one of {PRECISIONS}, got '{train.precision}'")
-    if train.report_to not in REPORT_TARGETS:
-        raise ConfigError(f"train.report_to must be one of {REPORT_TARGETS}, got '{train.report_to}'")
+# ---- configuration that needs the device or files ------------------------------------------------
 
 
 def resolve_precision(run: RunConfig, device: torch.device) -> torch.dtype:
@@ -201,23 +159,6 @@ def seed_everything(seed: int) -> None:
 # ---- pieces of the loop ---------------------------------------------------------------------------
 
 
-class ObjectiveModule(nn.Module):
-    """The head and its training objective as one module, so DeepSpeed's forward drives it
-    (ZeRO-3 gathers parameters in the engine's forward). Parameters are the head's only."""
-
-    def __init__(self, head: nn.Module, token_fraction: float = 1.0):
-        super().__init__()
-        self.head = head
-        self.token_fraction = token_fraction
-
-    def forward(self, hidden_states, input_ids, loss_mask, attention_mask):
-        from draftheads.train.objective import compute_objective
-
-        return compute_objective(
-            self.head, hidden_states, input_ids, loss_mask, attention_mask, self.token_fraction
-        )
-
-
 def init_from_saved_head(head, directory: str, base_model) -> None:
     """Copy a saved head's weights (and buffers, e.g. EAGLE-3's vocabulary maps) into ``head``
     (``train.init_head``); refused unless the saved head is the same kind with the same settings
@@ -225,8 +166,6 @@ def init_from_saved_head(head, directory: str, base_model) -> None:
     from draftheads.heads import HeadMismatchError, load_head
 
     where = f"train.init_head={directory}"
-    if getattr(head.config, "joint", False):
-        raise ConfigError(f"{where}: not supported for joint (Medusa-2) heads, whose adapter is part of the base")
     try:
         saved = load_head(directory)
         saved.base_spec.check_fits(base_model.config, where=where)
@@ -283,9 +222,8 @@ class Session:
     device: torch.device
     output_dir: Path
     base_model: Any
+    recipe: Recipe  # what trains and how (recipe.py); the engine wraps it
     engine: Any
-    head: nn.Module
-    hidden_states: Callable[[dict, str], Any]  # (batch, split) -> base hidden states (hidden_states.py)
     stream: BatchStream
     eval_batches: list[dict]
     reporter: Reporter | None
@@ -296,7 +234,6 @@ class Session:
     train_seconds: float = 0.0
     last_eval: EvalResult | None = None
     last_eval_step: int = -1
-    joint_module: JointObjectiveModule | None = None  # Medusa-2: base adapter + heads in one module
 
 
 def _log_rank0(session_rank: int, message: str) -> None:
@@ -324,28 +261,23 @@ def load_datasets(run: RunConfig, tokenizer, rank: int):
 
 
 def build_engine(
-    module: nn.Module,
-    train: TrainConfig,
-    deepspeed_config: dict,
-    total_steps: int,
-    device: torch.device,
-    parameter_groups: list[dict] | None = None,
+    recipe: Recipe, train: TrainConfig, deepspeed_config: dict, total_steps: int, device: torch.device
 ):
-    """The DeepSpeed engine over ``module`` (``ObjectiveModule(head)``, or the joint module with
-    its ``parameter_groups``): our AdamW and warmup-cosine schedule (it scales every group's LR)."""
+    """The DeepSpeed engine over ``recipe``: AdamW over the recipe's parameter groups and our
+    warmup-cosine schedule (it scales every group's LR)."""
     import deepspeed
 
     deepspeed.utils.logger.setLevel(logging.WARNING)
-    parameters = [p for p in module.parameters() if p.requires_grad]
+    parameters = [p for p in recipe.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(
-        parameter_groups or parameters,
+        recipe.parameter_groups(train.learning_rate),
         lr=train.learning_rate,
         betas=tuple(train.adam_betas),
         weight_decay=train.weight_decay,
         fused=device.type == "cuda",
     )
     engine, _, _, _ = deepspeed.initialize(
-        model=module,
+        model=recipe,
         model_parameters=parameters,
         optimizer=optimizer,
         # DeepSpeed calls this with the optimizer it wraps and steps it at each accumulation boundary.
@@ -359,8 +291,9 @@ def build_engine(
 
 
 def setup(run: RunConfig, base_model=None, tokenizer=None, datasets=None) -> Session:
-    """Validate the config, join the process group, load base and data, build the head and the
-    DeepSpeed engine, and restore the latest checkpoint if ``train.resume``.
+    """Check the config against its recipe, join the process group, load base and data, build
+    the head, its recipe and the DeepSpeed engine, and restore the latest checkpoint if
+    ``train.resume``.
 
     Args:
         base_model, tokenizer: preloaded base (tests); default ``load_base(run.model.base)``.
@@ -368,17 +301,10 @@ def setup(run: RunConfig, base_model=None, tokenizer=None, datasets=None) -> Ses
             ``draftheads.data.pipeline.build_datasets(run.data, tokenizer, run.model.base)``.
     """
     train = run.train
-    check_train_config(train)
     if run.head is None:
         raise ConfigError("head: missing; add a 'head:' section with a 'kind' (e.g. kind: medusa)")
-    joint = is_joint(run.head)
-    if joint:
-        check_joint_config(run.joint)
-        if run.data.features:
-            raise ConfigError(
-                f"data.features ({run.data.features}) cannot feed head.joint training: the adapted base's "
-                "hidden states change every step; unset one of them"
-            )
+    recipe_class = recipe_for(run.head)
+    recipe_class.check(run)
     rank, world_size, device = init_distributed()
     dtype = resolve_precision(run, device)
     deepspeed_config = build_deepspeed_config(train, dtype, world_size)
@@ -410,31 +336,21 @@ def setup(run: RunConfig, base_model=None, tokenizer=None, datasets=None) -> Ses
     else:
         head.init_from_data(supervised_token_counts(train_dataset, base_model.config.vocab_size))
     head.train()
-
-    joint_module = None
-    if joint:  # Medusa-2: the base gains a LoRA adapter and trains inside the engine's module
-        joint_module = JointObjectiveModule(
-            add_lora_adapter(base_model, run.joint), head, run.joint.base_loss, train.loss_token_fraction
-        )
-        hidden_states = TrainedBaseHiddenStates()
-    elif run.data.features:
-        splits = {"train": train_dataset, "validation": val_dataset}
-        hidden_states = open_feature_cache(
-            run.data.features, base_model, run.model.base, tokenizer, head, splits, run.data.max_length, dtype
-        )
-        _log_rank0(rank, f"offline: hidden states {list(hidden_states.cache.layers)} from {run.data.features}")
-    else:
-        hidden_states = OnlineHiddenStates(base_model)
+    recipe = recipe_class.build(
+        run,
+        base_model,
+        head,
+        tokenizer=tokenizer,
+        splits={"train": train_dataset, "validation": val_dataset},
+        dtype=dtype,
+        log=partial(_log_rank0, rank),
+    )
 
     stream = BatchStream(
         train_dataset, train.micro_batch_size, pad_token_id, train.seed, train.group_by_length, rank, world_size
     )
     total_steps = total_optimizer_steps(train, stream.batches_per_epoch())
-    if joint_module is not None:
-        groups = joint_module.parameter_groups(train.learning_rate, run.joint.head_lr_multiple)
-        engine = build_engine(joint_module, train, deepspeed_config, total_steps, device, groups)
-    else:
-        engine = build_engine(ObjectiveModule(head, train.loss_token_fraction), train, deepspeed_config, total_steps, device)
+    engine = build_engine(recipe, train, deepspeed_config, total_steps, device)
 
     validation = fixed_batches(val_dataset, train.micro_batch_size, pad_token_id, train.seed, train.eval_batches)
     if len(validation) < world_size:  # every rank needs a share to join the all-reduce
@@ -446,15 +362,13 @@ def setup(run: RunConfig, base_model=None, tokenizer=None, datasets=None) -> Ses
         device=device,
         output_dir=output_dir,
         base_model=base_model,
+        recipe=recipe,
         engine=engine,
-        head=head,
-        hidden_states=hidden_states,
         stream=stream,
         eval_batches=validation[rank::world_size],
         reporter=None,  # set below, once the resume step is known
         total_steps=total_steps,
         train_examples=len(train_dataset),
-        joint_module=joint_module,
     )
     latest = checkpoint.latest_checkpoint(output_dir) if train.resume else None
     if latest is not None:
@@ -479,7 +393,9 @@ def setup(run: RunConfig, base_model=None, tokenizer=None, datasets=None) -> Ses
 
 def restore(session: Session, path: Path) -> None:
     """Continue from checkpoint ``path``: engine, RNG, data position and loop counters."""
-    state = checkpoint.load_checkpoint(session.engine, path, session.rank, exclude_frozen=session.joint_module is not None)
+    state = checkpoint.load_checkpoint(
+        session.engine, path, session.rank, exclude_frozen=session.recipe.exclude_frozen
+    )
     session.stream.load_state_dict(state["data_position"])
     session.step, session.tokens = state["step"], state["tokens"]
     session.train_seconds = state["train_seconds"]
@@ -491,8 +407,7 @@ def restore(session: Session, path: Path) -> None:
 def _evaluate(session: Session) -> EvalResult:
     session.engine.eval()
     try:
-        hidden_states_of = partial(session.hidden_states, split="validation")
-        result = evaluate(session.engine, hidden_states_of, session.eval_batches, session.device)
+        result = evaluate(partial(session.engine, split="validation"), session.eval_batches, session.device)
     finally:
         session.engine.train()
     session.last_eval, session.last_eval_step = result, session.step
@@ -516,32 +431,28 @@ def _global_sum(session: Session, value: float) -> float:
 
 def train_steps(session: Session) -> None:
     """Optimiser steps from ``session.step`` to ``session.total_steps``: each is
-    ``gradient_accumulation_steps`` micro-batches of base hidden states (frozen base forward or
-    cache read; none in joint training) + head forward/backward."""
+    ``gradient_accumulation_steps`` micro-batches through the engine's recipe, forward and
+    backward."""
     from tqdm import tqdm
 
     train, engine = session.run.train, session.engine
+    accumulation = train.gradient_accumulation_steps
     progress = tqdm(
         total=session.total_steps, initial=session.step, disable=session.rank != 0, dynamic_ncols=True, desc="train"
     )
-    window_loss, window_base_loss, window_steps, window_tokens = 0.0, 0.0, 0, 0
+    window_loss, window_parts, window_steps, window_tokens = 0.0, {}, 0, 0
     window_correct = window_counted = None
     window_start = time.perf_counter()
     while session.step < session.total_steps:
-        if session.joint_module is not None:  # Medusa-2's lambda0 ramp
-            joint = session.run.joint
-            session.joint_module.head_loss_weight = head_loss_weight(
-                session.step, session.total_steps, joint.peak_lambda0(), joint.lambda0_warmup_ratio
-            )
-        for _ in range(train.gradient_accumulation_steps):
+        step_values = session.recipe.begin_step(session.step, session.total_steps)  # e.g. Medusa-2's lambda0
+        for _ in range(accumulation):
             batch = {name: tensor.to(session.device) for name, tensor in next(session.stream).items()}
-            hidden_states = session.hidden_states(batch, "train")
-            output = engine(hidden_states, batch["input_ids"], batch["loss_mask"], batch["attention_mask"])
+            output = engine(batch, "train")
             engine.backward(output.loss)
             engine.step()  # DeepSpeed steps optimizer + scheduler only at the accumulation boundary
-            window_loss += float(output.loss.detach()) / train.gradient_accumulation_steps
-            if output.base_loss is not None:
-                window_base_loss += float(output.base_loss.detach()) / train.gradient_accumulation_steps
+            window_loss += float(output.loss.detach()) / accumulation
+            for name, part in output.loss_parts.items():
+                window_parts[name] = window_parts.get(name, 0.0) + float(part.detach()) / accumulation
             window_tokens += int(batch["attention_mask"].sum())
             correct, counted = output.top1_correct.detach().double(), output.counted.detach().double()
             window_correct = correct if window_correct is None else window_correct + correct
@@ -563,15 +474,14 @@ def train_steps(session: Session) -> None:
                 "lr": engine.get_lr()[0],
                 "tokens": session.tokens,
                 "tokens_per_second": tokens / elapsed,
+                **{name: total / window_steps for name, total in window_parts.items()},
+                **step_values,
             }
-            if session.joint_module is not None:
-                record["base_loss"] = window_base_loss / window_steps
-                record["head_loss_weight"] = session.joint_module.head_loss_weight
             session.reporter.log(record)
             progress.set_postfix(
                 loss=f"{record['loss']:.3f}", top1=f"{accuracy[0]:.3f}", tok_s=f"{record['tokens_per_second']:.0f}"
             )
-            window_loss, window_base_loss, window_steps, window_tokens = 0.0, 0.0, 0, 0
+            window_loss, window_parts, window_steps, window_tokens = 0.0, {}, 0, 0
             window_correct = window_counted = None
             window_start = time.perf_counter()
 
@@ -602,32 +512,23 @@ def save(session: Session) -> Path:
         state,
         session.run.train.keep_checkpoints,
         session.rank,
-        exclude_frozen=session.joint_module is not None,
+        exclude_frozen=session.recipe.exclude_frozen,
     )
 
 
 def export_head(session: Session, summary: TrainingSummary) -> Path:
-    """Write the final head with ``save_pretrained`` (loadable without DeepSpeed); Medusa-2 also
-    writes the base adapter with peft's ``save_pretrained`` (safetensors) into ``head/adapter``."""
+    """Write the final head (``save_pretrained``: loadable without DeepSpeed) through the recipe,
+    which also writes what decoding needs with it (Medusa-2: the base adapter)."""
     import deepspeed
 
     head_dir = session.output_dir / HEAD_DIR
     extra = {"training": dataclasses.asdict(summary)}
-    parameters = list(session.head.parameters())
-    if session.joint_module is not None:
-        parameters += [p for p in session.joint_module.adapted_base.parameters() if p.requires_grad]
-
-    def write() -> None:
-        session.head.save_pretrained(head_dir, extra=extra)
-        if session.joint_module is not None:
-            session.joint_module.adapted_base.save_pretrained(str(head_dir / ADAPTER_DIR), safe_serialization=True)
-
     if session.engine.zero_optimization_stage() == 3:  # ZeRO-3 partitions parameters: gather first
-        with deepspeed.zero.GatheredParameters(parameters, modifier_rank=None):
+        with deepspeed.zero.GatheredParameters(session.recipe.saved_parameters(), modifier_rank=None):
             if session.rank == 0:
-                write()
+                session.recipe.save_head(head_dir, extra)
     elif session.rank == 0:
-        write()
+        session.recipe.save_head(head_dir, extra)
     return head_dir
 
 

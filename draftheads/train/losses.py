@@ -2,7 +2,7 @@
 
 Each takes predictions and targets that are already aligned (``draftheads.train.objective`` does
 the shifting: which position predicts which token) with any leading shape ``...``, and a mask of
-that leading shape (1 = a supervised position, i.e. an assistant token; REFERENCE.md section 1).
+that leading shape (1 = a supervised position, i.e. an assistant token).
 A masked mean divides by the number of supervised positions, so padding and prompt tokens never
 dilute a loss; a step with no supervised position contributes 0 (and still carries a gradient
 path, so every rank can call backward). Logits are upcast to float32 before any softmax.

@@ -1,8 +1,9 @@
 """Held-out evaluation (per-step top-1/top-5, chain acceptance) and throughput measurement.
 
 The frozen base model's body produces the hidden states every head trains on; its lm_head is
-not run (heads call it themselves where their objective needs it), which is what makes online
-training affordable (REFERENCE section 6: the full-vocab lm_head costs ~1/5 of the body).
+not run (heads call it themselves where their objective needs it, at the supervised rows only), so
+online training does not pay for a full-vocabulary projection at every position (about 1/5 of the
+body's cost: docs/training.md, "Where training time goes").
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ def base_hidden_states(base_model, input_ids: torch.Tensor, attention_mask: torc
 def chain_acceptance(accuracies: Sequence[float]) -> float:
     """Expected tokens per base forward if draft step k is accepted with probability acc_k
     independently and a chain stops at the first rejection: 1 + sum_k prod_{j<=k} acc_j.
-    (The leading 1 is the token the base model produces itself; REFERENCE section 3.)"""
+    (The leading 1 is the token the base model produces itself at every step.)"""
     total, running = 1.0, 1.0
     for accuracy in accuracies:
         running *= accuracy
@@ -58,14 +59,10 @@ def _all_reduce_sum(tensor: torch.Tensor) -> torch.Tensor:
 
 
 @torch.no_grad()
-def evaluate(
-    objective: Callable, hidden_states_of: Callable[[dict], Any], batches: Sequence[dict], device: torch.device
-) -> EvalResult:
-    """Run ``objective(hidden_states, input_ids, loss_mask, attention_mask) -> ObjectiveOutput``
-    over ``batches`` and aggregate accuracies over every supervised position.
-
-    ``hidden_states_of(batch)`` gives a batch's base hidden states (the frozen base online, a
-    feature cache offline: ``draftheads.train.hidden_states``).
+def evaluate(objective: Callable[[dict], Any], batches: Sequence[dict], device: torch.device) -> EvalResult:
+    """Run ``objective(batch) -> ObjectiveOutput`` (a training recipe on the validation split,
+    ``draftheads.train.recipe``) over ``batches`` and aggregate accuracies over every supervised
+    position.
 
     The caller puts the head in eval mode. Under data parallelism each rank passes its share of
     the batches; counts are summed over ranks, so every rank returns the same result.
@@ -74,7 +71,7 @@ def evaluate(
     loss_sum = torch.zeros((), dtype=torch.float64, device=device)
     for batch in batches:
         batch = {name: tensor.to(device) for name, tensor in batch.items()}
-        output = objective(hidden_states_of(batch), batch["input_ids"], batch["loss_mask"], batch["attention_mask"])
+        output = objective(batch)
         if top1 is None:
             top1 = torch.zeros_like(output.top1_correct, dtype=torch.float64)  # (S,)
             top5 = torch.zeros_like(top1)
@@ -102,8 +99,8 @@ def evaluate(
 @torch.no_grad()
 def base_forward_tokens_per_second(base_model, batches: Sequence[dict], device: torch.device) -> float:
     """Tokens/s of the frozen base body alone (forward, no grad) over ``batches``: the ceiling
-    online training is measured against (issue 3 asks training >= 0.6 of it). Counts non-pad
-    tokens, like the training loop's tokens/s; the first batch is a warm-up and is not timed."""
+    online training is measured against (docs/training.md). Counts non-pad tokens, like the
+    training loop's tokens/s; the first batch is a warm-up and is not timed."""
     if not batches:
         raise ValueError("base_forward_tokens_per_second: no batches")
     batches = [{name: tensor.to(device) for name, tensor in batch.items()} for batch in batches]

@@ -1,8 +1,9 @@
 """The training objective of each head kind: base hidden states in, loss and accuracy out.
 
-The training loop calls ``compute_objective(head, hidden_states, input_ids, loss_mask,
-attention_mask)`` on the frozen base model's ``output_hidden_states`` for a batch. Each kind's
-function aligns predictions with targets and calls its loss in ``draftheads.train.losses``.
+The training recipes (``draftheads.train.recipe``) call ``compute_objective(head, hidden_states,
+input_ids, loss_mask, attention_mask)`` on a batch's base hidden states (``output_hidden_states``
+of the frozen base, a feature cache, or Medusa-2's adapted base). Each kind's function aligns
+predictions with targets and calls its loss in ``draftheads.train.losses``.
 
 Sampling. ``keep`` (B, T) bool, or None for everything, is the random subset a training step scores
 (``train.loss_token_fraction``, see ``compute_objective``).
@@ -12,7 +13,7 @@ step s (Medusa head s, EAGLE-3 training-time-test step s, MTP module s + 1; EAGL
 predicts token q from the row q - (s + 2) of its output: Medusa head k at t predicts t + k + 2;
 an EAGLE drafter row i consumes (f_i, t_{i+1}) and predicts t_{i+2}, one more per TTT step; MTP
 module k at i predicts t_{i+k+1}. Vocab projections run only at supervised rows (the projection is
-the largest matmul of a draft head, REFERENCE.md section 6).
+the largest matmul of a draft head: docs/training.md, "Where training time goes").
 
 Accuracy per step: Medusa and MTP against the ground-truth token; EAGLE-1 and EAGLE-3 against the
 base model's argmax at the same place (what greedy verification accepts), counting positions
@@ -22,7 +23,7 @@ whose argmax is outside EAGLE-3's draft vocabulary as misses.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -40,7 +41,8 @@ class ObjectiveOutput:
     )  # (S,) correct top-1 predictions per draft step, summed over supervised positions
     top5_correct: torch.Tensor  # (S,)
     counted: torch.Tensor  # (S,) supervised positions counted per step
-    base_loss: torch.Tensor | None = None  # Medusa-2: the adapted base's own loss (part of ``loss``)
+    # Named scalar parts of ``loss`` that training logs too (Medusa-2: "base_loss").
+    loss_parts: dict[str, torch.Tensor] = field(default_factory=dict)
 
 
 def supervised_mask(loss_mask: torch.Tensor, attention_mask: torch.Tensor | None) -> torch.Tensor:

@@ -9,7 +9,6 @@ from typing import Any
 
 METRICS_NAME = "metrics.jsonl"
 CURVES_NAME = "curves.png"
-REPORT_TARGETS = ("none", "wandb")
 
 
 class Reporter:

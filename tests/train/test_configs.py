@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from draftheads.config import load_run_config
-from draftheads.train.loop import build_deepspeed_config, check_train_config
+from draftheads.train.loop import build_deepspeed_config
+from draftheads.train.recipe import recipe_for
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 YAMLS = sorted(CONFIGS.glob("*.yaml"))
@@ -28,9 +29,9 @@ def test_the_shipped_set_is_complete():
 def test_yaml_loads_validates_and_starts_with_its_command(path):
     first_line = path.read_text().splitlines()[0]
     assert first_line.startswith("# ") and "draftheads" in first_line and f"--config configs/{path.name}" in first_line
-    run = load_run_config(path)
+    run = load_run_config(path)  # the sections check their own values
     assert run.head is not None and path.name.startswith(run.head.kind + "-")
-    check_train_config(run.train)
+    recipe_for(run.head).check(run)
     dtype = torch.bfloat16 if run.train.precision == "bf16" else torch.float32
     config = build_deepspeed_config(run.train, dtype, world_size=8)
     assert config["train_micro_batch_size_per_gpu"] == run.train.micro_batch_size

@@ -8,8 +8,8 @@ import torch
 from safetensors.torch import load_file
 
 from draftheads.config import load_run_config
-from draftheads.settings import ConfigError
 from draftheads.heads import load_head
+from draftheads.settings import ConfigError
 from draftheads.train import checkpoint
 from draftheads.train.loop import run_training
 from draftheads.train.reporting import read_metrics

@@ -12,12 +12,12 @@ from peft import PeftModel
 from safetensors.torch import load_file
 
 from draftheads.config import JointConfig, load_run_config
-from draftheads.settings import ConfigError
 from draftheads.heads import HeadMismatchError, MedusaConfig, build_head, load_head
 from draftheads.heads.adapter import MERGED_ADAPTER_KEY
 from draftheads.infer import SpeculativeGenerator
 from draftheads.infer.packed import has_packed_linears, packing_supported
-from draftheads.train.joint import JointObjectiveModule, add_lora_adapter, head_loss_weight
+from draftheads.settings import ConfigError
+from draftheads.train.joint import JointRecipe, add_lora_adapter, head_loss_weight
 from draftheads.train.loop import run_training
 from draftheads.train.reporting import read_metrics
 from tests.conftest import make_tiny_llama
@@ -131,15 +131,18 @@ def test_the_adapter_disabled_teacher_is_the_original_base():
     original = _logits(make_tiny_llama(), prompt)
     base = make_tiny_llama()
     head = build_head(base, MedusaConfig(num_heads=2, joint=True))
-    adapted = add_lora_adapter(base, JointConfig(lora_rank=4, lora_alpha=8, lora_dropout=0.0))
-    module = JointObjectiveModule(adapted, head, "kl").eval()
+    joint = JointConfig(lora_rank=4, lora_alpha=8, lora_dropout=0.0, base_loss="kl")
+    adapted = add_lora_adapter(base, joint)
+    recipe = JointRecipe(adapted, head, joint).eval()
     mask = torch.ones_like(prompt)
+    batch = {"input_ids": prompt, "loss_mask": mask, "attention_mask": mask}
     with torch.no_grad():
-        assert float(module(None, prompt, mask, mask).base_loss) == 0.0  # LoRA starts as identity (B = 0)
+        # LoRA starts as identity (B = 0)
+        assert float(recipe(batch, "validation").loss_parts["base_loss"]) == 0.0
         for name, parameter in adapted.named_parameters():
             if "lora_B" in name:
                 parameter.normal_(0, 0.5)
-        assert float(module(None, prompt, mask, mask).base_loss) > 1e-4
+        assert float(recipe(batch, "validation").loss_parts["base_loss"]) > 1e-4
         with adapted.disable_adapter():
             assert torch.equal(_logits(adapted, prompt), original)
         assert not torch.allclose(_logits(adapted, prompt), original, atol=1e-3)
@@ -193,6 +196,7 @@ def test_head_loss_weight_ramps_as_a_quarter_sine():
         (["joint.lambda0_warmup_ratio=2"], "joint.lambda0_warmup_ratio"),
         (["joint.lora_target_modules=[no_such_layer]"], "joint.lora_target_modules"),
         (["data.features=/tmp/somewhere"], "cannot feed head.joint training"),
+        (["train.init_head=/tmp/somewhere"], "not supported for joint"),
     ],
 )
 def test_joint_config_errors_name_the_field(tmp_path, overrides, message):

@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from draftheads.train.metrics import base_hidden_states, chain_acceptance, evaluate
+from draftheads.train.metrics import chain_acceptance, evaluate
 from draftheads.train.objective import ObjectiveOutput
 
 
@@ -12,7 +12,7 @@ def test_chain_acceptance():
     assert chain_acceptance([0.0, 0.9]) == 1.0
 
 
-def test_evaluate_sums_counts_over_batches(tiny_llama):
+def test_evaluate_sums_counts_over_batches():
     outputs = iter(
         [
             ObjectiveOutput(torch.tensor(2.0), torch.tensor([3, 1]), torch.tensor([4, 2]), torch.tensor([4, 4])),
@@ -21,8 +21,8 @@ def test_evaluate_sums_counts_over_batches(tiny_llama):
     )
     seen = []
 
-    def objective(hidden_states, input_ids, loss_mask, attention_mask):
-        seen.append(len(hidden_states))
+    def objective(batch):
+        seen.append(batch["input_ids"].tolist())
         return next(outputs)
 
     batch = {
@@ -30,11 +30,8 @@ def test_evaluate_sums_counts_over_batches(tiny_llama):
         "attention_mask": torch.ones(1, 3, dtype=torch.long),
         "loss_mask": torch.ones(1, 3, dtype=torch.long),
     }
-    def hidden_states_of(batch):
-        return base_hidden_states(tiny_llama, batch["input_ids"], batch["attention_mask"])
-
-    result = evaluate(objective, hidden_states_of, [batch, batch], torch.device("cpu"))
-    assert seen == [tiny_llama.config.num_hidden_layers + 1] * 2
+    result = evaluate(objective, [batch, batch], torch.device("cpu"))
+    assert seen == [[[5, 6, 7]]] * 2  # each batch once
     assert result.loss == pytest.approx(3.0)
     assert result.top1 == pytest.approx((4 / 8, 1 / 6))
     assert result.top5 == pytest.approx((6 / 8, 3 / 6))

@@ -1,0 +1,128 @@
+"""What a run trains, behind one interface that the training loop drives without asking which.
+
+A recipe is the module the DeepSpeed engine wraps: ``forward(batch, split) -> ObjectiveOutput``
+gives one micro-batch's loss and per-step accuracy. A few more members say the rest of what differs
+between ways of training a head: which parameters train at which learning rate
+(``parameter_groups``), what a checkpoint leaves out (``exclude_frozen``), what changes from one
+optimiser step to the next (``begin_step``) and what is written at the end (``saved_parameters``,
+``save_head``); ``check`` refuses settings the recipe cannot train before anything loads.
+
+- ``FrozenBaseRecipe`` (Medusa-1, EAGLE, EAGLE-3, MTP): the base stays frozen and only the head
+  trains, on hidden states from the base's forward (online) or a feature cache (offline).
+- ``JointRecipe`` (Medusa-2, ``draftheads.train.joint``): a LoRA adapter on the base trains with
+  the heads (Cai et al. 2024, "Medusa", sec. 2.2.2).
+
+``recipe_for(head_config)`` looks the recipe up in ``RECIPES``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Protocol
+
+import torch
+from torch import nn
+
+from draftheads.config import RunConfig
+from draftheads.train.hidden_states import HiddenStateSource, OnlineHiddenStates, open_feature_cache
+from draftheads.train.joint import JointRecipe
+from draftheads.train.objective import ObjectiveOutput, compute_objective
+
+
+class Recipe(Protocol):
+    """What the training loop uses of a recipe, besides its being an ``nn.Module``."""
+
+    exclude_frozen: bool  # save checkpoints without frozen parameters (they never change)
+
+    @staticmethod
+    def check(run: RunConfig) -> None:
+        """Raise ConfigError for settings this recipe cannot train."""
+
+    @classmethod
+    def build(
+        cls,
+        run: RunConfig,
+        base_model,
+        head: nn.Module,
+        *,
+        tokenizer,
+        splits: dict,
+        dtype: torch.dtype,
+        log: Callable[[str], None],
+    ) -> Recipe:
+        """The recipe for ``head`` (initialised) on ``base_model`` (frozen, eval mode);
+        ``splits``: "train" / "validation" -> the datasets the batches come from."""
+
+    def __call__(self, batch: dict, split: str) -> ObjectiveOutput:
+        """Loss and per-step accuracy on ``batch`` (collated rows: input_ids, loss_mask,
+        attention_mask, each (B, T); row_index (B,)) of ``split`` ("train" or "validation")."""
+
+    def parameter_groups(self, learning_rate: float) -> list[dict]:
+        """AdamW parameter groups; a group without ``lr`` trains at ``learning_rate``."""
+
+    def begin_step(self, step: int, total_steps: int) -> dict[str, float]:
+        """Set what depends on the optimiser step; return it, to be logged with the step."""
+
+    def saved_parameters(self) -> list[nn.Parameter]:
+        """The parameters ``save_head`` writes (gathered first under ZeRO-3)."""
+
+    def save_head(self, head_dir: Path, extra: dict) -> None:
+        """Write the trained head (and whatever decoding needs with it) to ``head_dir``."""
+
+
+class FrozenBaseRecipe(nn.Module):
+    """Only the head trains; the base is frozen. The hidden-state source holds the base without
+    registering it, so the engine holds (and ZeRO partitions) the head's parameters alone."""
+
+    exclude_frozen = False
+
+    def __init__(self, head: nn.Module, hidden_states: HiddenStateSource, token_fraction: float = 1.0):
+        super().__init__()
+        self.head = head
+        self.hidden_states = hidden_states
+        self.token_fraction = token_fraction
+
+    @staticmethod
+    def check(run: RunConfig) -> None:
+        pass  # a feature cache is checked against the run when it is opened
+
+    @classmethod
+    def build(cls, run, base_model, head, *, tokenizer, splits, dtype, log) -> FrozenBaseRecipe:
+        if run.data.features:
+            features, max_length = run.data.features, run.data.max_length
+            hidden_states = open_feature_cache(
+                features, base_model, run.model.base, tokenizer, head, splits, max_length, dtype
+            )
+            log(f"offline: hidden states {list(hidden_states.cache.layers)} from {features}")
+        else:
+            hidden_states = OnlineHiddenStates(base_model)
+        return cls(head, hidden_states, run.train.loss_token_fraction)
+
+    def forward(self, batch: dict, split: str) -> ObjectiveOutput:
+        hidden_states = self.hidden_states(batch, split)
+        return compute_objective(
+            self.head, hidden_states, batch["input_ids"], batch["loss_mask"], batch["attention_mask"],
+            self.token_fraction,
+        )
+
+    def parameter_groups(self, learning_rate: float) -> list[dict]:
+        return [{"params": [p for p in self.parameters() if p.requires_grad]}]
+
+    def begin_step(self, step: int, total_steps: int) -> dict[str, float]:
+        return {}
+
+    def saved_parameters(self) -> list[nn.Parameter]:
+        return list(self.head.parameters())
+
+    def save_head(self, head_dir: Path, extra: dict) -> None:
+        self.head.save_pretrained(head_dir, extra=extra)
+
+
+# How a head trains -> its recipe. Only Medusa heads declare ``joint`` (Medusa-2).
+RECIPES: dict[str, type[Recipe]] = {"frozen": FrozenBaseRecipe, "joint": JointRecipe}
+
+
+def recipe_for(head_config) -> type[Recipe]:
+    """The recipe class that trains heads configured by ``head_config``."""
+    return RECIPES["joint" if getattr(head_config, "joint", False) else "frozen"]
