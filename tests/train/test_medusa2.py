@@ -12,7 +12,7 @@ from peft import PeftModel
 from safetensors.torch import load_file
 
 from draftheads.config import JointConfig, load_run_config
-from draftheads.heads import HeadMismatchError, MedusaConfig, build_head, load_head
+from draftheads.heads import HeadMismatchError, MedusaConfig, build_head, load_head, load_head_and_base
 from draftheads.heads.adapter import MERGED_ADAPTER_KEY
 from draftheads.infer import SpeculativeGenerator
 from draftheads.infer.packed import has_packed_linears, packing_supported
@@ -94,7 +94,7 @@ def test_joint_training_lowers_the_loss_and_saves_heads_with_the_adapter(tmp_pat
     assert summary.eval["top1"][0] > 0.1
 
 
-def test_loading_merges_the_adapter_and_greedy_decoding_follows_the_adapted_base(tmp_path):
+def test_loading_merges_the_adapter_into_a_copy_and_greedy_decoding_follows_it(tmp_path):
     _, output_dir = _trained_lm_run(tmp_path)
     head_dir = output_dir / "head"
     prompt = torch.tensor([[5, 9, 13, 17, 21]])
@@ -104,16 +104,17 @@ def test_loading_merges_the_adapter_and_greedy_decoding_follows_the_adapted_base
     assert not torch.allclose(adapted, original, atol=1e-3)  # the adapter learned something
 
     base = make_tiny_llama()
-    head = load_head(head_dir, base)
-    assert head.config.joint and getattr(base.config, MERGED_ADAPTER_KEY)
-    torch.testing.assert_close(_logits(base, prompt), adapted, rtol=1e-5, atol=1e-5)
-    load_head(head_dir, base)  # loading again does not merge twice
-    torch.testing.assert_close(_logits(base, prompt), adapted, rtol=1e-5, atol=1e-5)
+    head, adapted_model = load_head_and_base(head_dir, base)
+    assert head.config.joint and getattr(adapted_model.config, MERGED_ADAPTER_KEY)
+    torch.testing.assert_close(_logits(adapted_model, prompt), adapted, rtol=1e-5, atol=1e-5)
+    # the caller's base is unchanged
+    assert getattr(base.config, MERGED_ADAPTER_KEY, None) is None
+    torch.testing.assert_close(_logits(base, prompt), original)
 
-    generator = SpeculativeGenerator(base, head, tree="cpu-8")
+    generator = SpeculativeGenerator(adapted_model, head, tree="cpu-8")
     generator_prompts = [prompt, torch.tensor([[40, 41, 42, 43, 44, 45, 46]]), torch.tensor([[7, 30, 3]])]
     for index, tokens in enumerate(generator_prompts):
-        expected = base.generate(tokens, max_new_tokens=40, do_sample=False)
+        expected = adapted_model.generate(tokens, max_new_tokens=40, do_sample=False)
         result = generator.generate(tokens, max_new_tokens=40)
         assert result.sequences.tolist() == expected.tolist(), f"prompt {index}"
 
@@ -123,7 +124,9 @@ def test_a_base_with_another_merged_adapter_is_refused(tmp_path):
     base = make_tiny_llama()
     setattr(base.config, MERGED_ADAPTER_KEY, "0123456789abcdef")
     with pytest.raises(HeadMismatchError, match="already has adapter 0123456789abcdef merged"):
-        load_head(output_dir / "head", base)
+        load_head_and_base(output_dir / "head", base)
+    with pytest.raises(HeadMismatchError):  # a joint head does not attach to a base without its adapter
+        load_head(output_dir / "head", make_tiny_llama())
 
 
 def test_the_adapter_disabled_teacher_is_the_original_base():
@@ -208,17 +211,15 @@ def test_joint_config_errors_name_the_field(tmp_path, overrides, message):
 
 
 def test_export_keeps_the_adapter_and_the_card_says_outputs_follow_the_adapted_base(tmp_path):
-    from draftheads.export import export_head
-    from draftheads.heads.formats import FormatError
+    from draftheads.export import FormatError, export_head
 
     _, output_dir = _trained_lm_run(tmp_path)
     files = export_head(output_dir / "head", tmp_path / "export")
     assert {"config.json", "model.safetensors", "README.md"} <= {p.name for p in files}
     assert (tmp_path / "export" / "adapter" / "adapter_model.safetensors").is_file()
     assert "outputs follow the adapted base" in (tmp_path / "export" / "README.md").read_text()
-    base = make_tiny_llama()
-    load_head(tmp_path / "export", base)  # the exported copy loads with its adapter
-    assert getattr(base.config, MERGED_ADAPTER_KEY)
+    _, adapted = load_head_and_base(tmp_path / "export", make_tiny_llama())  # loads with its adapter
+    assert getattr(adapted.config, MERGED_ADAPTER_KEY)
     with pytest.raises(FormatError, match="base adapter"):
         export_head(output_dir / "head", tmp_path / "vllm", "medusa-vllm")
 
@@ -233,7 +234,7 @@ def test_bench_gives_a_joint_head_its_own_base_and_keeps_the_shared_one_original
     plain_head = tmp_path / "plain"
     build_head(shared, MedusaConfig(num_heads=2)).save_pretrained(plain_head)
     methods = speculative_methods(
-        [str(output_dir / "head"), str(plain_head)], shared, None, make_tiny_llama, "cpu-8", "cpu"
+        [str(output_dir / "head"), str(plain_head)], shared, None, "cpu-8", "cpu"
     )
     joint, plain = (method.generator for method in methods)
     assert getattr(shared.config, MERGED_ADAPTER_KEY, None) is None
@@ -249,10 +250,8 @@ def test_bench_packs_a_joint_heads_own_base_after_the_merge(tmp_path):
 
     _, output_dir = _trained_lm_run(tmp_path)
     head_dirs = [str(output_dir / "head")]
-    (packed,) = speculative_methods(
-        head_dirs, make_tiny_llama(), None, make_tiny_llama, "cpu-8", "cpu", pack=True
-    )
-    (unpacked,) = speculative_methods(head_dirs, make_tiny_llama(), None, make_tiny_llama, "cpu-8", "cpu")
+    (packed,) = speculative_methods(head_dirs, make_tiny_llama(), None, "cpu-8", "cpu", pack=True)
+    (unpacked,) = speculative_methods(head_dirs, make_tiny_llama(), None, "cpu-8", "cpu")
     assert has_packed_linears(packed.generator.model) and has_packed_linears(packed.generator.head)
     assert not has_packed_linears(unpacked.generator.model)
     prompt = torch.tensor([[5, 9, 13, 17, 21]])
