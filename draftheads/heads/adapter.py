@@ -19,6 +19,7 @@ import hashlib
 from pathlib import Path
 
 from draftheads.heads.base import HeadMismatchError
+from draftheads.optional import require
 
 ADAPTER_DIR = "adapter"
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
@@ -63,10 +64,13 @@ def check_adapted(model, head_dir: str | Path) -> None:
     )
 
 
-def adapted_base(base_model, head_dir: str | Path):
+def adapted_base(base_model, head_dir: str | Path, copy_base: bool = True):
     """A new model: a copy of ``base_model`` with the adapter of the joint head in ``head_dir`` merged
     into its weights, frozen, in eval mode, its config recording the adapter's fingerprint.
-    ``base_model`` is left as it is; it must be an original base (HeadMismatchError otherwise)."""
+    ``base_model`` is left as it is; it must be an original base (HeadMismatchError otherwise).
+    ``copy_base=False``: the caller hands ``base_model`` over and it is adapted in place (no second
+    copy of the weights in memory; ``SpeculativeGenerator.from_pretrained`` does this with the base
+    it loaded itself)."""
     fingerprint = adapter_fingerprint(head_dir)
     merged = merged_adapter(base_model)
     if merged is not None:
@@ -74,10 +78,11 @@ def adapted_base(base_model, head_dir: str | Path):
             f"the base model already has adapter {merged} merged into its weights; the adapter of the head "
             f"in {head_dir} ({fingerprint}) goes on the original base: pass that"
         )
-    from peft import PeftModel
+    peft = require("peft", "adapters", "merging a Medusa-2 head's LoRA adapter")
 
     # peft injects the LoRA layers into the module it is given: give it the copy.
-    adapted = PeftModel.from_pretrained(copy.deepcopy(base_model), str(adapter_path(head_dir)))
+    target = copy.deepcopy(base_model) if copy_base else base_model
+    adapted = peft.PeftModel.from_pretrained(target, str(adapter_path(head_dir)))
     model = adapted.merge_and_unload()  # the copy's module tree, LoRA folded into its linear weights
     model.eval().requires_grad_(False)
     setattr(model.config, MERGED_ADAPTER_KEY, fingerprint)

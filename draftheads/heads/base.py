@@ -11,11 +11,15 @@ Conventions shared by every head (HF ``output_hidden_states`` tuple ``hs`` of le
 - ``feature_layers`` lists the indices of ``hs`` a head reads; ``select_features(hs)`` turns them
   into the (B, T, F) tensor the head consumes (training, feature caches and inference alike).
 
-Two drafting styles (``drafting`` class attribute), used by ``draftheads.infer``:
+How a head drafts is its ``drafting`` class attribute, the key of its Drafter in
+``draftheads.infer.draft.DRAFTERS`` (heads never import ``infer``):
 - ``"parallel"`` (Medusa): ``draft_logits(features)`` gives, from the features at the last accepted
   position, one distribution per depth at once; proposals ride on the verification forward.
-- ``"autoregressive"`` (EAGLE, EAGLE-3, MTP): the head runs its own decoder layer(s) on its own KV
-  cache, one depth at a time, through ``new_cache``, ``catch_up`` and ``draft_step``.
+- ``"autoregressive"`` (EAGLE, EAGLE-3): the head runs its own decoder layer on its own KV cache, one
+  depth at a time, through ``new_cache``, ``catch_up`` and ``draft_step``; a draft node attends to
+  its tree ancestors.
+- ``"module-per-depth"`` (MTP): the same calls, but depth d is module d acting at the last accepted
+  position, seeing its own cache prefix and itself only.
 """
 
 from __future__ import annotations
@@ -86,11 +90,7 @@ class DraftHead(nn.Module):
 
     kind: ClassVar[str] = ""
     config_class: ClassVar[type[HeadConfig]] = HeadConfig
-    drafting: ClassVar[str] = ""  # "parallel" | "autoregressive"
-    # Autoregressive heads: does a draft node at depth d attend to its tree ancestors in the
-    # drafter's cache (EAGLE: yes, positions advance), or only to the prefix and itself (MTP: each
-    # depth is a different module acting at the same position)?
-    draft_attends_ancestors: ClassVar[bool] = True
+    drafting: ClassVar[str] = ""  # "parallel" | "autoregressive" | "module-per-depth"
 
     def __init__(self, config: HeadConfig, base_config, base_name: str | None = None):
         super().__init__()
@@ -370,11 +370,14 @@ def load_head(directory: str | Path, base_model=None, map_location: str | torch.
     return head
 
 
-def load_head_and_base(directory: str | Path, base_model, map_location: str | torch.device | None = None):
+def load_head_and_base(
+    directory: str | Path, base_model, map_location: str | torch.device | None = None, copy_base: bool = True
+):
     """The head in ``directory`` attached to the model it drafts for, as ``(head, model)``:
     ``base_model`` itself for a plain head; for a joint (Medusa-2) head, a copy of ``base_model``
     with the head's adapter merged (``adapter.adapted_base``), unless ``base_model`` already is that
-    adapted base. ``base_model`` is never modified. ``map_location``: default the model's device."""
+    adapted base. ``base_model`` is never modified, unless ``copy_base=False`` hands it over to be
+    adapted in place (``adapter.adapted_base``). ``map_location``: default the model's device."""
     model = base_model
     _, saved = _read_config(directory)
     if _is_joint(saved):
@@ -385,6 +388,6 @@ def load_head_and_base(directory: str | Path, base_model, map_location: str | to
             spec = BaseModelSpec(**{f.name: recorded.get(f.name) for f in dataclasses.fields(BaseModelSpec)})
             spec.check_fits(base_model.config, where=f"{saved.get('head_kind')} head in {directory}")
         if merged_adapter(base_model) != adapter_fingerprint(directory):
-            model = adapted_base(base_model, directory)
+            model = adapted_base(base_model, directory, copy_base=copy_base)
     head = load_head(directory, base_model=model, map_location=model.device if map_location is None else map_location)
     return head, model

@@ -267,7 +267,8 @@ class SpeculativeGenerator:
         from draftheads.heads import load_head_and_base, resolve_base_model
 
         model, tokenizer = load_base(resolve_base_model(head_dir, base), dtype=dtype, device=device)
-        head, model = load_head_and_base(head_dir, model, map_location=device)  # Medusa-2: adapted copy
+        # A Medusa-2 head drafts for its adapted base: adapt the base loaded here in place.
+        head, model = load_head_and_base(head_dir, model, map_location=device, copy_base=False)
         if pack:
             pack_linears(model, head)
         if tree is None:  # the tree `draftheads tune-tree` chose for this device and dtype, if any

@@ -7,9 +7,9 @@ import torch
 from head_fixtures import TINY_LLAMA
 from transformers import LlamaConfig
 
-from draftheads.settings import ConfigError
 from draftheads.heads import Eagle3Config, Eagle3Head, build_head
 from draftheads.heads.base import head_config_from_dict
+from draftheads.settings import ConfigError
 
 
 def thirty_layer_config(**overrides):
