@@ -8,6 +8,14 @@ import importlib.util
 from types import ModuleType
 
 
+# The importable modules behind each extra of pyproject.toml that a command checks for up front.
+EXTRA_MODULES = {
+    "train": ("deepspeed", "datasets", "peft", "wandb", "matplotlib"),
+    "adapters": ("peft",),
+    "plots": ("matplotlib",),
+}
+
+
 class MissingDependencyError(ImportError):
     """An optional package a feature needs is not installed; the message says which extra has it."""
 
@@ -28,3 +36,12 @@ def require(module: str, extra: str, purpose: str) -> ModuleType:
         raise MissingDependencyError(
             f"{purpose} needs the '{module}' package: pip install 'draftheads[{extra}]'"
         ) from err
+
+
+def require_extra(extra: str, purpose: str) -> None:
+    """Raise MissingDependencyError listing the modules of ``extra`` that are not installed."""
+    missing = [module for module in EXTRA_MODULES[extra] if not available(module)]
+    if missing:
+        raise MissingDependencyError(
+            f"{purpose} needs {', '.join(missing)}: pip install 'draftheads[{extra}]'"
+        )

@@ -109,3 +109,12 @@ def test_decoding_export_and_tuning_need_no_training_extras():
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-2000:]
     assert result.stdout.strip() == "[]"
+
+
+def test_train_without_its_extras_says_what_to_install(monkeypatch, capsys):
+    import draftheads.optional as optional
+    from draftheads.cli import main
+
+    monkeypatch.setattr(optional, "available", lambda module: module != "deepspeed")
+    assert main(["train", "--config", "configs/medusa-smollm2.yaml"]) == 2
+    assert "needs deepspeed: pip install 'draftheads[train]'" in capsys.readouterr().out

@@ -27,7 +27,14 @@ def run(args: argparse.Namespace) -> int:
     from draftheads.config import load_run_config
     from draftheads.data.sources import DataError
     from draftheads.heads import HeadMismatchError
+    from draftheads.optional import MissingDependencyError, require_extra
     from draftheads.settings import ConfigError
+
+    try:
+        require_extra("train", "draftheads train")
+    except MissingDependencyError as err:
+        print(f"draftheads train: {err}")
+        return 2
     from draftheads.train.loop import run_training
 
     if args.local_rank is not None:
