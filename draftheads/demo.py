@@ -40,7 +40,9 @@ class DemoSettings:
     learning_rate: float = 1e-3  # higher than the long run's: few steps over a small set
     warmup_steps: int = 10
     save_every: int = 25  # checkpoints let an interrupted demo resume
-    loss_token_fraction: float = 1.0  # ~5,000 supervised tokens: score them all (the config's 0.25 is for long runs)
+    loss_token_fraction: float = (
+        1.0  # ~5,000 supervised tokens: score them all (the config's 0.25 is for long runs)
+    )
     train_overrides: tuple[str, ...] = ()  # extra key=value run-config overrides, applied last
     tune: bool = True
     tune_prompts: int = 4

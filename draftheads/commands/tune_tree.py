@@ -16,13 +16,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--base", default=None, help="base model (default: the one recorded in the head)")
     parser.add_argument("--data", default=defaults.data, help="mt-bench | humaneval | conversation source")
     parser.add_argument(
-        "--skip", type=non_negative_int, default=defaults.skip, help="skip the first N prompts (training data)"
+        "--skip",
+        type=non_negative_int,
+        default=defaults.skip,
+        help="skip the first N prompts (training data)",
     )
     parser.add_argument("--prompts", type=positive_int, default=defaults.prompts, help="held-out prompts")
     parser.add_argument("--max-new-tokens", type=positive_int, default=defaults.max_new_tokens)
     parser.add_argument("--max-prompt-tokens", type=positive_int, default=defaults.max_prompt_tokens)
     parser.add_argument("--top-k", type=positive_int, default=defaults.top_k, help="ranks measured per depth")
-    parser.add_argument("--max-depth", type=positive_int, default=defaults.max_depth, help="depths measured (EAGLE)")
+    parser.add_argument(
+        "--max-depth", type=positive_int, default=defaults.max_depth, help="depths measured (EAGLE)"
+    )
     parser.add_argument(
         "--max-nodes", type=at_least(2), default=defaults.max_nodes, help="largest tree (root included)"
     )

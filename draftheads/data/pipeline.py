@@ -102,7 +102,11 @@ def tokenizer_identity(tokenizer) -> str:
 
 def cache_key(data: DataConfig, tokenizer) -> str:
     # Where caches live does not shape the rows.
-    fields = {name: value for name, value in dataclasses.asdict(data).items() if name not in ("cache_dir", "features")}
+    fields = {
+        name: value
+        for name, value in dataclasses.asdict(data).items()
+        if name not in ("cache_dir", "features")
+    }
     parts = {
         "version": PIPELINE_VERSION,
         "source": source_identity(data.source, data.split),

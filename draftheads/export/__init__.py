@@ -30,6 +30,7 @@ from draftheads.export.registry import (
 # ``--format`` and the errors list them.
 # isort: off
 from draftheads.export import native, eagle3, eagle, medusa, mtp  # noqa: F401
+
 # isort: on
 from draftheads.export.checkpoint import DRAFTHEADS_KEY
 from draftheads.export.exporter import CARD_NAME, DEFAULT_FORMAT, export_head

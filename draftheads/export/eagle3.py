@@ -96,7 +96,9 @@ def eagle3_tensors(head: DraftHead, layer_prefix: str) -> dict[str, torch.Tensor
     tensors["t2d"] = state["t2d"].to(torch.bool)
     unexpected = set(state) - set(HEAD_TENSORS) - {f"midlayer.{k}" for k in layer}
     if unexpected:
-        raise FormatError(f"eagle3 head has tensors the EAGLE-3 format has no place for: {sorted(unexpected)}")
+        raise FormatError(
+            f"eagle3 head has tensors the EAGLE-3 format has no place for: {sorted(unexpected)}"
+        )
     return tensors
 
 
@@ -133,7 +135,9 @@ def write_speculators(head: DraftHead, directory: Path, options: ExportOptions) 
         "eagle_aux_hidden_state_layer_ids": list(head.feature_layers),
         "speculators_config": {
             "algorithm": "eagle3",
-            "proposal_methods": [{"proposal_type": "greedy", "speculative_tokens": options.speculative_tokens}],
+            "proposal_methods": [
+                {"proposal_type": "greedy", "speculative_tokens": options.speculative_tokens}
+            ],
             "default_proposal_method": "greedy",
             "verifier": {
                 "name_or_path": verifier,
@@ -239,7 +243,12 @@ class SpeculatorsReader(Eagle3Reader):
                 "(readable: eagle3)"
             )
         config = dict(saved.get("transformer_layer_config") or {})
-        for key in ("draft_vocab_size", "eagle_aux_hidden_state_layer_ids", "norm_before_residual", "target_hidden_size"):
+        for key in (
+            "draft_vocab_size",
+            "eagle_aux_hidden_state_layer_ids",
+            "norm_before_residual",
+            "target_hidden_size",
+        ):
             if key in saved:
                 config[key] = saved[key]
         return config

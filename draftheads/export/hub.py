@@ -25,7 +25,10 @@ def push_to_hub(folder: str | Path, repo_id: str, private: bool = False, endpoin
     try:
         url = api.create_repo(repo_id, private=private, repo_type="model", exist_ok=True)
         api.upload_folder(
-            folder_path=str(folder), repo_id=repo_id, repo_type="model", commit_message="Upload draftheads export"
+            folder_path=str(folder),
+            repo_id=repo_id,
+            repo_type="model",
+            commit_message="Upload draftheads export",
         )
     except Exception as err:  # network, auth and validation errors all end the command the same way
         raise HubError(f"upload of {folder} to {repo_id} failed: {err}") from err

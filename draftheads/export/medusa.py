@@ -82,10 +82,17 @@ class MedusaVllmReader(EngineReader):
         return saved.get("model_type") == "medusa" or "MedusaModel" in (saved.get("architectures") or [])
 
     def head_config_values(self, config, base_num_layers):
-        return {"num_heads": config["num_heads"], "num_layers": config["num_hidden_layers"], "shared_lm_head": False}
+        return {
+            "num_heads": config["num_heads"],
+            "num_layers": config["num_hidden_layers"],
+            "shared_lm_head": False,
+        }
 
     def head_state(self, tensors, config, where):
-        if config.get("truncated_vocab_size", config["vocab_size"]) != config["vocab_size"] or "token_map" in tensors:
+        if (
+            config.get("truncated_vocab_size", config["vocab_size"]) != config["vocab_size"]
+            or "token_map" in tensors
+        ):
             raise FormatError(f"{where}: truncated-vocabulary Medusa heads (token_map) are not supported")
         shared = tensors.get("lm_head.weight") if config.get("original_lm_head") else None
         out: dict[str, torch.Tensor] = {}

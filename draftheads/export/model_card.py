@@ -39,7 +39,11 @@ def _eval_section(evaluation: dict | None) -> str:
     rows = [
         [step + 1, top1, top5, counted]
         for step, (top1, top5, counted) in enumerate(
-            zip(evaluation["top1"], evaluation.get("top5", [None] * len(evaluation["top1"])), evaluation.get("counted", [None] * len(evaluation["top1"])))
+            zip(
+                evaluation["top1"],
+                evaluation.get("top5", [None] * len(evaluation["top1"])),
+                evaluation.get("counted", [None] * len(evaluation["top1"])),
+            )
         )
     ]
     text = "Held-out accuracy per draft step (step k predicts the token k + 1 positions after the base model's own):\n\n"
@@ -56,7 +60,14 @@ def _bench_section(bench: dict | None) -> str:
     if not bench:
         return ""
     rows = [
-        [s["method"], s.get("prompts"), s.get("tau"), s.get("tokens_per_second"), s.get("speedup"), s.get("agreement")]
+        [
+            s["method"],
+            s.get("prompts"),
+            s.get("tau"),
+            s.get("tokens_per_second"),
+            s.get("speedup"),
+            s.get("agreement"),
+        ]
         for s in bench.get("summaries", [])
         if s.get("category") == "all"
     ]
@@ -71,7 +82,9 @@ def _bench_section(bench: dict | None) -> str:
     return text
 
 
-def render_model_card(config: dict[str, Any], parameters: int, bench: dict | None = None, repo_id: str | None = None) -> str:
+def render_model_card(
+    config: dict[str, Any], parameters: int, bench: dict | None = None, repo_id: str | None = None
+) -> str:
     """Markdown (with Hub YAML front matter) for a head whose draftheads ``config`` is given.
 
     Args:
@@ -89,7 +102,10 @@ def render_model_card(config: dict[str, Any], parameters: int, bench: dict | Non
     front += [f"  - {tag}" for tag in (*CARD_TAGS, kind)]
     front.append("---")
     summary_rows = [
-        ["base model", f"`{base_name}` ({base.get('model_type')}, {base.get('num_hidden_layers')} layers, hidden {base.get('hidden_size')}, vocab {base.get('vocab_size')})"],
+        [
+            "base model",
+            f"`{base_name}` ({base.get('model_type')}, {base.get('num_hidden_layers')} layers, hidden {base.get('hidden_size')}, vocab {base.get('vocab_size')})",
+        ],
         ["head kind", kind],
         ["head config", f"`{json.dumps(config.get('head_config', {}))}`"],
         ["head parameters", f"{parameters:,}"],
@@ -111,7 +127,12 @@ def render_model_card(config: dict[str, Any], parameters: int, bench: dict | Non
             f"into a copy of `{base_name}`, so decoding is lossless with respect to the *adapted* base model, not "
             "the original one.\n\n"
         )
-    text += "\n".join(["| | |", "|---|---|"] + [f"| {name} | {_format_number(value)} |" for name, value in summary_rows]) + "\n\n"
+    text += (
+        "\n".join(
+            ["| | |", "|---|---|"] + [f"| {name} | {_format_number(value)} |" for name, value in summary_rows]
+        )
+        + "\n\n"
+    )
     text += "## Held-out evaluation\n\n" + _eval_section(training.get("eval")) + "\n"
     bench_text = _bench_section(bench)
     if bench_text:

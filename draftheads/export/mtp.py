@@ -33,7 +33,10 @@ def _always(head: DraftHead) -> bool:
 
 
 @register_writer(
-    "mtp-deepseek", ("mtp",), "vLLM / SGLang DeepSeek-V3 MTP (deepseek_v3 bases only)", needs_base_weights=_always
+    "mtp-deepseek",
+    ("mtp",),
+    "vLLM / SGLang DeepSeek-V3 MTP (deepseek_v3 bases only)",
+    needs_base_weights=_always,
 )
 def write_mtp_deepseek(head: DraftHead, directory: Path, options: ExportOptions) -> dict[str, Any]:
     model_type = head.base_config.model_type

@@ -88,7 +88,9 @@ def _rebuilt_base_config(
     return AutoConfig.for_model(model_type, **fields), unchecked
 
 
-def _check_state_fits(state: dict[str, torch.Tensor], head: DraftHead, files: list[Path], where: Path) -> None:
+def _check_state_fits(
+    state: dict[str, torch.Tensor], head: DraftHead, files: list[Path], where: Path
+) -> None:
     expected = head.state_dict()
     missing = sorted(set(expected) - set(state))
     unexpected = sorted(set(state) - set(expected))
@@ -136,7 +138,9 @@ def read_engine_head(
 
     cls = head_class(reader.kind)
     if metadata:
-        head_config = from_dict(cls.config_class, metadata["head_config"], f"{where}:{DRAFTHEADS_KEY}.head_config")
+        head_config = from_dict(
+            cls.config_class, metadata["head_config"], f"{where}:{DRAFTHEADS_KEY}.head_config"
+        )
     else:
         values = reader.head_config_values(config, base_config.num_hidden_layers)
         head_config = from_dict(cls.config_class, values, f"{where} (engine fields)")
@@ -151,7 +155,9 @@ def read_engine_head(
     for note in notes:
         warnings.warn(f"{directory}: {note}", stacklevel=3)
     if unchecked:
-        warnings.warn(f"{directory}: loaded without a base model; not checked: {'; '.join(unchecked)}", stacklevel=3)
+        warnings.warn(
+            f"{directory}: loaded without a base model; not checked: {'; '.join(unchecked)}", stacklevel=3
+        )
     head.to(map_location)
     if base_model is not None:
         head.to(dtype=base_model.dtype, device=base_model.device)

@@ -93,7 +93,9 @@ def export_format(name: str, head_kind: str) -> ExportFormat:
     return chosen
 
 
-def write_head(head: DraftHead, directory: str | Path, format_name: str, options: ExportOptions | None = None):
+def write_head(
+    head: DraftHead, directory: str | Path, format_name: str, options: ExportOptions | None = None
+):
     """Write ``head`` into ``directory`` in ``format_name``; returns the config dict written."""
     chosen = export_format(format_name, head.kind)
     directory = Path(directory)

@@ -357,7 +357,9 @@ def load_head(directory: str | Path, base_model=None, map_location: str | torch.
     state = load_file(str(directory / WEIGHTS_NAME), device=str(map_location))
     missing, unexpected = head.load_state_dict(state, strict=False)
     if missing or unexpected:
-        raise ValueError(f"{directory / WEIGHTS_NAME}: missing keys {missing[:5]}, unexpected keys {unexpected[:5]}")
+        raise ValueError(
+            f"{directory / WEIGHTS_NAME}: missing keys {missing[:5]}, unexpected keys {unexpected[:5]}"
+        )
     head.to(map_location)
     if base_model is not None:
         if _is_joint(saved):
@@ -389,5 +391,7 @@ def load_head_and_base(
             spec.check_fits(base_model.config, where=f"{saved.get('head_kind')} head in {directory}")
         if merged_adapter(base_model) != adapter_fingerprint(directory):
             model = adapted_base(base_model, directory, copy_base=copy_base)
-    head = load_head(directory, base_model=model, map_location=model.device if map_location is None else map_location)
+    head = load_head(
+        directory, base_model=model, map_location=model.device if map_location is None else map_location
+    )
     return head, model

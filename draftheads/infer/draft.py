@@ -122,9 +122,7 @@ class Drafter:
         """A candidate tree after the committed prefix, ``root`` (node 0) at ``position``."""
         raise NotImplementedError
 
-    def path_candidates(
-        self, root: int, position: int, path: torch.Tensor, top_k: int
-    ) -> torch.Tensor:
+    def path_candidates(self, root: int, position: int, path: torch.Tensor, top_k: int) -> torch.Tensor:
         """(len(path) + 1, top_k) base-vocabulary candidates: row d - 1 holds the drafter's best
         tokens at depth d when the nodes above are ``root`` and ``path[:d - 1]`` (the true path)."""
         raise NotImplementedError
@@ -292,7 +290,9 @@ class AutoregressiveDrafter(Drafter):
     def _position(self, root_position: int, depth: int) -> int:
         return root_position + depth - 1
 
-    def _expand(self, proposals: _Proposals, nodes: list[int], depth: int, root_position: int) -> torch.Tensor:
+    def _expand(
+        self, proposals: _Proposals, nodes: list[int], depth: int, root_position: int
+    ) -> torch.Tensor:
         """Run ``draft_step`` on ``nodes`` (all at ``depth``); return (n, V_draft) log-probabilities
         of their children and record their drafter states."""
         head, root_state = self.head, self.state[0]
@@ -300,7 +300,10 @@ class AutoregressiveDrafter(Drafter):
         lengths = cache_lengths(head.draft_caches(self.cache))
         prefix_length = self._prefix_length(lengths, len(proposals.cached), depth)
         parent_states = torch.stack(
-            [root_state if proposals.parents[n] == ROOT_PARENT else proposals.states[proposals.parents[n]] for n in nodes]
+            [
+                root_state if proposals.parents[n] == ROOT_PARENT else proposals.states[proposals.parents[n]]
+                for n in nodes
+            ]
         )[None]  # (1, n, h)
         token_ids = torch.stack([proposals.tokens[n] for n in nodes])[None]  # (1, n)
         position_ids = torch.full_like(token_ids, self._position(root_position, depth))  # (1, n)
@@ -340,7 +343,9 @@ class AutoregressiveDrafter(Drafter):
                     candidates[parent] = _children(head, log_probabilities[parent][None], width)
                 ids, scores = candidates[parent]
                 proposal_parent = ROOT_PARENT if parent == 0 else by_node[parent]
-                by_node[node] = proposals.add(proposal_parent, ids[0, rank : rank + 1], scores[0, rank : rank + 1])[0]
+                by_node[node] = proposals.add(
+                    proposal_parent, ids[0, rank : rank + 1], scores[0, rank : rank + 1]
+                )[0]
             expanding = [n for n in layer if n in set(tree.parents)]
             if expanding:
                 rows = self._expand(proposals, [by_node[n] for n in expanding], depth, position)

@@ -371,7 +371,9 @@ class SpeculativeGenerator:
             yield tokens
             if done:
                 return
-            features = drafter.select_features(output.hidden_states)[:, accepted.to(model.device)]  # (1, A, F)
+            features = drafter.select_features(output.hidden_states)[
+                :, accepted.to(model.device)
+            ]  # (1, A, F)
             drafter.commit(features, torch.tensor([new], device=input_ids.device), past)  # (1, A) ids
             past += len(new)
             root = acceptance.next_token

@@ -151,7 +151,9 @@ class BatchStream:
         self.position = DataPosition(int(state["epoch"]), int(state["index"]))
 
 
-def fixed_batches(dataset, batch_size: int, pad_token_id: int, seed: int, limit: int | None = None) -> list[dict]:
+def fixed_batches(
+    dataset, batch_size: int, pad_token_id: int, seed: int, limit: int | None = None
+) -> list[dict]:
     """Evaluation batches: one length-grouped epoch order for ``seed``, first ``limit`` batches.
 
     A shuffled (not longest-first) order keeps a limited evaluation representative; it depends

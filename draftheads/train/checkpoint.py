@@ -145,7 +145,9 @@ def save_checkpoint(
     return final
 
 
-def load_checkpoint(engine, checkpoint: str | Path, rank: int = 0, exclude_frozen: bool = False) -> dict[str, Any]:
+def load_checkpoint(
+    engine, checkpoint: str | Path, rank: int = 0, exclude_frozen: bool = False
+) -> dict[str, Any]:
     """Restore engine (weights, optimizer, scheduler) and this rank's RNG; return trainer state.
     ``exclude_frozen``: the checkpoint was saved without frozen parameters (they stay as loaded)."""
     checkpoint = Path(checkpoint)

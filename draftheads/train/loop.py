@@ -87,7 +87,9 @@ def resolve_deepspeed_path(path: str) -> Path:
     for candidate in candidates:
         if candidate.is_file():
             return candidate
-    raise ConfigError(f"train.deepspeed_config: file not found: {path} (looked in {', '.join(map(str, candidates))})")
+    raise ConfigError(
+        f"train.deepspeed_config: file not found: {path} (looked in {', '.join(map(str, candidates))})"
+    )
 
 
 def build_deepspeed_config(train: TrainConfig, dtype: torch.dtype, world_size: int) -> dict[str, Any]:
@@ -101,7 +103,9 @@ def build_deepspeed_config(train: TrainConfig, dtype: torch.dtype, world_size: i
         raise ConfigError(f"{path}: expected a JSON object")
     for key, owner in OWNED_DEEPSPEED_KEYS.items():
         if key in config:
-            raise ConfigError(f"{path}: '{key}' is set from {owner} in the run config; remove it from the JSON")
+            raise ConfigError(
+                f"{path}: '{key}' is set from {owner} in the run config; remove it from the JSON"
+            )
     return {
         **config,
         "train_micro_batch_size_per_gpu": train.micro_batch_size,
@@ -186,7 +190,9 @@ def supervised_token_counts(dataset, vocab_size: int) -> torch.Tensor:
     counts = torch.zeros(vocab_size, dtype=torch.long)
     for ids, mask in zip(dataset["input_ids"], dataset["loss_mask"]):
         ids = torch.as_tensor(ids, dtype=torch.long)
-        counts += torch.bincount(ids[torch.as_tensor(mask, dtype=torch.bool)], minlength=vocab_size)[:vocab_size]
+        counts += torch.bincount(ids[torch.as_tensor(mask, dtype=torch.bool)], minlength=vocab_size)[
+            :vocab_size
+        ]
     return counts
 
 
@@ -281,7 +287,9 @@ def build_engine(
         model_parameters=parameters,
         optimizer=optimizer,
         # DeepSpeed calls this with the optimizer it wraps and steps it at each accumulation boundary.
-        lr_scheduler=lambda wrapped: build_scheduler(wrapped, train.warmup_steps, total_steps, train.min_lr_ratio),
+        lr_scheduler=lambda wrapped: build_scheduler(
+            wrapped, train.warmup_steps, total_steps, train.min_lr_ratio
+        ),
         config=deepspeed_config,
     )
     return engine
@@ -321,7 +329,9 @@ def setup(run: RunConfig, base_model=None, tokenizer=None, datasets=None) -> Ses
         raise ConfigError(f"the given base model is {base_model.dtype} but the run trains in {dtype}")
     base_model.eval().requires_grad_(False)
     train_dataset, val_dataset = datasets or load_datasets(run, tokenizer, rank)
-    pad_token_id = (tokenizer.pad_token_id if tokenizer is not None else None) or base_model.config.pad_token_id or 0
+    pad_token_id = (
+        (tokenizer.pad_token_id if tokenizer is not None else None) or base_model.config.pad_token_id or 0
+    )
 
     # The head's initial weights depend only on the seed, never on the rank or the data order.
     seed_everything(train.seed)
@@ -347,12 +357,20 @@ def setup(run: RunConfig, base_model=None, tokenizer=None, datasets=None) -> Ses
     )
 
     stream = BatchStream(
-        train_dataset, train.micro_batch_size, pad_token_id, train.seed, train.group_by_length, rank, world_size
+        train_dataset,
+        train.micro_batch_size,
+        pad_token_id,
+        train.seed,
+        train.group_by_length,
+        rank,
+        world_size,
     )
     total_steps = total_optimizer_steps(train, stream.batches_per_epoch())
     engine = build_engine(recipe, train, deepspeed_config, total_steps, device)
 
-    validation = fixed_batches(val_dataset, train.micro_batch_size, pad_token_id, train.seed, train.eval_batches)
+    validation = fixed_batches(
+        val_dataset, train.micro_batch_size, pad_token_id, train.seed, train.eval_batches
+    )
     if len(validation) < world_size:  # every rank needs a share to join the all-reduce
         validation = (validation * world_size)[:world_size]
     session = Session(
@@ -375,7 +393,10 @@ def setup(run: RunConfig, base_model=None, tokenizer=None, datasets=None) -> Ses
         restore(session, latest)
     else:
         if train.resume:
-            _log_rank0(rank, f"train.resume: no checkpoint in {output_dir / checkpoint.CHECKPOINTS_DIR}; starting fresh")
+            _log_rank0(
+                rank,
+                f"train.resume: no checkpoint in {output_dir / checkpoint.CHECKPOINTS_DIR}; starting fresh",
+            )
         seed_everything(train.seed + rank)  # ranks draw different noise (e.g. EAGLE feature noise)
     if rank == 0:
         output_dir.mkdir(parents=True, exist_ok=True)
@@ -438,7 +459,11 @@ def train_steps(session: Session) -> None:
     train, engine = session.run.train, session.engine
     accumulation = train.gradient_accumulation_steps
     progress = tqdm(
-        total=session.total_steps, initial=session.step, disable=session.rank != 0, dynamic_ncols=True, desc="train"
+        total=session.total_steps,
+        initial=session.step,
+        disable=session.rank != 0,
+        dynamic_ncols=True,
+        desc="train",
     )
     window_loss, window_parts, window_steps, window_tokens = 0.0, {}, 0, 0
     window_correct = window_counted = None
@@ -479,7 +504,9 @@ def train_steps(session: Session) -> None:
             }
             session.reporter.log(record)
             progress.set_postfix(
-                loss=f"{record['loss']:.3f}", top1=f"{accuracy[0]:.3f}", tok_s=f"{record['tokens_per_second']:.0f}"
+                loss=f"{record['loss']:.3f}",
+                top1=f"{accuracy[0]:.3f}",
+                tok_s=f"{record['tokens_per_second']:.0f}",
             )
             window_loss, window_parts, window_steps, window_tokens = 0.0, {}, 0, 0
             window_correct = window_counted = None
@@ -557,16 +584,27 @@ def run_training(run: RunConfig, base_model=None, tokenizer=None, datasets=None)
         if session.last_eval_step != session.step:
             _evaluate(session)
         final_checkpoint = checkpoint.latest_checkpoint(session.output_dir)
-        if final_checkpoint is None or checkpoint.read_trainer_state(final_checkpoint)["step"] != session.step:
+        if (
+            final_checkpoint is None
+            or checkpoint.read_trainer_state(final_checkpoint)["step"] != session.step
+        ):
             save(session)
         base_tokens_per_second = None
         if run.train.base_throughput_batches:
             timing = BatchStream(
-                session.stream.dataset, run.train.micro_batch_size, session.stream.pad_token_id, run.train.seed,
+                session.stream.dataset,
+                run.train.micro_batch_size,
+                session.stream.pad_token_id,
+                run.train.seed,
                 run.train.group_by_length,
             )
-            batches = [next(timing) for _ in range(min(run.train.base_throughput_batches, timing.batches_per_epoch()))]
-            base_tokens_per_second = base_forward_tokens_per_second(session.base_model, batches, session.device)
+            batches = [
+                next(timing)
+                for _ in range(min(run.train.base_throughput_batches, timing.batches_per_epoch()))
+            ]
+            base_tokens_per_second = base_forward_tokens_per_second(
+                session.base_model, batches, session.device
+            )
         tokens_per_second = session.tokens / session.train_seconds if session.train_seconds else 0.0
         summary = TrainingSummary(
             steps=session.step,
@@ -575,16 +613,20 @@ def run_training(run: RunConfig, base_model=None, tokenizer=None, datasets=None)
             train_seconds=session.train_seconds,
             tokens_per_second=tokens_per_second,
             base_forward_tokens_per_second=base_tokens_per_second,
-            data_source="given datasets" if datasets is not None else (
-                run.data.source + (f" (first {run.data.limit})" if run.data.limit else "")
-            ),
+            data_source="given datasets"
+            if datasets is not None
+            else (run.data.source + (f" (first {run.data.limit})" if run.data.limit else "")),
             train_examples=session.train_examples,
             eval=session.last_eval.to_dict() if session.last_eval else None,
             head_dir=str(session.output_dir / HEAD_DIR),
         )
         session.reporter.log({"step": session.step, "summary": dataclasses.asdict(summary)})
         export_head(session, summary)
-        ratio = f" ({tokens_per_second / base_tokens_per_second:.2f} of base forward-only)" if base_tokens_per_second else ""
+        ratio = (
+            f" ({tokens_per_second / base_tokens_per_second:.2f} of base forward-only)"
+            if base_tokens_per_second
+            else ""
+        )
         _log_rank0(
             session.rank,
             f"done: {summary.steps} steps, {summary.tokens} tokens, {tokens_per_second:.0f} tokens/s{ratio}; "

@@ -82,7 +82,9 @@ def evaluate(objective: Callable[[dict], Any], batches: Sequence[dict], device: 
         loss_sum += output.loss.double()
     if top1 is None:
         raise ValueError("evaluate: no evaluation batches (is the validation split empty?)")
-    stats = _all_reduce_sum(torch.cat([top1, top5, counted, loss_sum.new_tensor([len(batches)]), loss_sum[None]]))
+    stats = _all_reduce_sum(
+        torch.cat([top1, top5, counted, loss_sum.new_tensor([len(batches)]), loss_sum[None]])
+    )
     steps = top1.numel()
     top1, top5, counted = stats[:steps], stats[steps : 2 * steps], stats[2 * steps : 3 * steps]
     batch_count, loss_total = stats[3 * steps], stats[3 * steps + 1]

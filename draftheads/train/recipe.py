@@ -102,7 +102,11 @@ class FrozenBaseRecipe(nn.Module):
     def forward(self, batch: dict, split: str) -> ObjectiveOutput:
         hidden_states = self.hidden_states(batch, split)
         return compute_objective(
-            self.head, hidden_states, batch["input_ids"], batch["loss_mask"], batch["attention_mask"],
+            self.head,
+            hidden_states,
+            batch["input_ids"],
+            batch["loss_mask"],
+            batch["attention_mask"],
             self.token_fraction,
         )
 

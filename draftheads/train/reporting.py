@@ -34,7 +34,9 @@ class Reporter:
             return
         self.path.parent.mkdir(parents=True, exist_ok=True)
         if resume_step is not None and self.path.is_file():
-            kept = [line for line in self.path.read_text().splitlines() if json.loads(line)["step"] <= resume_step]
+            kept = [
+                line for line in self.path.read_text().splitlines() if json.loads(line)["step"] <= resume_step
+            ]
             self.path.write_text("".join(line + "\n" for line in kept))
         elif self.path.is_file():
             self.path.unlink()
@@ -42,7 +44,11 @@ class Reporter:
             import wandb  # lazy: only runs that report to wandb need it (WANDB_MODE=offline works offline)
 
             self.wandb_run = wandb.init(
-                project=project, name=Path(output_dir).name, dir=str(output_dir), config=config, resume="allow"
+                project=project,
+                name=Path(output_dir).name,
+                dir=str(output_dir),
+                config=config,
+                resume="allow",
             )
 
     def log(self, record: dict[str, Any]) -> None:
@@ -93,7 +99,12 @@ def plot_curves(output_dir: str | Path) -> Path | None:
     figure, (loss_axis, accuracy_axis) = plt.subplots(1, 2, figsize=(11, 4))
     loss_axis.plot([r["step"] for r in train_records], [r["loss"] for r in train_records], label="train")
     if eval_records:
-        loss_axis.plot([r["step"] for r in eval_records], [r["eval"]["loss"] for r in eval_records], "o-", label="held-out")
+        loss_axis.plot(
+            [r["step"] for r in eval_records],
+            [r["eval"]["loss"] for r in eval_records],
+            "o-",
+            label="held-out",
+        )
         for step_index in range(len(eval_records[-1]["eval"]["top1"])):
             accuracy_axis.plot(
                 [r["step"] for r in eval_records],

@@ -97,7 +97,9 @@ def base_pass(model, head, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Te
 
 
 @torch.no_grad()
-def drafter_ranks(drafter: Drafter, features, tokens, greedy, start: int, depth: int, top_k: int) -> torch.Tensor:
+def drafter_ranks(
+    drafter: Drafter, features, tokens, greedy, start: int, depth: int, top_k: int
+) -> torch.Tensor:
     """(P, depth) ranks of the true token among the drafter's top-k, positions t = start .. T-2.
 
     The drafter sees what it sees in decoding: ``prefill`` and ``commit`` over the true prefix, one

@@ -31,7 +31,9 @@ class TuneSettings:
 
     # prompts: mt-bench | humaneval | a prompt .jsonl (bench's form) | a conversation source (first user turns)
     data: str = "sharegpt"
-    skip: int = 10000  # skip the first N prompts: the shipped configs train on ShareGPT's first 2,600 (eagle3: 9,000)
+    skip: int = (
+        10000  # skip the first N prompts: the shipped configs train on ShareGPT's first 2,600 (eagle3: 9,000)
+    )
     prompts: int = 8  # held-out prompts
     max_new_tokens: int = 128  # greedy continuation per prompt (the positions measured)
     max_prompt_tokens: int = 256  # longer prompts are skipped

@@ -138,7 +138,10 @@ def test_resuming_with_other_settings_is_refused(tmp_path, tiny_llama, splits):
         ("other base weights", "base_weights_hash"),
         ("other base config", "base_config_hash"),
         ("other tokenizer", "tokenizer_hash"),
-        ("feature layers the cache lacks", r"lacks hidden states \[0\].*hidden_state_layers is \[1, 2, 3, 4\]"),
+        (
+            "feature layers the cache lacks",
+            r"lacks hidden states \[0\].*hidden_state_layers is \[1, 2, 3, 4\]",
+        ),
         ("other rows", "rows"),
     ],
 )

@@ -43,7 +43,9 @@ def make_head(base, kind: str, **overrides):
     head = build_head(base, config, base_name="tiny-llama")
     if kind == "eagle3":  # a draft vocabulary that is not just the first N ids: d2t non-zero
         counts = torch.zeros(VOCAB)
-        counts[torch.randperm(VOCAB, generator=torch.Generator().manual_seed(3))[:DRAFT_VOCAB]] = 1.0 + torch.arange(DRAFT_VOCAB)
+        counts[torch.randperm(VOCAB, generator=torch.Generator().manual_seed(3))[:DRAFT_VOCAB]] = (
+            1.0 + torch.arange(DRAFT_VOCAB)
+        )
         head.init_from_data(counts)
     return perturbed(head)
 

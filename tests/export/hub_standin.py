@@ -51,7 +51,9 @@ def _handler(record: HubRecord, port_holder: list[int]):
             base = f"http://127.0.0.1:{port_holder[0]}"
             if path == "/api/repos/create":
                 data = json.loads(body)
-                repo_id = f"{data['organization']}/{data['name']}" if data.get("organization") else data["name"]
+                repo_id = (
+                    f"{data['organization']}/{data['name']}" if data.get("organization") else data["name"]
+                )
                 # huggingface_hub 1.x+ sends "visibility"; older clients sent "private".
                 record.created[repo_id] = data.get("visibility") == "private" or data.get("private") is True
                 return self._reply(200, {"url": f"{base}/{repo_id}", "name": repo_id})
@@ -70,7 +72,11 @@ def _handler(record: HubRecord, port_holder: list[int]):
                 files = json.loads(body)["files"]
                 return self._reply(
                     200,
-                    {"files": [{"path": f["path"], "uploadMode": "regular", "shouldIgnore": False} for f in files]},
+                    {
+                        "files": [
+                            {"path": f["path"], "uploadMode": "regular", "shouldIgnore": False} for f in files
+                        ]
+                    },
                 )
             if path.startswith("/api/models/") and len(parts) >= 7 and parts[5] == "commit":
                 repo_id = f"{parts[3]}/{parts[4]}"
@@ -78,7 +84,11 @@ def _handler(record: HubRecord, port_holder: list[int]):
                     item = json.loads(line)
                     if item["key"] == "file":
                         value = item["value"]
-                        content = base64.b64decode(value["content"]) if value.get("encoding") == "base64" else value["content"].encode()
+                        content = (
+                            base64.b64decode(value["content"])
+                            if value.get("encoding") == "base64"
+                            else value["content"].encode()
+                        )
                         record.files.setdefault(repo_id, {})[value["path"]] = content
                 return self._reply(200, {"commitUrl": f"{base}/{repo_id}/commit/0000", "commitOid": "0" * 40})
             record.unexpected.append(f"POST {self.path}")

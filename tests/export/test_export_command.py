@@ -28,7 +28,13 @@ TRAINING = {
     "base_forward_tokens_per_second": None,
     "data_source": "sharegpt (embedded)",
     "train_examples": 9000,
-    "eval": {"loss": 2.5, "top1": [0.61, 0.38], "top5": [0.85, 0.66], "counted": [5000, 5000], "chain_acceptance": 1.84},
+    "eval": {
+        "loss": 2.5,
+        "top1": [0.61, 0.38],
+        "top5": [0.85, 0.66],
+        "counted": [5000, 5000],
+        "chain_acceptance": 1.84,
+    },
     "head_dir": "runs/x/head",
 }
 BENCH = {
@@ -36,10 +42,32 @@ BENCH = {
     "machine": {"cpu": "test"},
     "settings": {},
     "summaries": [
-        {"method": "plain", "category": "all", "prompts": 8, "tokens": 512, "seconds": 10.0, "tokens_per_second": 51.2,
-         "tau": 1.0, "speedup": 1.0, "implied_overhead": 1.0, "acceptance_by_depth": [], "agreement": 1.0},
-        {"method": "medusa", "category": "all", "prompts": 8, "tokens": 512, "seconds": 6.0, "tokens_per_second": 85.3,
-         "tau": 2.1, "speedup": 1.67, "implied_overhead": 1.26, "acceptance_by_depth": [0.6, 0.3], "agreement": 1.0},
+        {
+            "method": "plain",
+            "category": "all",
+            "prompts": 8,
+            "tokens": 512,
+            "seconds": 10.0,
+            "tokens_per_second": 51.2,
+            "tau": 1.0,
+            "speedup": 1.0,
+            "implied_overhead": 1.0,
+            "acceptance_by_depth": [],
+            "agreement": 1.0,
+        },
+        {
+            "method": "medusa",
+            "category": "all",
+            "prompts": 8,
+            "tokens": 512,
+            "seconds": 6.0,
+            "tokens_per_second": 85.3,
+            "tau": 2.1,
+            "speedup": 1.67,
+            "implied_overhead": 1.26,
+            "acceptance_by_depth": [0.6, 0.3],
+            "agreement": 1.0,
+        },
     ],
     "samples": [],
 }
@@ -73,14 +101,19 @@ def test_default_export_is_loadable_and_has_a_model_card(trained_medusa_dir, tmp
 
 def test_engine_export_through_the_command(trained_medusa_dir, tmp_path):
     out = tmp_path / "vllm"
-    assert main(["export", "--heads", str(trained_medusa_dir), "--format", "medusa-vllm", "--out", str(out)]) == 0
+    assert (
+        main(["export", "--heads", str(trained_medusa_dir), "--format", "medusa-vllm", "--out", str(out)])
+        == 0
+    )
     assert json.loads((out / "config.json").read_text())["architectures"] == ["MedusaModel"]
     assert "lm_heads.1.weight" in load_file(str(out / "model.safetensors"))
     assert "`medusa-vllm` layout" in (out / "README.md").read_text()
 
 
 def test_impossible_pair_exits_with_a_clear_message(trained_medusa_dir, tmp_path, capsys):
-    code = main(["export", "--heads", str(trained_medusa_dir), "--format", "eagle3", "--out", str(tmp_path / "x")])
+    code = main(
+        ["export", "--heads", str(trained_medusa_dir), "--format", "eagle3", "--out", str(tmp_path / "x")]
+    )
     assert code == 1
     assert "cannot express a medusa head" in capsys.readouterr().err
     assert not (tmp_path / "x").exists()  # refused before writing anything
@@ -97,7 +130,9 @@ def test_existing_output_is_not_overwritten_silently(trained_medusa_dir, tmp_pat
 def test_a_format_storing_base_tensors_needs_a_base_the_head_names(tiny_llama, tmp_path, capsys):
     head = build_head(tiny_llama, MedusaConfig(num_heads=2, num_layers=1, shared_lm_head=True))
     directory = head.save_pretrained(tmp_path / "head")  # the tiny base has no name to record
-    code = main(["export", "--heads", str(directory), "--format", "medusa-vllm", "--out", str(tmp_path / "x")])
+    code = main(
+        ["export", "--heads", str(directory), "--format", "medusa-vllm", "--out", str(tmp_path / "x")]
+    )
     assert code == 1
     err = capsys.readouterr().err
     assert f"{directory / 'config.json'}: records no base model (base_model.name_or_path" in err
@@ -105,7 +140,9 @@ def test_a_format_storing_base_tensors_needs_a_base_the_head_names(tiny_llama, t
 
 
 def test_engine_checkpoint_converts_back_to_draftheads(tiny_llama, tmp_path):
-    head = build_head(tiny_llama, Eagle3Config(draft_vocab_size=50, feature_layers=(1, 2, 3)), base_name="tiny-llama")
+    head = build_head(
+        tiny_llama, Eagle3Config(draft_vocab_size=50, feature_layers=(1, 2, 3)), base_name="tiny-llama"
+    )
     write_head(head, tmp_path / "eagle3", "eagle3")
     out = tmp_path / "back"
     assert main(["export", "--heads", str(tmp_path / "eagle3"), "--out", str(out)]) == 0
@@ -129,7 +166,18 @@ def hub(monkeypatch, tmp_path):
 def test_push_to_hub_uploads_the_export(trained_medusa_dir, tmp_path, hub, monkeypatch, capsys):
     monkeypatch.setenv("HF_TOKEN", "hf_test_write_token")
     out = tmp_path / "out"
-    code = main(["export", "--heads", str(trained_medusa_dir), "--out", str(out), "--push-to-hub", "someone/tiny-medusa", "--private"])
+    code = main(
+        [
+            "export",
+            "--heads",
+            str(trained_medusa_dir),
+            "--out",
+            str(out),
+            "--push-to-hub",
+            "someone/tiny-medusa",
+            "--private",
+        ]
+    )
     assert code == 0, capsys.readouterr().err
     assert capsys.readouterr().out.strip().splitlines()[-1] == f"{hub.endpoint}/someone/tiny-medusa"
     assert hub.record.created == {"someone/tiny-medusa": True}
@@ -140,14 +188,28 @@ def test_push_to_hub_uploads_the_export(trained_medusa_dir, tmp_path, hub, monke
     assert set(hub.record.authorizations) == {"Bearer hf_test_write_token"}
     assert hub.record.unexpected == []
     assert hub.record.card_metadata == [
-        {"library_name": "draftheads", "base_model": "tiny-llama", "tags": ["draftheads", "speculative-decoding", "medusa"]}
+        {
+            "library_name": "draftheads",
+            "base_model": "tiny-llama",
+            "tags": ["draftheads", "speculative-decoding", "medusa"],
+        }
     ]
 
 
 def test_push_without_token_is_a_clear_error(trained_medusa_dir, tmp_path, hub, monkeypatch, capsys):
     monkeypatch.delenv("HF_TOKEN", raising=False)
     monkeypatch.delenv("HUGGING_FACE_HUB_TOKEN", raising=False)
-    code = main(["export", "--heads", str(trained_medusa_dir), "--out", str(tmp_path / "out"), "--push-to-hub", "someone/x"])
+    code = main(
+        [
+            "export",
+            "--heads",
+            str(trained_medusa_dir),
+            "--out",
+            str(tmp_path / "out"),
+            "--push-to-hub",
+            "someone/x",
+        ]
+    )
     assert code == 1
     assert "no Hugging Face token found: set HF_TOKEN" in capsys.readouterr().err
     assert hub.record.created == {}

@@ -30,7 +30,10 @@ def test_medusa_vllm_layout(tiny_llama, tmp_path):
         expected[f"lm_heads.{index}.weight"] = (VOCAB, HIDDEN)
     assert {k: tuple(v.shape) for k, v in tensors.items()} == expected
     assert {k: config[k] for k in ("architectures", "model_type", "num_heads", "num_hidden_layers")} == {
-        "architectures": ["MedusaModel"], "model_type": "medusa", "num_heads": 3, "num_hidden_layers": 2,
+        "architectures": ["MedusaModel"],
+        "model_type": "medusa",
+        "num_heads": 3,
+        "num_hidden_layers": 2,
     }
     assert config["hidden_size"] == HIDDEN and config["vocab_size"] == config["truncated_vocab_size"] == VOCAB
     assert config["medusa_fc_bias"] is True
@@ -65,7 +68,10 @@ def test_third_party_medusa_without_bias_and_with_prefix(tiny_llama, tmp_path):
                 block.linear.bias.zero_()
     write_head(head, tmp_path, "medusa-vllm")
     tensors = load_file(str(tmp_path / "model.safetensors"))
-    save_file({f"medusa_heads.{k}": v for k, v in tensors.items() if not k.endswith(".bias")}, str(tmp_path / "model.safetensors"))
+    save_file(
+        {f"medusa_heads.{k}": v for k, v in tensors.items() if not k.endswith(".bias")},
+        str(tmp_path / "model.safetensors"),
+    )
     saved = json.loads((tmp_path / "config.json").read_text())
     saved.pop(DRAFTHEADS_KEY)
     saved["medusa_fc_bias"] = False

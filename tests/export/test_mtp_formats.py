@@ -26,9 +26,13 @@ def test_mtp_deepseek_layout(tiny_llama, tmp_path, monkeypatch):
     for index, layer in enumerate((LAYERS, LAYERS + 1)):
         prefix = f"model.layers.{layer}."
         for name, shape in {
-            "enorm.weight": (HIDDEN,), "hnorm.weight": (HIDDEN,), "eh_proj.weight": (HIDDEN, 2 * HIDDEN),
-            "shared_head.norm.weight": (HIDDEN,), "shared_head.head.weight": (VOCAB, HIDDEN),
-            "self_attn.q_proj.weight": (HIDDEN, HIDDEN), "mlp.down_proj.weight": (HIDDEN, 128),
+            "enorm.weight": (HIDDEN,),
+            "hnorm.weight": (HIDDEN,),
+            "eh_proj.weight": (HIDDEN, 2 * HIDDEN),
+            "shared_head.norm.weight": (HIDDEN,),
+            "shared_head.head.weight": (VOCAB, HIDDEN),
+            "self_attn.q_proj.weight": (HIDDEN, HIDDEN),
+            "mlp.down_proj.weight": (HIDDEN, 128),
         }.items():
             assert tuple(tensors[prefix + name].shape) == shape
         assert torch.equal(tensors[prefix + "eh_proj.weight"], head.module_list[index].eh_proj.weight)

@@ -106,6 +106,8 @@ def test_base_model_of_an_engine_checkpoint(tiny_llama, tmp_path):
 def test_an_engine_checkpoint_naming_no_base_says_which_fields_were_read(tiny_llama, tmp_path):
     write_head(make_head(tiny_llama, "eagle3"), tmp_path, "eagle3")
     strip_metadata(tmp_path)
-    with pytest.raises(HeadFormatError, match="draftheads.base_model.name_or_path.*pass the base model") as caught:
+    with pytest.raises(
+        HeadFormatError, match="draftheads.base_model.name_or_path.*pass the base model"
+    ) as caught:
         resolve_base_model(tmp_path)
     assert str(tmp_path / "config.json") in str(caught.value)

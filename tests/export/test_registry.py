@@ -25,7 +25,13 @@ from draftheads.heads import HeadFormatError, load_head
 
 def test_every_format_and_reader_is_registered_in_order():
     assert list(FORMAT_REGISTRY) == [
-        "draftheads", "eagle3", "speculators", "eagle", "eagle-sglang", "medusa-vllm", "mtp-deepseek"
+        "draftheads",
+        "eagle3",
+        "speculators",
+        "eagle",
+        "eagle-sglang",
+        "medusa-vllm",
+        "mtp-deepseek",
     ]
     assert list(READER_REGISTRY) == ["eagle3", "speculators", "eagle", "medusa-vllm"]
     assert formats_for("eagle3") == ["draftheads", "eagle3", "speculators"]
@@ -61,8 +67,14 @@ def test_a_reader_recognises_its_config(saved, expected, tmp_path):
 @pytest.mark.parametrize("fc_inputs, expected", [(2, "eagle"), (3, "eagle3")])
 def test_unlabelled_release_is_recognised_by_its_tensors(fc_inputs, expected, tmp_path):
     # SafeAILab's EAGLE releases say "LlamaForCausalLM"; fc reads 2 (EAGLE-1) or 3 (EAGLE-3) states
-    tensors = {"fc.weight": torch.zeros(4, 4 * fc_inputs), "layers.0.self_attn.q_proj.weight": torch.zeros(4, 4)}
-    assert find_reader({"architectures": ["LlamaForCausalLM"]}, tensors, tmp_path / "config.json").name == expected
+    tensors = {
+        "fc.weight": torch.zeros(4, 4 * fc_inputs),
+        "layers.0.self_attn.q_proj.weight": torch.zeros(4, 4),
+    }
+    assert (
+        find_reader({"architectures": ["LlamaForCausalLM"]}, tensors, tmp_path / "config.json").name
+        == expected
+    )
 
 
 def test_unknown_foreign_format_is_refused_naming_the_file_and_what_is_readable(tmp_path):

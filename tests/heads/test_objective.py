@@ -120,7 +120,9 @@ def test_token_fraction_scores_a_subset_in_training_and_everything_in_eval(kind,
     hidden_states = base_hidden_states(tiny_llama, input_ids, attention_mask)
     head.eval()
     everything = compute_objective(head, hidden_states, input_ids, loss_mask, attention_mask)
-    evaluated = compute_objective(head, hidden_states, input_ids, loss_mask, attention_mask, token_fraction=0.5)
+    evaluated = compute_objective(
+        head, hidden_states, input_ids, loss_mask, attention_mask, token_fraction=0.5
+    )
     assert evaluated.counted.tolist() == everything.counted.tolist()
     torch.testing.assert_close(evaluated.loss, everything.loss)
     head.train()
@@ -158,6 +160,7 @@ def test_eagle3_token_fraction_samples_whole_chains(tiny_llama, batch):  # noqa:
     sampled = compute_objective(head, hidden_states, input_ids, loss_mask, attention_mask, token_fraction=0.5)
     supervised = loss_mask.bool() & attention_mask.bool()
     expected = [
-        int((keep[:, : -(2 + step)] & supervised[:, 2 + step :]).sum()) for step in range(len(everything.counted))
+        int((keep[:, : -(2 + step)] & supervised[:, 2 + step :]).sum())
+        for step in range(len(everything.counted))
     ]
     assert sampled.counted.tolist() == expected

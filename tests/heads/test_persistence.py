@@ -121,7 +121,9 @@ def joint_head_dir(tmp_path):
     """A saved joint head with a non-trivial LoRA adapter in peft's format (what training writes)."""
     from peft import LoraConfig, get_peft_model
 
-    head = build_head(make_tiny_llama(), MedusaConfig(num_heads=2, num_layers=1, joint=True), base_name="tiny-llama")
+    head = build_head(
+        make_tiny_llama(), MedusaConfig(num_heads=2, num_layers=1, joint=True), base_name="tiny-llama"
+    )
     directory = head.save_pretrained(tmp_path / "joint")
     lora = LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj", "down_proj"])
     adapter = get_peft_model(make_tiny_llama(), lora)
@@ -164,9 +166,14 @@ def test_joint_head_drafts_for_an_adapted_copy_and_the_base_is_untouched(joint_h
     torch.testing.assert_close(_logits(model, prompt), _logits(reference, prompt), rtol=1e-5, atol=1e-5)
     assert not torch.allclose(_logits(model, prompt), _logits(base, prompt), atol=1e-3)
     # the head reads the adapted model's frozen parts, and drafts from its hidden states
-    assert head.embed_tokens is model.get_input_embeddings() and head.base_lm_head is model.get_output_embeddings()
+    assert (
+        head.embed_tokens is model.get_input_embeddings()
+        and head.base_lm_head is model.get_output_embeddings()
+    )
     adapted_drafts = head.draft_logits(base_hidden_states(model, prompt)[-1])
-    assert not torch.allclose(adapted_drafts, head.draft_logits(base_hidden_states(base, prompt)[-1]), atol=1e-4)
+    assert not torch.allclose(
+        adapted_drafts, head.draft_logits(base_hidden_states(base, prompt)[-1]), atol=1e-4
+    )
     # the adapted model already carries the adapter: loading against it again merges nothing
     again, same = load_head_and_base(joint_head_dir, model)
     assert same is model and again.base_lm_head is model.get_output_embeddings()
@@ -180,7 +187,9 @@ def test_a_joint_head_on_a_base_without_its_adapter_is_refused(joint_head_dir):
         load_head(joint_head_dir, base_model=base)
     _assert_unchanged(base, before)
     setattr(base.config, MERGED_ADAPTER_KEY, "0123456789abcdef")  # another head's adapter
-    with pytest.raises(HeadMismatchError, match="already has adapter 0123456789abcdef merged.*load_head_and_base"):
+    with pytest.raises(
+        HeadMismatchError, match="already has adapter 0123456789abcdef merged.*load_head_and_base"
+    ):
         load_head(joint_head_dir, base_model=base)
     with pytest.raises(HeadMismatchError, match="already has adapter 0123456789abcdef merged"):
         adapted_base(base, joint_head_dir)  # never merged twice

@@ -29,7 +29,9 @@ class FakeEngine:
 
 def test_checkpoints_are_renamed_into_place_and_pruned(tmp_path):
     for step in (10, 20, 30):
-        checkpoint.save_checkpoint(FakeEngine(), tmp_path, step, {"data_position": {"epoch": 0, "index": step}}, keep=2)
+        checkpoint.save_checkpoint(
+            FakeEngine(), tmp_path, step, {"data_position": {"epoch": 0, "index": step}}, keep=2
+        )
     names = [path.name for path in checkpoint.list_checkpoints(tmp_path)]
     assert names == ["step-00000020", "step-00000030"]
     assert checkpoint.read_trainer_state(checkpoint.latest_checkpoint(tmp_path))["step"] == 30

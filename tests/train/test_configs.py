@@ -28,7 +28,11 @@ def test_the_shipped_set_is_complete():
 @pytest.mark.parametrize("path", YAMLS, ids=lambda p: p.name)
 def test_yaml_loads_validates_and_starts_with_its_command(path):
     first_line = path.read_text().splitlines()[0]
-    assert first_line.startswith("# ") and "draftheads" in first_line and f"--config configs/{path.name}" in first_line
+    assert (
+        first_line.startswith("# ")
+        and "draftheads" in first_line
+        and f"--config configs/{path.name}" in first_line
+    )
     run = load_run_config(path)  # the sections check their own values
     assert run.head is not None and path.name.startswith(run.head.kind + "-")
     recipe_for(run.head).check(run)

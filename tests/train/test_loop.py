@@ -17,7 +17,12 @@ from draftheads.train.reporting import read_metrics
 HEAD_OVERRIDES = {
     "medusa": ["head.kind=medusa", "head.num_heads=2"],
     "eagle": ["head.kind=eagle"],
-    "eagle3": ["head.kind=eagle3", "head.feature_layers=[1,2,3]", "head.draft_vocab_size=64", "head.ttt_steps=2"],
+    "eagle3": [
+        "head.kind=eagle3",
+        "head.feature_layers=[1,2,3]",
+        "head.draft_vocab_size=64",
+        "head.ttt_steps=2",
+    ],
     "mtp": ["head.kind=mtp", "head.num_modules=2"],
 }
 
@@ -83,20 +88,31 @@ def test_overfitting_a_fixed_dataset_lowers_the_loss(tmp_path, confident_llama, 
     saved = json.loads((tmp_path / kind / "head" / "config.json").read_text())
     assert saved["training"]["steps"] == 30
     assert (tmp_path / kind / "curves.png").stat().st_size > 0
-    assert [p.name for p in checkpoint.list_checkpoints(tmp_path / kind)] == ["step-00000015", "step-00000030"]
+    assert [p.name for p in checkpoint.list_checkpoints(tmp_path / kind)] == [
+        "step-00000015",
+        "step-00000030",
+    ]
 
 
 @pytest.mark.parametrize("kind", ["eagle", "medusa"])  # eagle draws feature noise: RNG must resume too
 def test_a_resumed_run_ends_with_the_same_weights(tmp_path, tiny_llama, kind):
     dataset = _patterned_dataset()
-    options = ["train.max_steps=8", "train.save_every=4", "train.eval_every=4", "train.gradient_accumulation_steps=2",
-               "train.micro_batch_size=2", "train.base_throughput_batches=0"]
+    options = [
+        "train.max_steps=8",
+        "train.save_every=4",
+        "train.eval_every=4",
+        "train.gradient_accumulation_steps=2",
+        "train.micro_batch_size=2",
+        "train.base_throughput_batches=0",
+    ]
     whole = _config(tmp_path / "whole", kind, *options)
     run_training(whole, base_model=tiny_llama, datasets=(dataset, dataset))
     # A run that stopped after step 4: only the step-4 checkpoint survives in its output dir.
     stopped = tmp_path / "stopped" / kind
     (stopped / "checkpoints").mkdir(parents=True)
-    (tmp_path / "whole" / kind / "checkpoints" / "step-00000004").rename(stopped / "checkpoints" / "step-00000004")
+    (tmp_path / "whole" / kind / "checkpoints" / "step-00000004").rename(
+        stopped / "checkpoints" / "step-00000004"
+    )
     resumed = _config(tmp_path / "stopped", kind, *options, "train.resume=true")
     summary = run_training(resumed, base_model=tiny_llama, datasets=(dataset, dataset))
     assert summary.steps == 8
@@ -123,7 +139,9 @@ def test_a_resumed_run_ends_with_the_same_weights(tmp_path, tiny_llama, kind):
 def test_config_errors_name_the_field(tmp_path, tiny_llama, overrides, message):
     dataset = _patterned_dataset(4)
     with pytest.raises(ConfigError, match=message):
-        run_training(_config(tmp_path, "medusa", *overrides), base_model=tiny_llama, datasets=(dataset, dataset))
+        run_training(
+            _config(tmp_path, "medusa", *overrides), base_model=tiny_llama, datasets=(dataset, dataset)
+        )
 
 
 def test_eagle3_layer_beyond_the_base_depth_is_a_config_error(tmp_path, tiny_llama):
@@ -139,7 +157,9 @@ def test_deepspeed_json_may_not_own_train_fields(tmp_path, tiny_llama):
     dataset = _patterned_dataset(4)
     with pytest.raises(ConfigError, match="'gradient_clipping' is set from train.grad_clip"):
         run_training(
-            _config(tmp_path, "medusa", f"train.deepspeed_config={path}"), base_model=tiny_llama, datasets=(dataset, dataset)
+            _config(tmp_path, "medusa", f"train.deepspeed_config={path}"),
+            base_model=tiny_llama,
+            datasets=(dataset, dataset),
         )
 
 
@@ -156,7 +176,10 @@ def test_wandb_offline_and_zero2(tmp_path, tiny_llama, monkeypatch):
     monkeypatch.setenv("WANDB_SILENT", "true")
     dataset = _patterned_dataset(4)
     run = _config(
-        tmp_path, "medusa", "train.max_steps=3", "train.report_to=wandb",
+        tmp_path,
+        "medusa",
+        "train.max_steps=3",
+        "train.report_to=wandb",
         "train.deepspeed_config=configs/deepspeed/zero2.json",
     )
     summary = run_training(run, base_model=tiny_llama, datasets=(dataset, dataset))
@@ -168,7 +191,11 @@ def test_bf16_training_on_cpu(tmp_path, tiny_llama):
     base = tiny_llama.to(torch.bfloat16)
     dataset = _patterned_dataset()
     run = _config(
-        tmp_path, "medusa", "train.precision=bf16", "train.max_steps=10", "train.base_throughput_batches=0",
+        tmp_path,
+        "medusa",
+        "train.precision=bf16",
+        "train.max_steps=10",
+        "train.base_throughput_batches=0",
         "train.deepspeed_config=configs/deepspeed/zero2.json",
     )
     run_training(run, base_model=base, datasets=(dataset, dataset))
@@ -184,7 +211,11 @@ def test_init_head_continues_from_a_saved_head_and_refuses_a_different_one(tmp_p
     first = run_training(_config(tmp_path, "eagle3"), base_model=confident_llama, datasets=(dataset, dataset))
     saved_dir = tmp_path / "eagle3" / "head"
     saved = load_head(saved_dir)
-    overrides = [f"train.init_head={saved_dir}", f"train.output_dir={tmp_path / 'continued'}", "train.max_steps=1"]
+    overrides = [
+        f"train.init_head={saved_dir}",
+        f"train.output_dir={tmp_path / 'continued'}",
+        "train.max_steps=1",
+    ]
     overrides += ["train.learning_rate=1e-12", "train.eval_every=1"]
     continued = run_training(
         _config(tmp_path, "eagle3", *overrides), base_model=confident_llama, datasets=(dataset, dataset)

@@ -233,9 +233,7 @@ def test_bench_gives_a_joint_head_its_own_base_and_keeps_the_shared_one_original
     original = _logits(shared, prompt)
     plain_head = tmp_path / "plain"
     build_head(shared, MedusaConfig(num_heads=2)).save_pretrained(plain_head)
-    methods = speculative_methods(
-        [str(output_dir / "head"), str(plain_head)], shared, None, "cpu-8", "cpu"
-    )
+    methods = speculative_methods([str(output_dir / "head"), str(plain_head)], shared, None, "cpu-8", "cpu")
     joint, plain = (method.generator for method in methods)
     assert getattr(shared.config, MERGED_ADAPTER_KEY, None) is None
     torch.testing.assert_close(_logits(shared, prompt), original)

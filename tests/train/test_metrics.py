@@ -15,8 +15,12 @@ def test_chain_acceptance():
 def test_evaluate_sums_counts_over_batches():
     outputs = iter(
         [
-            ObjectiveOutput(torch.tensor(2.0), torch.tensor([3, 1]), torch.tensor([4, 2]), torch.tensor([4, 4])),
-            ObjectiveOutput(torch.tensor(4.0), torch.tensor([1, 0]), torch.tensor([2, 1]), torch.tensor([4, 2])),
+            ObjectiveOutput(
+                torch.tensor(2.0), torch.tensor([3, 1]), torch.tensor([4, 2]), torch.tensor([4, 4])
+            ),
+            ObjectiveOutput(
+                torch.tensor(4.0), torch.tensor([1, 0]), torch.tensor([2, 1]), torch.tensor([4, 2])
+            ),
         ]
     )
     seen = []

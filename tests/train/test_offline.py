@@ -125,7 +125,9 @@ def test_offline_training_follows_online_training(tmp_path, tiny_llama, kind):
 def test_one_eagle3_cache_trains_a_medusa_head_as_its_own_cache_would(tmp_path, tiny_llama):
     splits = {"train": _rows(6), "validation": _rows(2, seed=1)}
     for kind in ("eagle3", "medusa"):
-        _write_cache(tmp_path / kind, tiny_llama, build_head(tiny_llama, HEAD_CONFIGS[kind]), splits, "float32")
+        _write_cache(
+            tmp_path / kind, tiny_llama, build_head(tiny_llama, HEAD_CONFIGS[kind]), splits, "float32"
+        )
     losses = {}
     for kind in ("eagle3", "medusa"):  # the cache's kind; the run trains Medusa from both
         run = _config(tmp_path, "medusa", f"from-{kind}", f"data.features={tmp_path / kind}")
@@ -139,7 +141,9 @@ def test_training_refuses_a_cache_without_the_heads_hidden_states(tmp_path, tiny
     head = build_head(tiny_llama, HEAD_CONFIGS["medusa"])
     _write_cache(tmp_path / "features", tiny_llama, head, splits, "bfloat16")
     run = _config(tmp_path, "eagle3", "run", f"data.features={tmp_path / 'features'}")
-    with pytest.raises(FeatureCacheError, match=r"lacks hidden states \[1, 2, 3\] that the eagle3 head reads"):
+    with pytest.raises(
+        FeatureCacheError, match=r"lacks hidden states \[1, 2, 3\] that the eagle3 head reads"
+    ):
         run_training(run, base_model=tiny_llama, datasets=tuple(splits.values()))
 
 

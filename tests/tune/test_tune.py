@@ -71,7 +71,9 @@ def test_static_choice_follows_the_cost_curve():
 
 def test_a_hopeless_head_gets_the_root_only_tree_unpadded_and_a_warning():
     weak = AcceptanceModel(((0.05, 0.02), (0.05, 0.02)), (100, 100))
-    best, _ = choose_static_tree(weak, lambda n: 1.0 + 0.5 * (n - 1), lambda t: 0.0, max_nodes=7, pad_to_multiple=4)
+    best, _ = choose_static_tree(
+        weak, lambda n: 1.0 + 0.5 * (n - 1), lambda t: 0.0, max_nodes=7, pad_to_multiple=4
+    )
     assert best.nodes == 1 and best.expected_speedup == pytest.approx(1.0)  # one token, not padded to 4
     record = {
         "acceptance": {"probabilities": [[0.05, 0.02], [0.05, 0.02]], "counts": [100, 100]},
@@ -82,7 +84,13 @@ def test_a_hopeless_head_gets_the_root_only_tree_unpadded_and_a_warning():
             "ceiling": {"speedup": 1.6, "tokens": 4, "at_tau": [1.5, 1.4, 1.6]},
         },
         "setting": "cpu/float32",
-        "chosen": {"tree": {"name": "tuned-3"}, "nodes": 3, "expected_tokens": 1.07, "cost": 2.6, "expected_speedup": 0.41},
+        "chosen": {
+            "tree": {"name": "tuned-3"},
+            "nodes": 3,
+            "expected_tokens": 1.07,
+            "cost": 2.6,
+            "expected_speedup": 0.41,
+        },
     }
     assert "no draft tree is expected to beat plain decoding" in describe(record)
     assert "ceiling on this machine: 1.60x" in describe(record)
