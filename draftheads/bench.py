@@ -257,7 +257,10 @@ def summarize(samples: list[Sample], reference_method: str) -> list[Summary]:
 
 def markdown_table(summaries: list[Summary]) -> str:
     lines = [
-        "| category | method | tau | tokens/s | speedup | overhead (tau/speedup) | acceptance by depth | agreement |",
+        (
+            "| category | method | tau | tokens/s | speedup | overhead (tau/speedup) "
+            "| acceptance by depth | agreement |"
+        ),
         "|---|---|---:|---:|---:|---:|---|---:|",
     ]
     for s in summaries:
@@ -455,7 +458,8 @@ def bench(settings: BenchSettings, progress: bool = True) -> tuple[list[Summary]
     prompts = build_prompts(settings.prompts, tokenizer, settings.limit, settings.categories)
     if progress:
         print(
-            f"bench: {len(prompts)} prompts x {len(methods)} methods, max_new_tokens={settings.max_new_tokens}, "
+            f"bench: {len(prompts)} prompts x {len(methods)} methods, "
+            f"max_new_tokens={settings.max_new_tokens}, "
             f"T={settings.temperature}, {settings.dtype} on {settings.device}"
             f"{', prepacked linear layers' if packed else ''}"
         )

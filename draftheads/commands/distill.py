@@ -52,7 +52,8 @@ def run(args: argparse.Namespace) -> int:
     start = time.perf_counter()
     conversations, report = read_conversations(args.data, args.split, args.limit)
     print(
-        f"[distill] {report.conversations} conversations from {report.source} (dropped: {report.dropped or 'none'})"
+        f"[distill] {report.conversations} conversations from {report.source} "
+        f"(dropped: {report.dropped or 'none'})"
     )
     torch.manual_seed(args.seed)
     model, tokenizer = load_base(args.base, dtype=args.dtype, device=args.device)

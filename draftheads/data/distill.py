@@ -70,7 +70,8 @@ def written_ids(path: Path) -> set[str]:
 
 
 def generate_answers(model, tokenizer, texts: list[str], config: DistillConfig) -> list[str]:
-    """One assistant answer per rendered prompt (chat template + generation prompt), batched and left-padded."""
+    """One assistant answer per rendered prompt (chat template + generation prompt), batched and
+    left-padded."""
     import torch
 
     batch = tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False).to(model.device)

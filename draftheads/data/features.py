@@ -452,8 +452,9 @@ class FeatureCache:
             needed = -(-examples // self.examples_per_shard)
             if self.index["complete_shards"].get(split, 0) < needed:
                 raise FeatureCacheError(
-                    f"feature cache {self.directory} is incomplete: {self.index['complete_shards'].get(split, 0)} "
-                    f"of {needed} '{split}' shards written; run `draftheads cache-features` again to finish it"
+                    f"feature cache {self.directory} is incomplete: "
+                    f"{self.index['complete_shards'].get(split, 0)} of {needed} '{split}' shards written; "
+                    "run `draftheads cache-features` again to finish it"
                 )
 
     @property
@@ -514,8 +515,8 @@ class FeatureCache:
                 cached_ids.to(input_ids.device, torch.long), input_ids[position, :count]
             ):
                 raise FeatureCacheError(
-                    f"feature cache {self.directory}: row {row} of '{split}' holds other tokens than the batch; "
-                    "the cache was written for other data"
+                    f"feature cache {self.directory}: row {row} of '{split}' holds other tokens "
+                    "than the batch; the cache was written for other data"
                 )
             for layer, state in states.items():
                 out[layer][position, :count] = state.to(device=input_ids.device, dtype=dtype)

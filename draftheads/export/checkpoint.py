@@ -93,8 +93,8 @@ def read_tensors(directory: Path) -> tuple[dict[str, torch.Tensor], list[Path]]:
             tensors.update(load_file(str(path)))
             continue
         warnings.warn(
-            f"{path}: reading a pickle checkpoint with torch.load(weights_only=True) (tensors only, no code); "
-            "prefer safetensors",
+            f"{path}: reading a pickle checkpoint with torch.load(weights_only=True) "
+            "(tensors only, no code); prefer safetensors",
             stacklevel=4,
         )
         loaded = torch.load(path, map_location="cpu", weights_only=True)

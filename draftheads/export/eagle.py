@@ -62,10 +62,11 @@ def write_eagle(head: DraftHead, directory: Path, options: ExportOptions) -> dic
     bias = tensors.pop("fc.bias", None)
     if bias is not None and bool(bias.abs().max() > 0):
         raise FormatError(
-            "vLLM's EagleLlamaForCausalLM builds fc without a bias (vllm/model_executor/models/llama_eagle.py), "
-            f"but this head's fc.bias is non-zero (max |b| = {float(bias.abs().max()):.3g}); dropping it would "
-            "change the drafts. Export with --format eagle-sglang (SGLang keeps the bias) or train with a "
-            "bias-free fc (head.fc_bias=false)."
+            "vLLM's EagleLlamaForCausalLM builds fc without a bias "
+            "(vllm/model_executor/models/llama_eagle.py), "
+            f"but this head's fc.bias is non-zero (max |b| = {float(bias.abs().max()):.3g}); "
+            "dropping it would change the drafts. Export with --format eagle-sglang (SGLang keeps the bias) "
+            "or train with a bias-free fc (head.fc_bias=false)."
         )
     config = draft_layer_config(head, "EagleLlamaForCausalLM")
     config[DRAFTHEADS_KEY] = head_metadata(head)

@@ -83,7 +83,8 @@ def eagle3_tensors(head: DraftHead, layer_prefix: str) -> dict[str, torch.Tensor
     if len(head.feature_layers) != 3:
         # vLLM builds fc with 3 * hidden inputs (llama_eagle3.py), SGLang with 3 unless told otherwise.
         raise FormatError(
-            f"the EAGLE-3 engine formats fuse exactly 3 base layers; this head reads {len(head.feature_layers)} "
+            "the EAGLE-3 engine formats fuse exactly 3 base layers; "
+            f"this head reads {len(head.feature_layers)} "
             f"({list(head.feature_layers)}). Use --format draftheads."
         )
     state = head.head_state_dict()

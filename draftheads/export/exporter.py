@@ -42,9 +42,10 @@ def export_head(
     joint = bool(getattr(head.config, "joint", False))
     if joint and format_name != DEFAULT_FORMAT:
         raise FormatError(
-            f"{heads_dir} holds Medusa-2 heads trained with a base adapter; '{format_name}' has no place for the "
-            f"adapter and the engine would verify with the original base. Export as '{DEFAULT_FORMAT}', or merge "
-            "the adapter into the base (peft merge_and_unload) and serve that model"
+            f"{heads_dir} holds Medusa-2 heads trained with a base adapter; '{format_name}' has no place "
+            "for the adapter and the engine would verify with the original base. "
+            f"Export as '{DEFAULT_FORMAT}', or merge the adapter into the base (peft merge_and_unload) "
+            "and serve that model"
         )
     if chosen.needs_base_weights(head):
         from draftheads.base_model import load_base

@@ -46,12 +46,16 @@ def _eval_section(evaluation: dict | None) -> str:
             )
         )
     ]
-    text = "Held-out accuracy per draft step (step k predicts the token k + 1 positions after the base model's own):\n\n"
+    text = (
+        "Held-out accuracy per draft step "
+        "(step k predicts the token k + 1 positions after the base model's own):\n\n"
+    )
     text += _table(["draft step", "top-1", "top-5", "tokens counted"], rows) + "\n"
     if evaluation.get("chain_acceptance") is not None:
         text += (
             f"\nChain acceptance estimate 1 + sum_k prod_(j<=k) top1_j = "
-            f"{_format_number(evaluation['chain_acceptance'])} (held-out loss {_format_number(evaluation.get('loss'))}).\n"
+            f"{_format_number(evaluation['chain_acceptance'])} "
+            f"(held-out loss {_format_number(evaluation.get('loss'))}).\n"
         )
     return text
 
@@ -104,7 +108,10 @@ def render_model_card(
     summary_rows = [
         [
             "base model",
-            f"`{base_name}` ({base.get('model_type')}, {base.get('num_hidden_layers')} layers, hidden {base.get('hidden_size')}, vocab {base.get('vocab_size')})",
+            (
+                f"`{base_name}` ({base.get('model_type')}, {base.get('num_hidden_layers')} layers, "
+                f"hidden {base.get('hidden_size')}, vocab {base.get('vocab_size')})"
+            ),
         ],
         ["head kind", kind],
         ["head config", f"`{json.dumps(config.get('head_config', {}))}`"],
@@ -117,15 +124,16 @@ def render_model_card(
     text = "\n".join(front) + "\n\n"
     text += f"# {kind} draft head for {base_name}\n\n"
     text += (
-        "A speculative-decoding draft head trained with draftheads on the frozen base model. Decoding with it is lossless: at temperature 0 the output is the base model's greedy output, "
+        "A speculative-decoding draft head trained with draftheads on the frozen base model. "
+        "Decoding with it is lossless: at temperature 0 the output is the base model's greedy output, "
         "and sampling keeps the base model's distribution.\n\n"
     )
     if config.get("head_config", {}).get("joint"):
         text += (
-            "**Medusa-2: outputs follow the adapted base.** These heads were trained jointly with a LoRA adapter on "
-            f"the base model (in `adapter/`, peft format). Loading the head (`load_head_and_base`) merges the adapter "
-            f"into a copy of `{base_name}`, so decoding is lossless with respect to the *adapted* base model, not "
-            "the original one.\n\n"
+            "**Medusa-2: outputs follow the adapted base.** These heads were trained jointly with a LoRA "
+            "adapter on the base model (in `adapter/`, peft format). Loading the head (`load_head_and_base`) "
+            f"merges the adapter into a copy of `{base_name}`, so decoding is lossless with respect to the "
+            "*adapted* base model, not the original one.\n\n"
         )
     text += (
         "\n".join(
@@ -141,9 +149,10 @@ def render_model_card(
         "## Usage\n\n```python\nfrom draftheads.infer import SpeculativeGenerator\n\n"
         f'generator = SpeculativeGenerator.from_pretrained("{location}", base="{base_name}")\n'
         'messages = [{"role": "user", "content": "Explain speculative decoding in one sentence."}]\n'
-        "result = generator.generate(messages, max_new_tokens=64)  # sequences + stats (tau, tokens/s)\n```\n\n"
-        "Serving in vLLM or SGLang: `draftheads export --heads DIR --format FORMAT` writes the engine layouts; "
-        "see docs/export.md in the draftheads repository.\n"
+        "result = generator.generate(messages, max_new_tokens=64)  # sequences + stats (tau, tokens/s)\n"
+        "```\n\n"
+        "Serving in vLLM or SGLang: `draftheads export --heads DIR --format FORMAT` writes the engine "
+        "layouts; see docs/export.md in the draftheads repository.\n"
     )
     return text
 

@@ -54,7 +54,8 @@ def _check_geometry(config: dict[str, Any], base_config, names: tuple[str, ...],
         actual = getattr(base_config, name, None)
         if name in config and actual is not None and config[name] != actual:
             raise HeadMismatchError(
-                f"{where}: {name}={config[name]!r} in the checkpoint, but the base model has {name}={actual!r}"
+                f"{where}: {name}={config[name]!r} in the checkpoint, "
+                f"but the base model has {name}={actual!r}"
             )
 
 
@@ -123,7 +124,8 @@ def read_engine_head(
     metadata = saved.get(DRAFTHEADS_KEY) or {}
     if metadata and metadata.get("head_kind") != reader.kind:
         raise FormatError(
-            f"{where}: draftheads metadata says head_kind '{metadata.get('head_kind')}', format is {reader.kind}"
+            f"{where}: draftheads metadata says head_kind '{metadata.get('head_kind')}', "
+            f"format is {reader.kind}"
         )
     recorded_base = metadata.get("base_model") or {}
 

@@ -56,7 +56,8 @@ def check_adapted(model, head_dir: str | Path) -> None:
         raise HeadMismatchError(
             f"the head in {head_dir} is a joint (Medusa-2) head: it drafts for its base with adapter "
             f"{fingerprint} merged, and this base model has none. Load the pair with "
-            "load_head_and_base(head_dir, base_model), which returns the adapted copy and leaves the base as it is"
+            "load_head_and_base(head_dir, base_model), which returns the adapted copy "
+            "and leaves the base as it is"
         )
     raise HeadMismatchError(
         f"the base model already has adapter {merged} merged into its weights; the head in {head_dir} "

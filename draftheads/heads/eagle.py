@@ -1,12 +1,13 @@
 """EAGLE-1/2 (Li et al., ICML 2024): autoregression at the feature level.
 
-Drafter row i consumes ``fc(concat(emb(t_{i+1}), f_i))`` (2h -> h, with bias unless ``fc_bias`` is false; embedding first, as
-the EAGLE reference ``cnets.py`` concatenates ``(inputs_embeds, hidden_states)``), where f_i is the
-base model's last, normed hidden state (``hs[L]``, what enters lm_head) and emb the frozen base
-embedding, then runs ONE decoder layer of the base architecture whose first input_layernorm is
-dropped (EAGLE's design: fc output is already a mixed feature). Its output f_hat_{i+1} predicts the
-base feature at i + 1, and ``base_lm_head(f_hat_{i+1})`` the token t_{i+2}. EAGLE-2 differs only
-in how the draft tree is grown (``draftheads.infer``), so both share this head.
+Drafter row i consumes ``fc(concat(emb(t_{i+1}), f_i))`` (2h -> h, with bias unless ``fc_bias`` is
+false; embedding first, as the EAGLE reference ``cnets.py`` concatenates
+``(inputs_embeds, hidden_states)``), where f_i is the base model's last, normed hidden state
+(``hs[L]``, what enters lm_head) and emb the frozen base embedding, then runs ONE decoder layer of
+the base architecture whose first input_layernorm is dropped (EAGLE's design: fc output is already a
+mixed feature). Its output f_hat_{i+1} predicts the base feature at i + 1, and
+``base_lm_head(f_hat_{i+1})`` the token t_{i+2}. EAGLE-2 differs only in how the draft tree is grown
+(``draftheads.infer``), so both share this head.
 
 Checkpoint names: ``fc.{weight,bias}``, ``layer.*`` (the decoder layer without input_layernorm).
 
@@ -34,7 +35,8 @@ from draftheads.heads.layers import build_decoder_layer, build_rotary_embedding,
 class EagleConfig(HeadConfig):
     kind: ClassVar[str] = "eagle"
     # Training: input features get U(-a, a) noise so the drafter tolerates its own imprecise
-    # features at inference (EAGLE trains with U(-0.1, 0.1): Li et al. 2024, "EAGLE", sec. 3.3); 0 disables it.
+    # features at inference (EAGLE trains with U(-0.1, 0.1): Li et al. 2024, "EAGLE", sec. 3.3);
+    # 0 disables it.
     feature_noise: float = 0.1
     # EAGLE's fc has a bias; vLLM's EagleLlamaForCausalLM loads none (see draftheads.export.eagle), so
     # heads meant for vLLM's ``eagle`` format train with fc_bias: false.

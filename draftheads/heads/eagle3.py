@@ -92,8 +92,8 @@ def resolve_feature_layers(config: Eagle3Config, num_hidden_layers: int) -> tupl
     for index in layers:
         if not 0 <= index <= num_hidden_layers:
             raise ConfigError(
-                f"head.feature_layers={list(layers)}: index {index} is outside the base model's hidden_states "
-                f"(valid 0..{num_hidden_layers} for num_hidden_layers={num_hidden_layers})"
+                f"head.feature_layers={list(layers)}: index {index} is outside the base model's "
+                f"hidden_states (valid 0..{num_hidden_layers} for num_hidden_layers={num_hidden_layers})"
                 + ("" if explicit else "; set head.feature_layers explicitly")
             )
     if len(set(layers)) != len(layers):
@@ -102,7 +102,8 @@ def resolve_feature_layers(config: Eagle3Config, num_hidden_layers: int) -> tupl
             + (
                 ""
                 if explicit
-                else f" (the default for a {num_hidden_layers}-layer base); set head.feature_layers explicitly"
+                else f" (the default for a {num_hidden_layers}-layer base); "
+                "set head.feature_layers explicitly"
             )
         )
     return tuple(layers)

@@ -84,7 +84,8 @@ class MedusaHead(DraftHead):
         )
 
     def init_from_base(self, base_model) -> None:
-        """Each head's own vocab projection starts as a copy of the base lm_head (Medusa paper, "Medusa heads")."""
+        """Each head's own vocab projection starts as a copy of the base lm_head (Medusa paper,
+        "Medusa heads")."""
         if self.config.shared_lm_head:
             return
         base_weight = base_model.get_output_embeddings().weight

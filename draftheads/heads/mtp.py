@@ -204,7 +204,8 @@ class MtpHead(DraftHead):
         cached prefix and itself only; ``attention_mask=None`` builds exactly that mask."""
         if not 1 <= depth < self.config.num_modules:
             raise ValueError(
-                f"mtp head with {self.config.num_modules} modules drafts depths 1..{self.config.num_modules - 1}, got depth {depth}"
+                f"mtp head with {self.config.num_modules} modules drafts depths "
+                f"1..{self.config.num_modules - 1}, got depth {depth}"
             )
         module_cache = cache[depth]
         batch, count, _ = hidden.shape
@@ -213,8 +214,8 @@ class MtpHead(DraftHead):
             attention_mask = prefix_and_self_mask(batch, past, count, hidden.dtype, hidden.device)
         elif attention_mask.shape[-1] != past + count:
             raise ValueError(
-                f"mtp draft_step depth {depth}: attention_mask covers {attention_mask.shape[-1]} keys, but module "
-                f"{depth + 1}'s cache holds {past} rows + {count} nodes = {past + count}"
+                f"mtp draft_step depth {depth}: attention_mask covers {attention_mask.shape[-1]} keys, "
+                f"but module {depth + 1}'s cache holds {past} rows + {count} nodes = {past + count}"
             )
         hidden = self.run_module(
             depth, hidden, token_ids, position_ids, attention_mask, module_cache

@@ -228,7 +228,8 @@ class SpeculativeGenerator:
         if implementation not in SUPPORTED_ATTENTION:
             raise TreeInputError(
                 f"base model uses attn_implementation '{implementation}'; tree verification needs one of "
-                f"{SUPPORTED_ATTENTION} (load it with draftheads.base_model.load_base(..., attn_implementation='sdpa'))"
+                f"{SUPPORTED_ATTENTION} (load it with "
+                "draftheads.base_model.load_base(..., attn_implementation='sdpa'))"
             )
         self.model = base_model
         self.head = head.attach(base_model).eval()

@@ -165,7 +165,8 @@ class StaticTree:
                 raise ValueError(f"tree '{self.name}': path {list(path)} must be non-empty with ranks >= 0")
             if path[:-1] not in index:
                 raise ValueError(
-                    f"tree '{self.name}': path {list(path)} has no parent path {list(path[:-1])} in the choices"
+                    f"tree '{self.name}': path {list(path)} has no parent path "
+                    f"{list(path[:-1])} in the choices"
                 )
             index[path] = len(parents)
             parents.append(index[path[:-1]])

@@ -70,13 +70,15 @@ def describe(record: dict) -> str:
     return (
         f"acceptance over {acceptance['counts'][0] if acceptance['counts'] else 0} positions, "
         f"P(accept | parent) by depth: top-1 {top1}; top-{len(acceptance['probabilities'][0])} {topk}\n"
-        f"verify cost relative to 1 token ({record['setting']}, one token {1000 * cost['seconds'][0]:.1f} ms): {curve}\n"
+        f"verify cost relative to 1 token ({record['setting']}, "
+        f"one token {1000 * cost['seconds'][0]:.1f} ms): {curve}\n"
         f"ceiling on this machine: {ceiling['speedup']:.2f}x (a head whose every draft is accepted, "
         f"drafting for free, with a {ceiling['tokens']}-token chain); at tau 2 / 3 / 4 at most "
         + " / ".join(f"{bound:.2f}x" for bound in ceiling["at_tau"])
         + "\n"
-        f"chosen tree {chosen['tree']['name']} ({chosen['nodes']} tokens): expected {chosen['expected_tokens']:.2f} "
-        f"tokens per step, step cost {chosen['cost']:.2f} plain steps, expected speedup {chosen['expected_speedup']:.2f}x"
+        f"chosen tree {chosen['tree']['name']} ({chosen['nodes']} tokens): "
+        f"expected {chosen['expected_tokens']:.2f} tokens per step, "
+        f"step cost {chosen['cost']:.2f} plain steps, expected speedup {chosen['expected_speedup']:.2f}x"
         + (
             "\nwarning: no draft tree is expected to beat plain decoding on this machine: the head's "
             "acceptance is too low for what verifying and drafting cost here (train it longer, or decode "

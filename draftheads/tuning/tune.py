@@ -29,7 +29,8 @@ from draftheads.tuning.search import Candidate, choose_dynamic_tree, choose_stat
 class TuneSettings:
     """Every default of ``draftheads tune-tree`` (the CLI only overrides these)."""
 
-    # prompts: mt-bench | humaneval | a prompt .jsonl (bench's form) | a conversation source (first user turns)
+    # prompts: mt-bench | humaneval | a prompt .jsonl (bench's form) | a conversation source
+    # (first user turns)
     data: str = "sharegpt"
     skip: int = (
         10000  # skip the first N prompts: the shipped configs train on ShareGPT's first 2,600 (eagle3: 9,000)

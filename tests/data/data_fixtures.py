@@ -16,7 +16,8 @@ LLAMA3_FIXTURE = FIXTURES / "llama3_chat_template"
 # SmolLM2-135M-Instruct's chat template (ChatML with a default system prompt).
 CHATML_TEMPLATE = (
     "{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}"
-    "{{ '<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n' }}"
+    "{{ '<|im_start|>system\nYou are a helpful AI assistant named SmolLM, "
+    "trained by Hugging Face<|im_end|>\n' }}"
     "{% endif %}{{'<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n'}}"
     "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
 )

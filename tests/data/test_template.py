@@ -100,7 +100,10 @@ def test_generation_tags_agree_with_apply_chat_template_mask():
 
 
 def test_template_errors_and_missing_template_are_reported():
-    strict = "{% for m in messages %}{% if m['role'] == 'system' %}{{ raise_exception('no system') }}{% endif %}{{ m['content'] }}{% endfor %}"
+    strict = (
+        "{% for m in messages %}{% if m['role'] == 'system' %}{{ raise_exception('no system') }}{% endif %}"
+        "{{ m['content'] }}{% endfor %}"
+    )
     tokenizer = make_byte_tokenizer(CHATML_TEMPLATE)
     tokenizer.chat_template = strict
     failure = encode_conversations(tokenizer, [CONVERSATION, CONVERSATION[1:]], 512)

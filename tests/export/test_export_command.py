@@ -38,7 +38,10 @@ TRAINING = {
     "head_dir": "runs/x/head",
 }
 BENCH = {
-    "tau_convention": "tokens per base-model forward, counting the token the base model produces itself (plain decoding = 1)",
+    "tau_convention": (
+        "tokens per base-model forward, counting the token the base model produces itself "
+        "(plain decoding = 1)"
+    ),
     "machine": {"cpu": "test"},
     "settings": {},
     "summaries": [

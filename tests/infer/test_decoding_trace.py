@@ -7,9 +7,9 @@ change apart; the acceptance counts can: a position off by one, a wrong mask or 
 shows up there at once. Sampling (T=1, seeded) pins the verifier's use of the random stream too.
 
 Floating-point rounding differs between CPUs, and a near-tie in a draft ranking can then flip, so
-counts (and sampled tokens) must be identical only on the CPU model the fixture was recorded on; elsewhere every count
-must agree within a small tolerance. Re-record (after a deliberate change, saying why in the commit):
-``python tests/infer/test_decoding_trace.py --write``.
+counts (and sampled tokens) must be identical only on the CPU model the fixture was recorded on;
+elsewhere every count must agree within a small tolerance. Re-record (after a deliberate change,
+saying why in the commit): ``python tests/infer/test_decoding_trace.py --write``.
 """
 
 from __future__ import annotations
