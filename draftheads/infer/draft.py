@@ -49,14 +49,23 @@ from draftheads.infer.tree import (
 
 @dataclass(frozen=True)
 class Draft:
-    """One candidate tree: real node tokens (root first) and its topology (maybe padded)."""
+    """One candidate tree: real node tokens (root first) and its topology (maybe padded); per node,
+    who proposed it (``sources``, "" for the root) and the drafter's own estimate of the probability
+    that its whole path is accepted (``scores``, 1 for the root)."""
 
     tokens: torch.Tensor  # (num_nodes,) base-vocabulary ids, tokens[0] is the root
     topology: TreeTopology
+    sources: tuple[str, ...] = ()
+    scores: tuple[float, ...] = ()
 
     @property
     def padded_tokens(self) -> torch.Tensor:
         return self.topology.pad_tokens(self.tokens)  # (N,)
+
+
+def root_only(root: int) -> Draft:
+    """The tree of the root alone: verifying it is a plain decoding step."""
+    return Draft(torch.tensor([root], dtype=torch.long), tree_topology([ROOT_PARENT]), ("",), (1.0,))
 
 
 @functools.lru_cache(maxsize=64)
@@ -95,9 +104,16 @@ class Drafter:
         """The deepest tree it can draft (Medusa K heads, MTP D modules); -1: no limit."""
         return self.head.num_draft_steps
 
-    def select_features(self, hidden_states) -> torch.Tensor:
-        """(1, T, F) drafter features from the base model's ``hidden_states``."""
-        return self.head.select_features(hidden_states)
+    @property
+    def source(self) -> str:
+        """How statistics name this drafter's proposals."""
+        return self.head.kind
+
+    def select_features(self, hidden_states, index: torch.Tensor | None = None) -> torch.Tensor | None:
+        """(1, T, F) drafter features from the base model's ``hidden_states``, or (1, A, F) at the
+        positions ``index`` (A,); None for a drafter that reads none."""
+        features = self.head.select_features(hidden_states)
+        return features if index is None else features[:, index]
 
     def check_tree(self, tree: StaticTree | DynamicTree) -> None:
         """Raise ValueError if this drafter cannot fill ``tree``."""
@@ -170,10 +186,12 @@ class ParallelDrafter(Drafter):
     def commit(self, features, next_ids, position) -> None:
         self.last_features = features[:, -1:]
 
-    def _ranked(self, depth: int, count: int) -> torch.Tensor:
-        """(depth, count) base-vocabulary ids, best first, of heads 1..depth."""
+    def _ranked(self, depth: int, count: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """(depth, count) base-vocabulary ids, best first, of heads 1..depth, and their probabilities."""
         logits = self.head.draft_logits(self.last_features)[0, -1, :depth].float()  # (D, V)
-        return self.head.draft_to_target(torch.topk(logits, count, dim=-1).indices)  # (D, count)
+        best = torch.topk(logits, count, dim=-1)
+        probabilities = (best.values - torch.logsumexp(logits, dim=-1, keepdim=True)).exp()  # (D, count)
+        return self.head.draft_to_target(best.indices), probabilities
 
     def propose(self, root, position, tree) -> Draft:
         self.check_tree(tree)
@@ -183,14 +201,18 @@ class ParallelDrafter(Drafter):
         if tree.depth == 0:
             return Draft(tokens, topology)
         widest = max(tree.top_k(d) for d in range(1, tree.depth + 1))
-        candidates = self._ranked(tree.depth, widest)  # (D, widest)
+        candidates, probabilities = self._ranked(tree.depth, widest)  # (D, widest) each
         depths = topology.depths[1 : tree.num_nodes].to(device)  # (M - 1,)
         ranks = torch.tensor(tree.ranks[1:], dtype=torch.long, device=device)  # (M - 1,)
         tokens[1:] = candidates[depths - 1, ranks]
-        return Draft(tokens, topology)
+        node_probabilities = [1.0] + probabilities[depths - 1, ranks].tolist()  # each depth's own head
+        scores = [1.0] * tree.num_nodes
+        for node in range(1, tree.num_nodes):  # the heads are independent: a path multiplies
+            scores[node] = scores[tree.parents[node]] * node_probabilities[node]
+        return Draft(tokens, topology, ("",) + (self.source,) * (tree.num_nodes - 1), tuple(scores))
 
     def path_candidates(self, root, position, path, top_k) -> torch.Tensor:
-        return self._ranked(len(path) + 1, top_k)  # each head's view is independent of the path
+        return self._ranked(len(path) + 1, top_k)[0]  # each head's view is independent of the path
 
 
 # ---- autoregressive heads (EAGLE, EAGLE-3) and MTP ----------------------------------------------
@@ -245,14 +267,19 @@ def _children(head, log_probabilities: torch.Tensor, count: int) -> tuple[torch.
     return head.draft_to_target(best.indices), best.values  # (n, count) each
 
 
-def _finish(proposals: _Proposals, kept: list[int], root_token: torch.Tensor, pad_to_multiple: int) -> Draft:
+def _finish(
+    proposals: _Proposals, kept: list[int], root_token: torch.Tensor, pad_to_multiple: int, source: str
+) -> Draft:
     """Turn the kept proposals (ascending, parents first) into a Draft with the root as node 0."""
     node_of = {proposal: index + 1 for index, proposal in enumerate(kept)}
     parents = [ROOT_PARENT] + [
         0 if proposals.parents[p] == ROOT_PARENT else node_of[proposals.parents[p]] for p in kept
     ]
     tokens = torch.stack([root_token] + [proposals.tokens[p] for p in kept])  # (M,)
-    return Draft(tokens, tree_topology(parents, pad_to_multiple))
+    scores = torch.stack([proposals.scores[p] for p in kept]).exp().tolist() if kept else []
+    return Draft(
+        tokens, tree_topology(parents, pad_to_multiple), ("",) + (source,) * len(kept), (1.0, *scores)
+    )
 
 
 @register_drafter("autoregressive")
@@ -325,7 +352,7 @@ class AutoregressiveDrafter(Drafter):
         else:
             proposals, kept = self._dynamic(tree, position)
         crop_to_lengths(caches, lengths)  # drafted entries are rebuilt from real features on commit
-        return _finish(proposals, kept, root_token, self.pad_to_multiple)
+        return _finish(proposals, kept, root_token, self.pad_to_multiple, self.source)
 
     def _static(self, tree: StaticTree, position: int) -> tuple[_Proposals, list[int]]:
         """Fill a static tree; proposal i is tree node i + 1 (nodes listed depth by depth)."""
@@ -343,8 +370,9 @@ class AutoregressiveDrafter(Drafter):
                     candidates[parent] = _children(head, log_probabilities[parent][None], width)
                 ids, scores = candidates[parent]
                 proposal_parent = ROOT_PARENT if parent == 0 else by_node[parent]
+                above = 0.0 if parent == 0 else proposals.scores[proposal_parent]  # cumulative
                 by_node[node] = proposals.add(
-                    proposal_parent, ids[0, rank : rank + 1], scores[0, rank : rank + 1]
+                    proposal_parent, ids[0, rank : rank + 1], above + scores[0, rank : rank + 1]
                 )[0]
             expanding = [n for n in layer if n in set(tree.parents)]
             if expanding:

@@ -22,7 +22,9 @@ import torch
 
 from draftheads.base_model import DEFAULT_DTYPE, SUPPORTED_ATTENTION
 from draftheads.infer.cache import keep_accepted, new_cache
-from draftheads.infer.draft import Drafter, drafter_for
+from draftheads.infer.context import ContextDrafter, ContextTree
+from draftheads.infer.draft import Drafter, drafter_for, root_only
+from draftheads.infer.hybrid import HybridDrafter, HybridTree
 from draftheads.infer.packed import has_packed_linears, pack_linears
 from draftheads.infer.tree import (
     TreeTopology,
@@ -122,11 +124,21 @@ class GenerationStats:
     seconds: float
     tokens_per_second: float
     tree: str  # the tree used
+    # draft tokens accepted / proposed, by who proposed them ("eagle3", "context", "eagle3+context")
+    accepted_by_source: dict[str, int] = field(default_factory=dict)
+    proposed_by_source: dict[str, int] = field(default_factory=dict)
 
     def summary(self) -> str:
+        by_source = ""
+        if len(self.proposed_by_source) > 1:
+            by_source = "; accepted drafts by source: " + ", ".join(
+                f"{source} {self.accepted_by_source.get(source, 0)}/{proposed}"
+                for source, proposed in sorted(self.proposed_by_source.items())
+            )
         return (
             f"tau {self.tau:.2f} (accepted tokens per base forward, the base model's own token included), "
             f"{self.tokens_per_second:.1f} tokens/s, {self.new_tokens} tokens in {self.seconds:.2f} s"
+            + by_source
         )
 
 
@@ -139,6 +151,15 @@ class _Tally:
     verification_steps: int = 0
     emitted_by_steps: int = 0  # sum over steps of accepted drafts + 1
     accepted_per_depth: list[int] = field(default_factory=list)
+    accepted_by_source: dict[str, int] = field(default_factory=dict)
+    proposed_by_source: dict[str, int] = field(default_factory=dict)
+
+    def record_sources(self, sources: Sequence[str], accepted_nodes: Sequence[int]) -> None:
+        """Count the step's proposals (node 0, the root, is nobody's draft) and accepted drafts."""
+        for source in sources[1:]:
+            self.proposed_by_source[source] = self.proposed_by_source.get(source, 0) + 1
+        for node in accepted_nodes[1:]:
+            self.accepted_by_source[sources[node]] = self.accepted_by_source.get(sources[node], 0) + 1
 
     def record_step(self, accepted_drafts: int) -> None:
         self.verification_steps += 1
@@ -160,6 +181,8 @@ class _Tally:
             seconds=seconds,
             tokens_per_second=self.new_tokens / seconds if seconds > 0 else float("inf"),
             tree=tree_name,
+            accepted_by_source=dict(self.accepted_by_source),
+            proposed_by_source=dict(self.proposed_by_source),
         )
 
 
@@ -210,20 +233,33 @@ def default_pad_to_multiple(model) -> int:
 
 
 class SpeculativeGenerator:
-    """Decode with a draft head on its base model, losslessly, one sequence at a time.
+    """Decode with a draft head, context drafts or both on a base model, losslessly, one sequence at
+    a time.
 
     Args:
         base_model: the HF causal LM the head was trained on (sdpa or eager attention).
-        head: a ``DraftHead`` of any kind; it is attached to ``base_model`` (and checked to fit).
+        head: a ``DraftHead`` of any kind, attached to ``base_model`` (and checked to fit); None
+            drafts from the context alone (``draftheads.infer.context``).
         tokenizer: needed for chat messages, text output and streaming.
-        tree: a registered tree name (``draftheads.infer.tree.TREES``), a ``StaticTree`` /
-            ``DynamicTree``, or a Medusa-style choice list; default: the drafter's for this device.
-            Trees deeper than the head can draft (Medusa K heads, MTP D modules) are cut to fit.
+        tree: the head's tree: a registered tree name (``draftheads.infer.tree.TREES``), a
+            ``StaticTree`` / ``DynamicTree``, or a Medusa-style choice list; default: the drafter's
+            for this device. Trees deeper than the head can draft (Medusa K heads, MTP D modules)
+            are cut to fit. Without a head, a ``ContextTree`` (default ``ContextTree()``).
         pad_to_multiple: pad each tree to a multiple of this many tokens (padding is masked and never
             accepted); default ``default_pad_to_multiple(base_model)``.
+        context: also draft continuations from the context and merge them into the head's tree
+            (``draftheads.infer.hybrid``): True for the default ``ContextTree()``, or a ContextTree.
     """
 
-    def __init__(self, base_model, head, tokenizer=None, tree=None, pad_to_multiple: int | None = None):
+    def __init__(
+        self,
+        base_model,
+        head=None,
+        tokenizer=None,
+        tree=None,
+        pad_to_multiple: int | None = None,
+        context: bool | ContextTree = False,
+    ):
         implementation = getattr(base_model.config, "_attn_implementation", None)
         if implementation not in SUPPORTED_ATTENTION:
             raise TreeInputError(
@@ -232,22 +268,41 @@ class SpeculativeGenerator:
                 "draftheads.base_model.load_base(..., attn_implementation='sdpa'))"
             )
         self.model = base_model
-        self.head = head.attach(base_model).eval()
+        self.head = head.attach(base_model).eval() if head is not None else None
         self.tokenizer = tokenizer
         if pad_to_multiple is None:
             pad_to_multiple = default_pad_to_multiple(base_model)
         self.pad_to_multiple = pad_to_multiple
-        drafter = self.new_drafter()
-        device_type = "cuda" if base_model.device.type == "cuda" else "cpu"
-        chosen = resolve_tree(tree if tree is not None else drafter.default_trees[device_type])
-        drafter.check_tree(chosen)
-        self.tree = chosen.truncated(drafter.max_depth)  # -1 (EAGLE): no limit
+        self.context = ContextTree() if context is True else (context or None)
+        if head is None:
+            if tree is not None and not isinstance(tree, ContextTree):
+                raise ValueError(f"without a head the tree is a ContextTree, got {tree!r}")
+            self.context = None
+            self.tree = tree or ContextTree()
+        else:
+            head_drafter = drafter_for(self.head, pad_to_multiple)
+            device_type = "cuda" if base_model.device.type == "cuda" else "cpu"
+            chosen = resolve_tree(tree if tree is not None else head_drafter.default_trees[device_type])
+            head_drafter.check_tree(chosen)
+            chosen = chosen.truncated(head_drafter.max_depth)  # -1 (EAGLE): no limit
+            self.tree = chosen if self.context is None else HybridTree(chosen, self.context)
         self.eos_ids = _eos_ids(base_model, tokenizer)
         self.max_length = getattr(base_model.config, "max_position_embeddings", None)
 
+    @property
+    def method(self) -> str:
+        """What drafts: the head's kind, "context", or "<kind>+context"."""
+        if self.head is None:
+            return "context"
+        return self.head.kind + ("+context" if self.context is not None else "")
+
     def new_drafter(self) -> Drafter:
-        """A drafter for one sequence (``draftheads.infer.draft``), chosen by the head's drafting style."""
-        return drafter_for(self.head, self.pad_to_multiple)
+        """A drafter for one sequence (``draftheads.infer.draft``): the head's (by its drafting
+        style), the context drafter, or both merged."""
+        if self.head is None:
+            return ContextDrafter(self.pad_to_multiple)
+        drafter = drafter_for(self.head, self.pad_to_multiple)
+        return drafter if self.context is None else HybridDrafter(drafter)
 
     @classmethod
     def from_pretrained(
@@ -258,12 +313,14 @@ class SpeculativeGenerator:
         device: str = "cpu",
         tree=None,
         pack: bool = True,
+        context: bool | ContextTree = False,
     ) -> SpeculativeGenerator:
         """Load a saved head and its base model (by default the one recorded in the head's
         config.json ``base_model.name_or_path``). Without ``tree``, the head's tuned tree for this
         device and dtype (``draftheads tune-tree``) is used if there is one, else the default.
         ``pack``: run the base model's and the head's linear layers through prepacked oneDNN
-        weights where that applies (fp32 on an x86 CPU; ``draftheads.infer.packed``)."""
+        weights where that applies (fp32 on an x86 CPU; ``draftheads.infer.packed``). ``context``:
+        merge context drafts into the head's trees (see the class)."""
         from draftheads.base_model import load_base
         from draftheads.heads import load_head_and_base, resolve_base_model
 
@@ -274,7 +331,7 @@ class SpeculativeGenerator:
             pack_linears(model, head)
         if tree is None:  # the tree `draftheads tune-tree` chose for this device and dtype, if any
             tree = load_tuned_tree(head_dir, model.dtype, model.device)
-        return cls(model, head, tokenizer, tree=tree)
+        return cls(model, head, tokenizer, tree=tree, context=context)
 
     # ---- inputs -------------------------------------------------------------------------------
 
@@ -358,23 +415,22 @@ class SpeculativeGenerator:
 
         while True:
             # Node depth d lands at position past + d; accepting d drafts makes the sequence
-            # past + d + 2 long, which must stay within the context.
-            tree = self.tree.truncated((self.max_length or 2**62) - past - 2)
-            draft = drafter.propose(root, past, tree)
+            # past + d + 2 long, which must stay within the context: at its edge, verify the root alone.
+            room = (self.max_length or 2**62) - past - 2
+            draft = drafter.propose(root, past, self.tree.truncated(room)) if room > 0 else root_only(root)
             tokens_in_tree = draft.padded_tokens  # (N,)
             output = tree_forward(model, cache, tokens_in_tree, draft.topology, hidden_layers)
             acceptance = verify_tree(output.logits[0], tokens_in_tree, draft.topology, params, generator)
             accepted = torch.tensor(acceptance.nodes, device=tokens_in_tree.device)  # (A,)
             keep_accepted(cache, past, accepted)
             tally.record_step(acceptance.accepted_drafts)
+            tally.record_sources(draft.sources, acceptance.nodes)
             new = tokens_in_tree[accepted[1:]].tolist() + [acceptance.next_token]
             tokens, done = emit(new)
             yield tokens
             if done:
                 return
-            features = drafter.select_features(output.hidden_states)[
-                :, accepted.to(model.device)
-            ]  # (1, A, F)
+            features = drafter.select_features(output.hidden_states, accepted.to(model.device))  # (1, A, F)
             drafter.commit(features, torch.tensor([new], device=input_ids.device), past)  # (1, A) ids
             past += len(new)
             root = acceptance.next_token

@@ -228,3 +228,42 @@ def test_import_is_light():
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+# ---- context drafts and hybrid trees --------------------------------------------------------------
+
+
+@pytest.mark.parametrize("kind", ["context-only", *HEAD_CONFIGS])
+def test_context_and_hybrid_drafting_greedy_matches_generate(model, kind):
+    """No head (context drafts alone) and every head kind with context drafts merged in."""
+    torch.manual_seed(0)
+    head = None if kind == "context-only" else build_head(model, HEAD_CONFIGS[kind])
+    generator = SpeculativeGenerator(model, head, context=head is not None)
+    proposed: dict[str, int] = {}
+    for prompt in prompts(3, seed=11):
+        reference = greedy_reference(model, prompt, 48)
+        result = generator.generate(prompt, max_new_tokens=48)
+        assert result.sequences[0].tolist() == reference.tolist()
+        for source, count in result.stats.proposed_by_source.items():
+            proposed[source] = proposed.get(source, 0) + count
+    assert proposed.get("context", 0) > 0  # the tiny model repeats itself: the context drafted
+    if head is not None:
+        assert proposed.get(head.kind, 0) > 0
+
+
+@pytest.mark.parametrize("kind", ["context-only", *HEAD_CONFIGS])
+@pytest.mark.parametrize("context", [False, True])
+def test_every_drafter_stops_cleanly_at_the_context_limit(kind, context):
+    """Default trees (EAGLE's and MTP's dynamic ones included) up to the last position: the final
+    steps verify the root alone instead of asking a drafter for a depth-0 tree."""
+    if kind == "context-only" and not context:
+        pytest.skip("without a head the context drafter is the only one")
+    model = make_tiny_llama(max_position_embeddings=40)
+    torch.manual_seed(0)
+    head = None if kind == "context-only" else build_head(model, HEAD_CONFIGS[kind])
+    generator = SpeculativeGenerator(model, head, context=context and head is not None)
+    for prompt in prompts(2, seed=12):
+        reference = greedy_reference(model, prompt, 40 - prompt.shape[1])
+        result = generator.generate(prompt, max_new_tokens=64)
+        assert result.sequences.shape[1] == 40
+        assert result.sequences[0].tolist() == reference.tolist()

@@ -53,14 +53,14 @@ def model():
     return model
 
 
-def exact_first_two(model, temperature: float, top_k: int, top_p: float) -> torch.Tensor:
+def exact_first_two(model, temperature: float, top_k: int, top_p: float, prompt=PROMPT) -> torch.Tensor:
     """(V, V) probability of the first two tokens, from transformers' warpers (not ours)."""
     warpers = LogitsProcessorList([TemperatureLogitsWarper(temperature)])
     if top_k:
         warpers.append(TopKLogitsWarper(top_k))
     if top_p < 1:
         warpers.append(TopPLogitsWarper(top_p))
-    prompt = torch.tensor([PROMPT])
+    prompt = torch.tensor([prompt])
     with torch.no_grad():
         first = torch.softmax(warpers(prompt, model(prompt).logits[:, -1].float()), dim=-1)[0]  # (V,)
         continued = torch.cat([prompt.expand(VOCAB, -1), torch.arange(VOCAB)[:, None]], dim=1)  # (V, T+1)
@@ -69,15 +69,27 @@ def exact_first_two(model, temperature: float, top_k: int, top_p: float) -> torc
 
 
 def speculative_first_two(
-    model, temperature: float, top_k: int, top_p: float, seed: int, samples: int = SAMPLES
+    model,
+    temperature: float,
+    top_k: int,
+    top_p: float,
+    seed: int,
+    samples: int = SAMPLES,
+    drafting: str = "head",
+    prompt=PROMPT,
 ) -> tuple[torch.Tensor, float]:
-    """(V, V) counts of the first two tokens over ``samples`` speculative generations, and tau."""
-    generator = SpeculativeGenerator(model, SelfDraftStub(model, first_token=PROMPT[0]), tree=TREE)
+    """(V, V) counts of the first two tokens over ``samples`` speculative generations, and tau.
+    ``drafting``: "head" (a stub drafting the base's own best tokens), "context" or "hybrid"."""
+    if drafting == "context":
+        generator = SpeculativeGenerator(model, None)
+    else:
+        head = SelfDraftStub(model, first_token=prompt[0])
+        generator = SpeculativeGenerator(model, head, tree=TREE, context=drafting == "hybrid")
     counts = torch.zeros(VOCAB, VOCAB)
     emitted = steps = 0
     for sample in range(samples):
         result = generator.generate(
-            PROMPT, max_new_tokens=2, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed + sample
+            prompt, max_new_tokens=2, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed + sample
         )
         first, second = result.new_tokens
         counts[first, second] += 1
@@ -105,6 +117,25 @@ def test_sampling_matches_base_distribution(model, temperature, top_k, top_p):
     assert chi_square_p_value(counts, exact_first_two(model, temperature, top_k, top_p)) > 1e-3
 
 
+@pytest.fixture(scope="module")
+def repeating_prompt(model) -> list[int]:
+    """The model's own greedy text, then its start again: what comes next is in the context, so the
+    context drafter proposes likely tokens and acceptances and rejections are both frequent."""
+    text = model.generate(torch.tensor([PROMPT]), max_new_tokens=12, do_sample=False)[0].tolist()
+    return text + text[1:4]
+
+
+@pytest.mark.parametrize("drafting", ["context", "hybrid"])
+def test_sampling_through_context_and_hybrid_trees_matches_base_distribution(
+    model, repeating_prompt, drafting
+):
+    counts, tau = speculative_first_two(
+        model, 1.0, 0, 1.0, seed=2000, drafting=drafting, prompt=repeating_prompt
+    )
+    assert tau > 1.2, "drafts must get accepted for this test to mean anything"
+    assert chi_square_p_value(counts, exact_first_two(model, 1.0, 0, 1.0, repeating_prompt)) > 1e-3
+
+
 def forgetful_verifier(logits, tokens, topology, params, generator=None):
     """The bug the negative control plants: a rejected token stays in p, so rejection sampling
     resamples from the full distribution and over-weights proposed tokens."""
@@ -127,3 +158,11 @@ def test_negative_control_biased_verifier_fails(model, monkeypatch):
     monkeypatch.setattr(generate_module, "verify_tree", forgetful_verifier)
     counts, _ = speculative_first_two(model, 1.0, 0, 1.0, seed=1000, samples=CONTROL_SAMPLES)
     assert chi_square_p_value(counts, exact_first_two(model, 1.0, 0, 1.0)) < 1e-6
+
+
+def test_negative_control_biased_verifier_fails_on_context_trees(model, repeating_prompt, monkeypatch):
+    monkeypatch.setattr(generate_module, "verify_tree", forgetful_verifier)
+    counts, _ = speculative_first_two(
+        model, 1.0, 0, 1.0, seed=2000, samples=CONTROL_SAMPLES, drafting="context", prompt=repeating_prompt
+    )
+    assert chi_square_p_value(counts, exact_first_two(model, 1.0, 0, 1.0, repeating_prompt)) < 1e-6
