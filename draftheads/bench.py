@@ -47,6 +47,8 @@ class BenchSettings:
     repeats: int = 1  # timed repeats per prompt (median kept)
     tree: str | None = None  # tree name or tuned-tree file (default: each head's tuned tree)
     prompt_lookup: bool = True  # include HF prompt-lookup decoding as a baseline
+    context: bool = True  # include our context drafter alone (no head) as a method
+    hybrid: bool = True  # include every head with context drafts merged into its trees
     pack: bool = True  # prepacked linear layers for every method (``draftheads.infer.packed``)
     seed: int = 0
     out: str = "bench-results"
@@ -73,6 +75,7 @@ class Sample:
     steps: int = 0  # decoding steps that could accept drafts (for per-depth rates)
     agrees: bool | None = None  # identical to plain generate's output (T = 0 only)
     tokens: list[int] = field(default_factory=list)
+    accepted_by_source: dict[str, int] = field(default_factory=dict)  # accepted drafts by proposer
 
 
 class ForwardCounter:
@@ -155,6 +158,7 @@ class SpeculativeMethod:
             accepted_per_depth=list(stats.accepted_per_depth),
             steps=stats.verification_steps,
             tokens=tokens,
+            accepted_by_source=dict(stats.accepted_by_source),
         )
 
 
@@ -210,6 +214,7 @@ class Summary:
     implied_overhead: float  # tau / speedup: what a step costs relative to one plain decode step
     acceptance_by_depth: list[float]  # P(draft at depth d accepted) per decoding step
     agreement: float | None  # share of prompts identical to plain generate (T = 0)
+    accepted_by_source: dict[str, float] = field(default_factory=dict)  # accepted drafts per step
 
 
 def summarize(samples: list[Sample], reference_method: str) -> list[Summary]:
@@ -236,6 +241,10 @@ def summarize(samples: list[Sample], reference_method: str) -> list[Summary]:
         agreement = None
         if all(s.agrees is not None for s in group):
             agreement = sum(bool(s.agrees) for s in group) / len(group)
+        by_source: dict[str, float] = defaultdict(float)
+        for sample in group:
+            for source, count in sample.accepted_by_source.items():
+                by_source[source] += count / max(steps, 1)
         summaries.append(
             Summary(
                 method,
@@ -249,6 +258,7 @@ def summarize(samples: list[Sample], reference_method: str) -> list[Summary]:
                 tau / speedup if speedup else float("nan"),
                 acceptance,
                 agreement,
+                dict(sorted(by_source.items())),
             )
         )
     summaries.sort(key=lambda s: (s.category != "all", s.category, s.method))
@@ -259,16 +269,17 @@ def markdown_table(summaries: list[Summary]) -> str:
     lines = [
         (
             "| category | method | tau | tokens/s | speedup | overhead (tau/speedup) "
-            "| acceptance by depth | agreement |"
+            "| acceptance by depth | accepted per step by source | agreement |"
         ),
-        "|---|---|---:|---:|---:|---:|---|---:|",
+        "|---|---|---:|---:|---:|---:|---|---|---:|",
     ]
     for s in summaries:
         acceptance = " / ".join(f"{a:.2f}" for a in s.acceptance_by_depth) or "-"
+        by_source = ", ".join(f"{source} {rate:.2f}" for source, rate in s.accepted_by_source.items()) or "-"
         agreement = "-" if s.agreement is None else f"{s.agreement:.0%}"
         lines.append(
             f"| {s.category} | {s.method} | {s.tau:.2f} | {s.tokens_per_second:.1f} | {s.speedup:.2f}x | "
-            f"{s.implied_overhead:.2f} | {acceptance} | {agreement} |"
+            f"{s.implied_overhead:.2f} | {acceptance} | {by_source} | {agreement} |"
         )
     return "\n".join(lines) + "\n"
 
@@ -414,11 +425,22 @@ def method_name(kind: str, head_dir: str, methods: list) -> str:
     return name
 
 
-def speculative_methods(head_dirs, model, tokenizer, tree: str | None, device, pack: bool = False) -> list:
+def speculative_methods(
+    head_dirs,
+    model,
+    tokenizer,
+    tree: str | None,
+    device,
+    pack: bool = False,
+    context_only: bool = False,
+    hybrid: bool = False,
+) -> list:
     """One ``SpeculativeMethod`` per head directory, each on the model it drafts for: ``model`` itself,
     or for a joint (Medusa-2) head an adapted copy of it (``load_head_and_base``), so the baselines and
     the other heads keep the original base. ``pack``: prepack the linear layers of ``model``, of every
-    head and of every adapted copy (after the merge), so every method runs on the same kernels."""
+    head and of every adapted copy (after the merge), so every method runs on the same kernels.
+    ``context_only``: also the context drafter with no head (``context``); ``hybrid``: also each head
+    with context drafts merged into its trees (``<kind>+context:<label>``)."""
     from draftheads.heads import load_head_and_base
     from draftheads.infer import SpeculativeGenerator
     from draftheads.infer.packed import pack_linears
@@ -427,11 +449,14 @@ def speculative_methods(head_dirs, model, tokenizer, tree: str | None, device, p
     if pack:
         pack_linears(model, *(module for _, head, head_model in loaded for module in (head, head_model)))
     methods: list = []
+    if context_only:
+        methods.append(SpeculativeMethod("context", SpeculativeGenerator(model, None, tokenizer)))
     for head_dir, head, head_model in loaded:
-        generator = SpeculativeGenerator(
-            head_model, head, tokenizer, tree=bench_tree(tree, head_dir, head_model)
-        )
-        methods.append(SpeculativeMethod(method_name(generator.head.kind, head_dir, methods), generator))
+        for with_context in (False, True) if hybrid else (False,):
+            generator = SpeculativeGenerator(
+                head_model, head, tokenizer, tree=bench_tree(tree, head_dir, head_model), context=with_context
+            )
+            methods.append(SpeculativeMethod(method_name(generator.method, head_dir, methods), generator))
     return methods
 
 
@@ -450,7 +475,16 @@ def bench(settings: BenchSettings, progress: bool = True) -> tuple[list[Summary]
     model, tokenizer = load_base(base_name, dtype=settings.dtype, device=settings.device)
     # Every method runs on the same kernels: plain generate and prompt lookup gain from packing too.
     packed = settings.pack and packing_supported(model)
-    heads = speculative_methods(settings.heads, model, tokenizer, settings.tree, settings.device, pack=packed)
+    heads = speculative_methods(
+        settings.heads,
+        model,
+        tokenizer,
+        settings.tree,
+        settings.device,
+        pack=packed,
+        context_only=settings.context,
+        hybrid=settings.hybrid,
+    )
     methods = [HFMethod(REFERENCE, model, tokenizer)]
     if settings.prompt_lookup:
         methods.append(HFMethod("prompt-lookup", model, tokenizer, prompt_lookup=PROMPT_LOOKUP_TOKENS))

@@ -113,3 +113,29 @@ def test_bench_settings_refuse_a_run_without_base_or_heads():
 
     with pytest.raises(BenchError, match="--base"):
         bench(BenchSettings(), progress=False)
+
+
+def test_context_and_hybrid_methods_report_acceptance_by_source(tmp_path, tiny_llama):
+    from draftheads.bench import speculative_methods
+
+    head_dir = tmp_path / "runs" / "medusa-run" / "head"
+    build_head(tiny_llama, MedusaConfig(num_heads=2)).save_pretrained(head_dir)
+    tokenizer = SimpleNamespace(pad_token_id=0)
+    methods = speculative_methods(
+        [str(head_dir)], tiny_llama, None, "cpu-8", "cpu", context_only=True, hybrid=True
+    )
+    assert [m.name for m in methods] == ["context", "medusa:medusa-run", "medusa+context:medusa-run"]
+    methods = [HFMethod("generate", tiny_llama, tokenizer), *methods]
+    torch.manual_seed(0)
+    prompts = [BenchPrompt(str(i), "x", torch.randint(3, 256, (1, 12))) for i in range(2)]
+    samples = run_bench(methods, prompts, max_new_tokens=24, temperature=0.0, progress=False)
+    assert all(s.agrees for s in samples)
+    summaries = {s.method: s for s in summarize(samples, "generate") if s.category == "all"}
+    assert set(summaries["context"].accepted_by_source) <= {"context"}
+    assert set(summaries["medusa+context:medusa-run"].accepted_by_source) <= {
+        "medusa",
+        "context",
+        "medusa+context",
+    }
+    table = write_results(samples, list(summaries.values()), {}, {}, tmp_path)[1].read_text()
+    assert "accepted per step by source" in table

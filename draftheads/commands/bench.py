@@ -44,6 +44,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--tree", default=defaults.tree, help="tree name or tuned-tree file (default: each head's tuned tree)"
     )
     parser.add_argument("--no-prompt-lookup", action="store_true", help="skip the prompt-lookup baseline")
+    parser.add_argument("--no-context", action="store_true", help="skip our context drafter (no head)")
+    parser.add_argument(
+        "--no-hybrid", action="store_true", help="skip the heads with context drafts merged in"
+    )
     add_no_pack_argument(parser)
     parser.add_argument("--seed", type=int, default=defaults.seed)
     parser.add_argument("--out", default=defaults.out, help="output directory")
@@ -63,6 +67,8 @@ def settings_from_args(args: argparse.Namespace) -> BenchSettings:
         repeats=args.repeats,
         tree=args.tree,
         prompt_lookup=not args.no_prompt_lookup,
+        context=not args.no_context,
+        hybrid=not args.no_hybrid,
         pack=not args.no_pack,
         seed=args.seed,
         out=args.out,

@@ -17,7 +17,13 @@ from draftheads.infer.verify import SamplingParams
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     sampling = SamplingParams()
-    parser.add_argument("--heads", required=True, help="head directory (config.json + model.safetensors)")
+    parser.add_argument(
+        "--heads",
+        default=None,
+        help=(
+            "head directory (config.json + model.safetensors); without it, context drafts alone (give --base)"
+        ),
+    )
     parser.add_argument(
         "--base", default=None, help="base model (default: the one recorded in the head's config)"
     )
@@ -39,6 +45,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--dtype", default=DEFAULT_DTYPE, help="auto (bf16 on GPU, fp32 on CPU) | float32 | bfloat16"
     )
     parser.add_argument("--device", default="cpu")
+    parser.add_argument(
+        "--context",
+        action="store_true",
+        help="also draft continuations from the context, merged into the head's tree",
+    )
     add_no_pack_argument(parser)
 
 
@@ -46,6 +57,11 @@ def run(args: argparse.Namespace) -> int:
     from draftheads.heads import HeadFormatError
     from draftheads.infer.generate import SpeculativeGenerator
 
+    if args.heads is None and args.base is None:
+        print(
+            "draftheads generate: give a head directory (--heads) or, to draft from the context alone, --base"
+        )
+        return 2
     try:
         generator = SpeculativeGenerator.from_pretrained(
             args.heads,
@@ -54,6 +70,7 @@ def run(args: argparse.Namespace) -> int:
             device=args.device,
             tree=args.tree,
             pack=not args.no_pack,
+            context=args.context,
         )
     except HeadFormatError as err:
         print(f"draftheads generate: {err}", file=sys.stderr)
@@ -73,8 +90,7 @@ def run(args: argparse.Namespace) -> int:
     print()
     stats = stream.result.stats
     print(
-        f"[{generator.head.kind} head, tree {stats.tree}] {stats.summary()}; "
-        f"{stats.forward_passes} base forwards",
+        f"[{generator.method}, tree {stats.tree}] {stats.summary()}; {stats.forward_passes} base forwards",
         file=sys.stderr,
     )
     return 0

@@ -307,7 +307,7 @@ class SpeculativeGenerator:
     @classmethod
     def from_pretrained(
         cls,
-        head_dir: str | Path,
+        head_dir: str | Path | None,
         base: str | None = None,
         dtype: str | torch.dtype = DEFAULT_DTYPE,
         device: str = "cpu",
@@ -316,7 +316,8 @@ class SpeculativeGenerator:
         context: bool | ContextTree = False,
     ) -> SpeculativeGenerator:
         """Load a saved head and its base model (by default the one recorded in the head's
-        config.json ``base_model.name_or_path``). Without ``tree``, the head's tuned tree for this
+        config.json ``base_model.name_or_path``); ``head_dir=None`` (with ``base``): no head, the
+        context drafter alone. Without ``tree``, the head's tuned tree for this
         device and dtype (``draftheads tune-tree``) is used if there is one, else the default.
         ``pack``: run the base model's and the head's linear layers through prepacked oneDNN
         weights where that applies (fp32 on an x86 CPU; ``draftheads.infer.packed``). ``context``:
@@ -324,6 +325,13 @@ class SpeculativeGenerator:
         from draftheads.base_model import load_base
         from draftheads.heads import load_head_and_base, resolve_base_model
 
+        if head_dir is None:
+            if not base:
+                raise ValueError("without a head directory, give the base model (base=...)")
+            model, tokenizer = load_base(base, dtype=dtype, device=device)
+            if pack:
+                pack_linears(model)
+            return cls(model, None, tokenizer, tree=tree)
         model, tokenizer = load_base(resolve_base_model(head_dir, base), dtype=dtype, device=device)
         # A Medusa-2 head drafts for its adapted base: adapt the base loaded here in place.
         head, model = load_head_and_base(head_dir, model, map_location=device, copy_base=False)
