@@ -1,11 +1,12 @@
-"""Lossless speculative decoding with a draft head: the decode loop and its public API.
+"""Lossless speculative decoding: the decode loop and its public API.
 
-Read top to bottom: the verification forward (inputs built and checked), the statistics, the decode
-loop (``SpeculativeGenerator._decode``, the only loop over decoding steps in the package), and the
-public ``SpeculativeGenerator`` with ``generate`` and ``from_pretrained``.
+Read top to bottom: the statistics, the decode loop (``SpeculativeGenerator._decode``, the only loop
+over decoding steps in the package), and the public ``SpeculativeGenerator`` with ``generate`` and
+``from_pretrained``.
 
-One step: the head proposes a tree (``draft.py``); the unmodified Hugging Face model verifies every
-node in ONE forward through a 4D additive mask with explicit positions (``tree.py``); a
+One step: a Drafter proposes a tree (``draft.py``: a head's, the context's, or both merged); the
+unmodified Hugging Face model verifies every node in ONE forward through a 4D additive mask with
+explicit positions (``forward.py``, ``tree.py``); a
 verifier (``verify.py``) keeps the longest valid path plus the base model's own next token; the KV
 cache keeps only the accepted entries (``cache.py``). Greedy decoding in fp32 reproduces
 ``model.generate(do_sample=False)`` token for token; sampling follows the base model's distribution.
@@ -20,86 +21,17 @@ from pathlib import Path
 
 import torch
 
-from draftheads.base_model import DEFAULT_DTYPE, SUPPORTED_ATTENTION
+from draftheads.base_model import DEFAULT_DTYPE
 from draftheads.infer.cache import keep_accepted, new_cache
 from draftheads.infer.context import ContextDrafter, ContextTree
 from draftheads.infer.draft import Drafter, drafter_for, root_only
+from draftheads.infer.forward import SUPPORTED_ATTENTION, TreeInputError, tree_forward
 from draftheads.infer.hybrid import HybridDrafter, HybridTree
 from draftheads.infer.packed import has_packed_linears, pack_linears
-from draftheads.infer.tree import (
-    TreeTopology,
-    load_tuned_tree,
-    resolve_tree,
-    tree_attention_mask,
-    tree_position_ids,
-)
+from draftheads.infer.tree import load_tuned_tree, resolve_tree
 from draftheads.infer.verify import SamplingParams, next_token, verify_tree
 
 DEFAULT_MAX_NEW_TOKENS = 256
-
-
-# ---- the verification forward -------------------------------------------------------------------
-
-
-class TreeInputError(ValueError):
-    """Inputs that would make the HF model silently compute something other than tree attention."""
-
-
-def check_tree_inputs(model, input_ids, attention_mask, position_ids, past_length: int) -> None:
-    """Refuse the inputs that transformers 5.x accepts but silently misreads: a 2D mask
-    (taken as padding), a bool mask (misread by eager attention), missing position_ids (positions
-    then run past the tree's depth), and attention kernels that ignore or reject a 4D mask."""
-    implementation = getattr(model.config, "_attn_implementation", None)
-    if implementation not in SUPPORTED_ATTENTION:
-        raise TreeInputError(
-            f"attn_implementation '{implementation}' cannot verify a tree (it needs a 4D float mask); "
-            f"load the base model with attn_implementation in {SUPPORTED_ATTENTION}"
-        )
-    if not isinstance(attention_mask, torch.Tensor) or attention_mask.dim() != 4:
-        shape = getattr(attention_mask, "shape", None)
-        raise TreeInputError(f"attention_mask must be a 4D tensor (B, 1, N, past + N), got shape {shape}")
-    batch, length = input_ids.shape
-    expected = (batch, 1, length, past_length + length)
-    if tuple(attention_mask.shape) != expected:
-        raise TreeInputError(f"attention_mask has shape {tuple(attention_mask.shape)}, expected {expected}")
-    if attention_mask.dtype != model.dtype:
-        raise TreeInputError(
-            f"attention_mask must be additive float in the model dtype {model.dtype} "
-            f"(0 attend, finfo.min masked), got {attention_mask.dtype}"
-        )
-    masked = torch.finfo(model.dtype).min
-    if not bool(((attention_mask == 0) | (attention_mask == masked)).all()):
-        raise TreeInputError("attention_mask values must be 0 (attend) or finfo(dtype).min (masked)")
-    if position_ids is None or tuple(position_ids.shape) != (batch, length):
-        shape = None if position_ids is None else tuple(position_ids.shape)
-        raise TreeInputError(f"position_ids must be given with shape {(batch, length)}, got {shape}")
-
-
-def tree_forward(model, cache, tokens: torch.Tensor, topology: TreeTopology, hidden_layers: Sequence[int]):
-    """Verify a tree in one forward of the HF model; the cache gains the tree's N entries.
-
-    Args:
-        tokens: (N,) node tokens (padding included), node 0 the root.
-        hidden_layers: the ``hidden_states`` indices the head reads. transformers 5.x records hidden
-            states with forward hooks and, given a list of indices, keeps only those (the others
-            come back as None), so asking for them costs references, not copies.
-    Returns:
-        The model output: ``logits`` (1, N, V) and ``hidden_states`` (the selected entries (1, N, h)).
-    """
-    past_length = cache.get_seq_length()
-    device = model.device
-    input_ids = tokens.to(device)[None]  # (1, N)
-    attention_mask = tree_attention_mask(topology, past_length, model.dtype, device)  # (1, 1, N, past+N)
-    position_ids = tree_position_ids(topology, past_length, device)  # (1, N)
-    check_tree_inputs(model, input_ids, attention_mask, position_ids, past_length)
-    return model(
-        input_ids=input_ids,
-        attention_mask=attention_mask,
-        position_ids=position_ids,
-        past_key_values=cache,
-        use_cache=True,
-        output_hidden_states=list(hidden_layers),
-    )
 
 
 # ---- statistics ---------------------------------------------------------------------------------

@@ -7,69 +7,18 @@ needs to propose a given tree and to commit a step's accepted tokens.
 
 from __future__ import annotations
 
-import itertools
-import math
 import statistics
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 
 import torch
 
-from draftheads.infer.cache import crop_to_lengths, keep_accepted, new_cache
+from draftheads.infer.cache import new_cache
+from draftheads.infer.cost import CostCurve, isotonic, measure_verify_cost
 from draftheads.infer.draft import drafter_for
-from draftheads.infer.generate import tree_forward
-from draftheads.infer.tree import DynamicTree, StaticTree, tree_topology
+from draftheads.infer.tree import DynamicTree, StaticTree
 
-
-def isotonic(values: Sequence[float]) -> list[float]:
-    """The closest non-decreasing sequence in least squares (pool adjacent violators): a bigger
-    tree never costs less, so a dip is noise, and one slow outlier must not lift every later size."""
-    blocks: list[list[float]] = []  # [sum, count] of pooled runs
-    for value in values:
-        blocks.append([value, 1])
-        while len(blocks) > 1 and blocks[-2][0] / blocks[-2][1] > blocks[-1][0] / blocks[-1][1]:
-            total, count = blocks.pop()
-            blocks[-1][0] += total
-            blocks[-1][1] += count
-    return [total / count for total, count in blocks for _ in range(int(count))]
-
-
-@dataclass(frozen=True)
-class CostCurve:
-    """Measured seconds of one verification forward of N tree tokens. ``relative(n)`` interpolates
-    linearly over the isotonic fit of the medians, relative to the fitted N = 1."""
-
-    sizes: tuple[int, ...]  # ascending, starting at 1
-    seconds: tuple[float, ...]
-
-    def fitted(self) -> list[float]:
-        return isotonic(self.seconds)
-
-    def relative(self, size: int) -> float:
-        fit = self.fitted()
-        base = fit[0]
-        if size <= self.sizes[0] or len(self.sizes) == 1:
-            return fit[0] / base
-        points = list(zip(self.sizes, fit))
-        for (n0, c0), (n1, c1) in itertools.pairwise(points):
-            if size <= n1:
-                return (c0 + (c1 - c0) * (size - n0) / (n1 - n0)) / base
-        (n0, c0), (n1, c1) = points[-2:]  # beyond the largest size: extend the last segment
-        return (c1 + (c1 - c0) * (size - n1) / (n1 - n0)) / base
-
-    def speedup_bound(self, tau: float) -> float:
-        """The most a head with mean accepted length ``tau`` (tokens per step, the base's own token
-        included) can gain here: its trees need at least ceil(tau) nodes, since a step accepts no
-        more drafts than the tree is deep, and drafting is taken as free."""
-        return tau / self.relative(math.ceil(tau - 1e-9))
-
-    def ceiling(self) -> tuple[float, int]:
-        """(speedup, N): the most any head could gain here. A head whose every draft is accepted
-        emits N tokens per N-token chain; drafting for free, a step costs ``relative(N)`` plain
-        steps, so no head beats max_N N / relative(N) on this machine and dtype."""
-        speedup, size = max((size / self.relative(size), -size) for size in self.sizes)  # ties: fewer
-        return speedup, -size
+__all__ = ["CostCurve", "DecodingBench", "cost_sizes", "isotonic"]
 
 
 def cost_sizes(max_nodes: int, pad_to_multiple: int) -> list[int]:
@@ -139,34 +88,11 @@ class DecodingBench:
             times.append(time.perf_counter() - started)
         return statistics.median(times[1:])
 
-    @torch.no_grad()
     def verify_cost(self, sizes: Sequence[int], progress: bool = True) -> CostCurve:
         """Median seconds of verifying N tokens (forward + cache compaction), sizes interleaved."""
-        from tqdm.auto import tqdm
-
-        topologies = {n: tree_topology([-1] + list(range(n - 1))) for n in sizes}  # chains: cost is the size
-        tokens = torch.full((max(sizes),), self.root, dtype=torch.long)
-        first = torch.zeros(1, dtype=torch.long, device=self.device)
-
-        def verify(n: int) -> None:
-            tree_forward(self.model, self.cache, tokens[:n], topologies[n], self.drafter.feature_layers)
-            keep_accepted(self.cache, self.past, first)  # keep one entry, as a step that accepts none
-            crop_to_lengths([self.cache], [self.past])
-
-        for n in sizes:  # warm-up: kernels and allocator for every shape
-            verify(n)
-        samples: dict[int, list[float]] = {n: [] for n in sizes}
-        bar = tqdm(total=self.repeats * len(sizes), desc="verify cost", unit="fwd", disable=not progress)
-        for _ in range(self.repeats):
-            for n in sizes:
-                _synchronize(self.device)
-                started = time.perf_counter()
-                verify(n)
-                _synchronize(self.device)
-                samples[n].append(time.perf_counter() - started)
-                bar.update()
-        bar.close()
-        return CostCurve(tuple(sizes), tuple(statistics.median(samples[n]) for n in sizes))
+        return measure_verify_cost(
+            self.model, self.cache, self.root, sizes, self.repeats, self.drafter.feature_layers, progress
+        )
 
     @torch.no_grad()
     def draft_seconds(self, tree: StaticTree | DynamicTree) -> float:

@@ -12,7 +12,7 @@ from infer_stubs import AutoregressiveStub, ModuleStub, ParallelStub, greedy_ref
 
 from draftheads.heads import Eagle3Config, EagleConfig, MedusaConfig, MtpConfig, build_head
 from draftheads.infer import SpeculativeGenerator
-from draftheads.infer.generate import TreeInputError, check_tree_inputs
+from draftheads.infer.forward import TreeInputError, check_tree_inputs
 from draftheads.infer.tree import DynamicTree
 from tests.conftest import make_tiny_llama
 
