@@ -14,6 +14,7 @@ import statistics
 import time
 import warnings
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -49,6 +50,8 @@ class BenchSettings:
     prompt_lookup: bool = True  # include HF prompt-lookup decoding as a baseline
     context: bool = True  # include our context drafter alone (no head) as a method
     hybrid: bool = True  # include every head with context drafts merged into its trees
+    adaptive: bool = True  # include each drafting method with adaptive drafting too
+    methods: tuple[str, ...] | None = None  # only these (names before ':'; generate always runs)
     pack: bool = True  # prepacked linear layers for every method (``draftheads.infer.packed``)
     seed: int = 0
     out: str = "bench-results"
@@ -434,13 +437,16 @@ def speculative_methods(
     pack: bool = False,
     context_only: bool = False,
     hybrid: bool = False,
+    adaptive: bool = False,
+    keep: Callable[[str], bool] = lambda name: True,
 ) -> list:
     """One ``SpeculativeMethod`` per head directory, each on the model it drafts for: ``model`` itself,
     or for a joint (Medusa-2) head an adapted copy of it (``load_head_and_base``), so the baselines and
     the other heads keep the original base. ``pack``: prepack the linear layers of ``model``, of every
     head and of every adapted copy (after the merge), so every method runs on the same kernels.
     ``context_only``: also the context drafter with no head (``context``); ``hybrid``: also each head
-    with context drafts merged into its trees (``<kind>+context:<label>``)."""
+    with context drafts merged into its trees (``<kind>+context:<label>``); ``adaptive``: each of
+    these also with adaptive drafting (``.../adaptive``). ``keep``: which method names to build."""
     from draftheads.heads import load_head_and_base
     from draftheads.infer import SpeculativeGenerator
     from draftheads.infer.packed import pack_linears
@@ -448,15 +454,32 @@ def speculative_methods(
     loaded = [(head_dir, *load_head_and_base(head_dir, model, map_location=device)) for head_dir in head_dirs]
     if pack:
         pack_linears(model, *(module for _, head, head_model in loaded for module in (head, head_model)))
+    from draftheads.infer.cost import load_tuned_cost
+
+    variants = (False, True) if adaptive else (False,)
     methods: list = []
     if context_only:
-        methods.append(SpeculativeMethod("context", SpeculativeGenerator(model, None, tokenizer)))
+        for is_adaptive in variants:
+            generator = SpeculativeGenerator(model, None, tokenizer, adaptive=is_adaptive)
+            if keep(generator.method):
+                methods.append(SpeculativeMethod(generator.method, generator))
     for head_dir, head, head_model in loaded:
+        cost = load_tuned_cost(head_dir, head_model.dtype, head_model.device) if adaptive else None
         for with_context in (False, True) if hybrid else (False,):
-            generator = SpeculativeGenerator(
-                head_model, head, tokenizer, tree=bench_tree(tree, head_dir, head_model), context=with_context
-            )
-            methods.append(SpeculativeMethod(method_name(generator.method, head_dir, methods), generator))
+            for is_adaptive in variants:
+                generator = SpeculativeGenerator(
+                    head_model,
+                    head,
+                    tokenizer,
+                    tree=bench_tree(tree, head_dir, head_model),
+                    context=with_context,
+                    adaptive=is_adaptive,
+                    cost=cost if is_adaptive else None,
+                )
+                if keep(generator.method):
+                    methods.append(
+                        SpeculativeMethod(method_name(generator.method, head_dir, methods), generator)
+                    )
     return methods
 
 
@@ -484,9 +507,11 @@ def bench(settings: BenchSettings, progress: bool = True) -> tuple[list[Summary]
         pack=packed,
         context_only=settings.context,
         hybrid=settings.hybrid,
+        adaptive=settings.adaptive,
+        keep=lambda name: settings.methods is None or name in settings.methods,
     )
     methods = [HFMethod(REFERENCE, model, tokenizer)]
-    if settings.prompt_lookup:
+    if settings.prompt_lookup and (settings.methods is None or "prompt-lookup" in settings.methods):
         methods.append(HFMethod("prompt-lookup", model, tokenizer, prompt_lookup=PROMPT_LOOKUP_TOKENS))
     methods += heads
     prompts = build_prompts(settings.prompts, tokenizer, settings.limit, settings.categories)

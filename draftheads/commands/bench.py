@@ -48,6 +48,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--no-hybrid", action="store_true", help="skip the heads with context drafts merged in"
     )
+    parser.add_argument("--no-adaptive", action="store_true", help="skip the adaptive-drafting variants")
+    parser.add_argument(
+        "--methods",
+        nargs="*",
+        default=defaults.methods,
+        help="run only these methods (names before ':', e.g. prompt-lookup context/adaptive "
+        "eagle3+context/adaptive); generate always runs",
+    )
     add_no_pack_argument(parser)
     parser.add_argument("--seed", type=int, default=defaults.seed)
     parser.add_argument("--out", default=defaults.out, help="output directory")
@@ -69,6 +77,8 @@ def settings_from_args(args: argparse.Namespace) -> BenchSettings:
         prompt_lookup=not args.no_prompt_lookup,
         context=not args.no_context,
         hybrid=not args.no_hybrid,
+        adaptive=not args.no_adaptive,
+        methods=tuple(args.methods) if args.methods else None,
         pack=not args.no_pack,
         seed=args.seed,
         out=args.out,

@@ -45,6 +45,10 @@ class ContextTree:
                 f"context tree '{self.name}': depth, total_tokens and max_matches must be positive"
             )
 
+    @property
+    def max_nodes(self) -> int:
+        return self.total_tokens
+
     def truncated(self, max_depth: int) -> ContextTree:
         """The same settings with depth at most ``max_depth`` (negative: no limit)."""
         if max_depth < 0 or self.depth <= max_depth:

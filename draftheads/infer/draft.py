@@ -131,8 +131,16 @@ class Drafter:
         raise NotImplementedError
 
     def commit(self, features: torch.Tensor, next_ids: torch.Tensor, position: int) -> None:
-        """Accepted: features (1, n, F) at positions position.., next_ids (1, n) one position later."""
+        """Accepted: features (1, n, F) at positions position.., next_ids (1, n) one position later.
+        A drafter may defer the work until it next proposes (``flush``)."""
         raise NotImplementedError
+
+    def flush(self) -> None:
+        """Do any committed work still deferred (``propose`` does it first anyway)."""
+
+    def record(self, draft: Draft, accepted_nodes: tuple[int, ...]) -> None:
+        """What the verifier accepted of the last proposed ``draft`` (node indices, root first);
+        drafters that learn from it online (``draftheads.infer.adaptive``) override this."""
 
     def propose(self, root: int, position: int, tree: StaticTree | DynamicTree) -> Draft:
         """A candidate tree after the committed prefix, ``root`` (node 0) at ``position``."""
@@ -293,18 +301,37 @@ class AutoregressiveDrafter(Drafter):
         self.cache = None  # the head's own KV cache(s), holding the accepted prefix only
         self.state: torch.Tensor | None = None  # (1, h) drafter state at the last accepted position
         self.logits: torch.Tensor | None = None  # (1, V_draft) its distribution for the root
+        # Committed but not yet caught up: (features, next_ids, position) per commit. A step that
+        # does not ask this drafter for a tree (adaptive drafting) then costs it nothing, and the
+        # next proposal catches up on all of it in one call.
+        self.pending: list[tuple[torch.Tensor, torch.Tensor, int]] = []
 
     def fork(self) -> Drafter:
         other = copy.copy(self)
         other.cache = copy.deepcopy(self.cache)
+        other.pending = list(self.pending)
         return other
 
     def prefill(self, features, next_ids) -> None:
         self.cache = self.head.new_cache()
+        self.pending = []
         if features.shape[1]:
             self.commit(features, next_ids, 0)
 
     def commit(self, features, next_ids, position) -> None:
+        if self.pending:
+            _, last_ids, start = self.pending[-1]
+            if start + last_ids.shape[1] != position:
+                raise ValueError(f"commit at position {position} does not follow {start + last_ids.shape[1]}")
+        self.pending.append((features, next_ids, position))
+
+    def flush(self) -> None:
+        if not self.pending:
+            return
+        features = torch.cat([f for f, _, _ in self.pending], dim=1)  # (1, n, F)
+        next_ids = torch.cat([i for _, i, _ in self.pending], dim=1)  # (1, n)
+        position = self.pending[0][2]
+        self.pending = []
         positions = position + torch.arange(next_ids.shape[1], device=next_ids.device)[None]  # (1, n)
         self.state, self.logits = self.head.catch_up(self.cache, features, next_ids, positions)
 
@@ -344,6 +371,7 @@ class AutoregressiveDrafter(Drafter):
 
     def propose(self, root, position, tree) -> Draft:
         self.check_tree(tree)
+        self.flush()
         caches = self.head.draft_caches(self.cache)
         lengths = cache_lengths(caches)
         root_token = torch.tensor(root, dtype=torch.long, device=self.state.device)
@@ -401,6 +429,7 @@ class AutoregressiveDrafter(Drafter):
         return proposals, kept
 
     def path_candidates(self, root, position, path, top_k) -> torch.Tensor:
+        self.flush()
         caches = self.head.draft_caches(self.cache)
         lengths = cache_lengths(caches)
         proposals = _Proposals()

@@ -22,16 +22,19 @@ from pathlib import Path
 import torch
 
 from draftheads.base_model import DEFAULT_DTYPE
+from draftheads.infer.adaptive import AdaptiveDrafter, Calibration
 from draftheads.infer.cache import keep_accepted, new_cache
 from draftheads.infer.context import ContextDrafter, ContextTree
+from draftheads.infer.cost import CostCurve, load_tuned_cost, measure_verify_cost
 from draftheads.infer.draft import Drafter, drafter_for, root_only
 from draftheads.infer.forward import SUPPORTED_ATTENTION, TreeInputError, tree_forward
 from draftheads.infer.hybrid import HybridDrafter, HybridTree
 from draftheads.infer.packed import has_packed_linears, pack_linears
-from draftheads.infer.tree import load_tuned_tree, resolve_tree
+from draftheads.infer.tree import load_tuned_tree, padded_size, resolve_tree
 from draftheads.infer.verify import SamplingParams, next_token, verify_tree
 
 DEFAULT_MAX_NEW_TOKENS = 256
+COST_SIZES = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)  # tree sizes adaptive drafting measures
 
 
 # ---- statistics ---------------------------------------------------------------------------------
@@ -181,6 +184,10 @@ class SpeculativeGenerator:
             accepted); default ``default_pad_to_multiple(base_model)``.
         context: also draft continuations from the context and merge them into the head's tree
             (``draftheads.infer.hybrid``): True for the default ``ContextTree()``, or a ContextTree.
+        adaptive: prune every step's tree to the nodes whose calibrated acceptance pays for their
+            verification, and let a head that does not pay sit steps out (``draftheads.infer.adaptive``).
+        cost: the verify-cost curve adaptive drafting weighs against (``draftheads.infer.cost``);
+            default: measured on this machine at the first ``generate`` call.
     """
 
     def __init__(
@@ -191,6 +198,8 @@ class SpeculativeGenerator:
         tree=None,
         pad_to_multiple: int | None = None,
         context: bool | ContextTree = False,
+        adaptive: bool = False,
+        cost: CostCurve | None = None,
     ):
         implementation = getattr(base_model.config, "_attn_implementation", None)
         if implementation not in SUPPORTED_ATTENTION:
@@ -220,21 +229,36 @@ class SpeculativeGenerator:
             self.tree = chosen if self.context is None else HybridTree(chosen, self.context)
         self.eos_ids = _eos_ids(base_model, tokenizer)
         self.max_length = getattr(base_model.config, "max_position_embeddings", None)
+        self.adaptive = adaptive
+        self.cost = cost
+        self.calibration = Calibration()  # adaptive drafting's, carried from one sequence to the next
 
     @property
     def method(self) -> str:
-        """What drafts: the head's kind, "context", or "<kind>+context"."""
-        if self.head is None:
-            return "context"
-        return self.head.kind + ("+context" if self.context is not None else "")
+        """What drafts: the head's kind, "context", or "<kind>+context"; "/adaptive" when adaptive."""
+        name = "context" if self.head is None else self.head.kind
+        if self.head is not None and self.context is not None:
+            name += "+context"
+        return name + ("/adaptive" if self.adaptive else "")
 
     def new_drafter(self) -> Drafter:
         """A drafter for one sequence (``draftheads.infer.draft``): the head's (by its drafting
-        style), the context drafter, or both merged."""
+        style), the context drafter, or both merged; wrapped by adaptive drafting if asked."""
         if self.head is None:
-            return ContextDrafter(self.pad_to_multiple)
-        drafter = drafter_for(self.head, self.pad_to_multiple)
-        return drafter if self.context is None else HybridDrafter(drafter)
+            drafter = ContextDrafter(self.pad_to_multiple)
+        else:
+            drafter = drafter_for(self.head, self.pad_to_multiple)
+            if self.context is not None:
+                drafter = HybridDrafter(drafter)
+        if self.adaptive:
+            drafter = AdaptiveDrafter(drafter, self.cost, self.calibration)
+        return drafter
+
+    def _measure_cost(self, cache, root: int) -> None:
+        """The verify-cost curve, once, after the first prompt's prefill (the cache is left as it was)."""
+        largest = padded_size(self.tree.max_nodes, self.pad_to_multiple)
+        sizes = [n for n in COST_SIZES if n < largest] + [largest]
+        self.cost = measure_verify_cost(self.model, cache, root, sizes, repeats=3)
 
     @classmethod
     def from_pretrained(
@@ -246,6 +270,7 @@ class SpeculativeGenerator:
         tree=None,
         pack: bool = True,
         context: bool | ContextTree = False,
+        adaptive: bool = False,
     ) -> SpeculativeGenerator:
         """Load a saved head and its base model (by default the one recorded in the head's
         config.json ``base_model.name_or_path``); ``head_dir=None`` (with ``base``): no head, the
@@ -253,7 +278,9 @@ class SpeculativeGenerator:
         device and dtype (``draftheads tune-tree``) is used if there is one, else the default.
         ``pack``: run the base model's and the head's linear layers through prepacked oneDNN
         weights where that applies (fp32 on an x86 CPU; ``draftheads.infer.packed``). ``context``:
-        merge context drafts into the head's trees (see the class)."""
+        merge context drafts into the head's trees; ``adaptive``: adaptive drafting,
+        weighing against the verify-cost curve ``tune-tree`` measured for this device and dtype if
+        there is one, else one measured at the first call (see the class)."""
         from draftheads.base_model import load_base
         from draftheads.heads import load_head_and_base, resolve_base_model
 
@@ -263,7 +290,7 @@ class SpeculativeGenerator:
             model, tokenizer = load_base(base, dtype=dtype, device=device)
             if pack:
                 pack_linears(model)
-            return cls(model, None, tokenizer, tree=tree)
+            return cls(model, None, tokenizer, tree=tree, adaptive=adaptive)
         model, tokenizer = load_base(resolve_base_model(head_dir, base), dtype=dtype, device=device)
         # A Medusa-2 head drafts for its adapted base: adapt the base loaded here in place.
         head, model = load_head_and_base(head_dir, model, map_location=device, copy_base=False)
@@ -271,7 +298,8 @@ class SpeculativeGenerator:
             pack_linears(model, head)
         if tree is None:  # the tree `draftheads tune-tree` chose for this device and dtype, if any
             tree = load_tuned_tree(head_dir, model.dtype, model.device)
-        return cls(model, head, tokenizer, tree=tree, context=context)
+        cost = load_tuned_cost(head_dir, model.dtype, model.device) if adaptive else None
+        return cls(model, head, tokenizer, tree=tree, context=context, adaptive=adaptive, cost=cost)
 
     # ---- inputs -------------------------------------------------------------------------------
 
@@ -318,8 +346,8 @@ class SpeculativeGenerator:
         tally: _Tally,
     ) -> Iterator[list[int]]:
         """Yield the new tokens of each step (prefill, then one chunk per verification forward)."""
-        model, drafter = self.model, self.new_drafter()
-        hidden_layers = drafter.feature_layers
+        model = self.model
+        hidden_layers = () if self.head is None else tuple(self.head.feature_layers)
         prompt_length = input_ids.shape[1]
         limit = min(self.max_length or 2**62, prompt_length + max_new_tokens)  # final sequence length
 
@@ -348,6 +376,11 @@ class SpeculativeGenerator:
         yield tokens
         if done:
             return
+        if self.adaptive and self.cost is None:
+            measuring = time.perf_counter()
+            self._measure_cost(cache, root)
+            tally.started += time.perf_counter() - measuring  # a one-time measurement, not decoding
+        drafter = self.new_drafter()
         features = drafter.select_features(output.hidden_states)  # (1, T, F)
         next_ids = torch.cat([input_ids[:, 1:], input_ids.new_tensor([[root]])], dim=1)  # (1, T)
         drafter.prefill(features, next_ids)
@@ -365,6 +398,7 @@ class SpeculativeGenerator:
             keep_accepted(cache, past, accepted)
             tally.record_step(acceptance.accepted_drafts)
             tally.record_sources(draft.sources, acceptance.nodes)
+            drafter.record(draft, acceptance.nodes)
             new = tokens_in_tree[accepted[1:]].tolist() + [acceptance.next_token]
             tokens, done = emit(new)
             yield tokens

@@ -26,15 +26,23 @@ BOTH = "+"  # joins the sources of a node proposed by more than one
 class HybridTree:
     """A head's tree settings and the context drafter's, drafted together each step."""
 
-    head: StaticTree | DynamicTree
+    head: StaticTree | DynamicTree | None  # None: the context drafts alone this step
     context: ContextTree
 
     @property
     def name(self) -> str:
-        return f"{self.head.name}+{self.context.name}"
+        return f"{self.head.name if self.head else 'no-head'}+{self.context.name}"
+
+    @property
+    def max_nodes(self) -> int:
+        return (self.head.max_nodes if self.head is not None else 1) + self.context.max_nodes - 1
 
     def truncated(self, max_depth: int) -> HybridTree:
-        return HybridTree(self.head.truncated(max_depth), self.context.truncated(max_depth))
+        head = self.head.truncated(max_depth) if self.head is not None else None
+        return HybridTree(head, self.context.truncated(max_depth))
+
+    def without_head(self) -> HybridTree:
+        return HybridTree(None, self.context)
 
 
 def _node_lists(draft: Draft, default_source: str) -> tuple[list[int], list[int], list[str], list[float]]:
@@ -104,7 +112,8 @@ class HybridDrafter(Drafter):
     def check_tree(self, tree) -> None:
         if not isinstance(tree, HybridTree):
             raise TypeError(f"a hybrid drafter drafts a HybridTree, not '{getattr(tree, 'name', tree)}'")
-        self.head_drafter.check_tree(tree.head)
+        if tree.head is not None:
+            self.head_drafter.check_tree(tree.head)
         self.context_drafter.check_tree(tree.context)
 
     def fork(self) -> Drafter:
@@ -121,10 +130,15 @@ class HybridDrafter(Drafter):
         self.head_drafter.commit(features, next_ids, position)
         self.context_drafter.commit(features, next_ids, position)
 
+    def flush(self) -> None:
+        self.head_drafter.flush()
+
     def propose(self, root, position, tree) -> Draft:
         self.check_tree(tree)
-        head_draft = self.head_drafter.propose(root, position, tree.head)
         context_draft = self.context_drafter.propose(root, position, tree.context)
+        if tree.head is None:  # the head sits this step out (adaptive drafting)
+            return context_draft
+        head_draft = self.head_drafter.propose(root, position, tree.head)
         return merge_drafts(head_draft, context_draft, self.pad_to_multiple)
 
     def path_candidates(self, root, position, path, top_k) -> torch.Tensor:

@@ -197,6 +197,10 @@ class StaticTree:
     def topology(self, pad_to_multiple: int = 1) -> TreeTopology:
         return tree_topology(self.parents, pad_to_multiple)
 
+    @property
+    def max_nodes(self) -> int:
+        return self.num_nodes
+
 
 def chain_choices(depth: int) -> tuple[tuple[int, ...], ...]:
     """A single path of ``depth`` top-1 candidates (speculative decoding without a tree)."""
@@ -220,6 +224,10 @@ class DynamicTree:
         for key in ("top_k", "depth", "total_tokens"):
             if getattr(self, key) < 1:
                 raise ValueError(f"dynamic tree '{self.name}': {key} must be >= 1, got {getattr(self, key)}")
+
+    @property
+    def max_nodes(self) -> int:
+        return self.total_tokens
 
     def truncated(self, max_depth: int) -> DynamicTree:
         """The same settings with depth at most ``max_depth`` (negative: no limit)."""

@@ -23,6 +23,7 @@ from transformers.generation.logits_process import (
 
 import draftheads.infer.generate as generate_module
 from draftheads.infer import SpeculativeGenerator
+from draftheads.infer.cost import CostCurve
 from draftheads.infer.tree import DynamicTree
 from draftheads.infer.verify import Acceptance, sample_token, target_probabilities
 from tests.conftest import make_tiny_llama
@@ -79,12 +80,17 @@ def speculative_first_two(
     prompt=PROMPT,
 ) -> tuple[torch.Tensor, float]:
     """(V, V) counts of the first two tokens over ``samples`` speculative generations, and tau.
-    ``drafting``: "head" (a stub drafting the base's own best tokens), "context" or "hybrid"."""
+    ``drafting``: "head" (a stub drafting the base's own best tokens), "context", "hybrid" or
+    "adaptive-hybrid" (its trees pruned by adaptive drafting)."""
     if drafting == "context":
         generator = SpeculativeGenerator(model, None)
     else:
         head = SelfDraftStub(model, first_token=prompt[0])
-        generator = SpeculativeGenerator(model, head, tree=TREE, context=drafting == "hybrid")
+        adaptive = drafting == "adaptive-hybrid"
+        cost = CostCurve((1, 4, 8, 16), (1.0, 1.3, 1.6, 2.2)) if adaptive else None  # pruning bites
+        generator = SpeculativeGenerator(
+            model, head, tree=TREE, context=drafting != "head", adaptive=adaptive, cost=cost
+        )
     counts = torch.zeros(VOCAB, VOCAB)
     emitted = steps = 0
     for sample in range(samples):
@@ -125,7 +131,7 @@ def repeating_prompt(model) -> list[int]:
     return text + text[1:4]
 
 
-@pytest.mark.parametrize("drafting", ["context", "hybrid"])
+@pytest.mark.parametrize("drafting", ["context", "hybrid", "adaptive-hybrid"])
 def test_sampling_through_context_and_hybrid_trees_matches_base_distribution(
     model, repeating_prompt, drafting
 ):

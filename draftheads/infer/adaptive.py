@@ -1,0 +1,280 @@
+"""Adaptive drafting: each step verifies only the draft nodes whose expected gain pays for what
+verifying them costs here, and a head whose drafting costs more than it wins sits steps out.
+
+A node's expected gain is the probability that its whole path is accepted. Drafters give their own
+estimate (a head: its path probability; the context drafter: the share of earlier occurrences that
+continue that way); ``Calibration`` maps (source, estimate) to the rate at which the verifier
+actually accepted such nodes, learned online (draft confidence is a good predictor of acceptance:
+Li et al. 2024, "EAGLE-2", sec. 3; SpecDec++, Huang et al. 2024, stops drafting on a predicted
+acceptance threshold). ``select_nodes`` then keeps the best-first subtree that maximises expected
+tokens per step over the measured cost of verifying it (``infer/cost.py``); when nothing pays, the
+step verifies the root alone, which is exactly a plain decoding step.
+
+A head's drafting time is spent before its tree can be pruned, so ``HeadGate`` also decides,
+from online measurements, whether the head drafts at all this step: it stays in while the share of
+the tokens per step it gets accepted exceeds the share of step time its drafting takes, and while
+out it is probed every ``probe_every`` steps. An autoregressive head catches up on the skipped steps
+in one call when it next drafts (``AutoregressiveDrafter.flush``).
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+from draftheads.infer.cost import CostCurve
+from draftheads.infer.draft import Draft, Drafter, root_only
+from draftheads.infer.hybrid import BOTH, HybridTree
+from draftheads.infer.tree import ROOT_PARENT, padded_size, tree_topology
+
+# ---- calibration --------------------------------------------------------------------------------
+
+
+@dataclass
+class Calibration:
+    """Online P(node accepted | its source, its drafter score): per source, scores binned by powers
+    of two (1 .. 1/2, 1/2 .. 1/4, ...), each bin a count of proposed and accepted nodes that decays
+    (recent steps weigh more) and starts from ``prior`` pseudo-nodes accepted at the score itself."""
+
+    bins: int = 12
+    prior: float = 4.0
+    decay: float = 0.995  # per recorded step
+    table: dict[tuple[str, int], list[float]] = field(default_factory=dict)  # key -> [proposed, accepted]
+
+    def _key(self, source: str, score: float) -> tuple[str, int]:
+        if not score > 0:
+            return source, self.bins - 1
+        return source, min(self.bins - 1, int(-math.log2(min(score, 1.0))))
+
+    def probability(self, source: str, score: float) -> float:
+        proposed, accepted = self.table.get(self._key(source, score), (0.0, 0.0))
+        prior_score = score if score > 0 else 0.0
+        return (accepted + self.prior * prior_score) / (proposed + self.prior)
+
+    def record(self, sources: Sequence[str], scores: Sequence[float], accepted_nodes: Sequence[int]) -> None:
+        """One verified step: ``sources`` / ``scores`` per node (root first), the accepted nodes."""
+        for entry in self.table.values():
+            entry[0] *= self.decay
+            entry[1] *= self.decay
+        accepted = set(accepted_nodes)
+        for node in range(1, len(sources)):
+            entry = self.table.setdefault(self._key(sources[node], scores[node]), [0.0, 0.0])
+            entry[0] += 1.0
+            entry[1] += float(node in accepted)
+
+
+# ---- choosing the nodes to verify ---------------------------------------------------------------
+
+
+def select_nodes(
+    parents: Sequence[int],
+    probabilities: Sequence[float],
+    relative_cost: Callable[[int], float],
+    pad_to_multiple: int = 1,
+) -> list[int]:
+    """The nodes to verify (ascending, root first): grown best-first by acceptance probability (a
+    child never counts as likelier than its parent), every size scored as (1 + sum of kept
+    probabilities) / relative_cost(padded size), the best size kept (ties: the smaller tree)."""
+    children: dict[int, list[int]] = {}
+    for node in range(1, len(parents)):
+        children.setdefault(parents[node], []).append(node)
+    effective = [1.0] + [0.0] * (len(parents) - 1)
+    frontier: list[tuple[float, int]] = []
+
+    def push_children(node: int) -> None:
+        for child in children.get(node, ()):
+            effective[child] = min(probabilities[child], effective[node])
+            heapq.heappush(frontier, (-effective[child], child))
+
+    push_children(0)
+    kept, expected = [0], 1.0
+    best_score, best_size = 1.0 / relative_cost(1), 1
+    while frontier:
+        _, node = heapq.heappop(frontier)
+        kept.append(node)
+        expected += effective[node]
+        score = expected / relative_cost(padded_size(len(kept), pad_to_multiple))
+        if score > best_score + 1e-12:
+            best_score, best_size = score, len(kept)
+        push_children(node)
+    return sorted(kept[:best_size])
+
+
+def prune_draft(draft: Draft, kept: Sequence[int], pad_to_multiple: int = 1) -> Draft:
+    """The draft restricted to ``kept`` (ascending, root first, closed under parents)."""
+    if len(kept) == draft.topology.num_nodes:
+        return draft
+    index = {node: i for i, node in enumerate(kept)}
+    parents = [ROOT_PARENT] + [index[draft.topology.parents[node]] for node in kept[1:]]
+    return Draft(
+        draft.tokens[list(kept)],
+        tree_topology(parents, pad_to_multiple),
+        tuple(draft.sources[n] for n in kept) if draft.sources else (),
+        tuple(draft.scores[n] for n in kept) if draft.scores else (),
+    )
+
+
+# ---- whether the head drafts --------------------------------------------------------------------
+
+
+@dataclass
+class HeadGate:
+    """Keeps a head drafting while (drafts it gets accepted per step) / (tokens per step) exceeds
+    (its drafting seconds per step) / (seconds per step), all exponential moving averages; a head
+    that is out drafts again every ``probe_every`` steps to refresh the estimate."""
+
+    source: str
+    probe_every: int = 16
+    warmup_steps: int = 4  # steps the head always drafts before the first decision
+    smoothing: float = 0.2
+    accepted: float = 0.0  # EMA of the head's accepted drafts per step, over steps it drafted
+    tokens: float = 1.0  # EMA of tokens per step
+    seconds_with: float = 0.0  # EMA of propose seconds when the head drafted
+    seconds_without: float = 0.0  # ... and when it did not
+    step_seconds: float = 0.0  # EMA of seconds between proposals
+    steps_with: int = 0
+    steps_out: int = 0
+
+    def _average(self, old: float, new: float, first: bool) -> float:
+        return new if first else old + self.smoothing * (new - old)
+
+    def head_drafts(self) -> bool:
+        if self.steps_with < self.warmup_steps or self.step_seconds <= 0:
+            return True
+        if self.steps_out >= self.probe_every:
+            return True
+        share_of_tokens = self.accepted / max(self.tokens, 1e-9)
+        share_of_time = max(self.seconds_with - self.seconds_without, 0.0) / self.step_seconds
+        return share_of_tokens > share_of_time
+
+    def record(
+        self,
+        drafted: bool,
+        propose_seconds: float,
+        step_seconds: float | None,
+        head_accepted: int,
+        tokens: int,
+    ) -> None:
+        """One step: did the head draft, how long proposing took, the time since the previous
+        proposal, the head's accepted drafts and the tokens the step emitted."""
+        if step_seconds is not None:
+            self.step_seconds = self._average(self.step_seconds, step_seconds, self.step_seconds <= 0)
+        self.tokens = self._average(self.tokens, tokens, False)
+        if drafted:
+            first = self.steps_with == 0
+            self.accepted = self._average(self.accepted, head_accepted, first)
+            self.seconds_with = self._average(self.seconds_with, propose_seconds, first)
+            self.steps_with += 1
+            self.steps_out = 0
+        else:
+            self.seconds_without = self._average(self.seconds_without, propose_seconds, self.steps_out == 0)
+            self.steps_out += 1
+
+
+# ---- the drafter --------------------------------------------------------------------------------
+
+
+class AdaptiveDrafter(Drafter):
+    """Wraps a Drafter (a head's, the context's, or a hybrid): prunes every proposed tree to the
+    nodes that pay (``select_nodes`` on calibrated probabilities and the measured ``cost``) and,
+    when the inner drafter has a head, lets ``HeadGate`` decide whether it drafts each step.
+
+    Args:
+        inner: the Drafter whose trees are pruned.
+        cost: the verify-cost curve of this machine, model and dtype (``infer/cost.py``).
+        calibration, gate: explicit state, fresh by default (one per sequence, or shared to carry
+            what was learned from one sequence to the next).
+    """
+
+    def __init__(
+        self,
+        inner: Drafter,
+        cost: CostCurve,
+        calibration: Calibration | None = None,
+        gate: HeadGate | None = None,
+    ):
+        super().__init__(inner.head, inner.pad_to_multiple)
+        self.inner = inner
+        self.cost = cost
+        self.calibration = calibration or Calibration()
+        self.gate = gate if gate is not None else (HeadGate(inner.source) if inner.head is not None else None)
+        self.default_trees = inner.default_trees
+        self.dynamic_trees = inner.dynamic_trees
+        self._last: tuple[bool, float, float] | None = None  # (head drafted, propose seconds, started)
+        self._step_seconds: float | None = None  # between the last two proposals
+
+    @property
+    def source(self) -> str:
+        return self.inner.source
+
+    @property
+    def feature_layers(self) -> tuple[int, ...]:
+        return self.inner.feature_layers
+
+    @property
+    def max_depth(self) -> int:
+        return self.inner.max_depth
+
+    def select_features(self, hidden_states, index: torch.Tensor | None = None):
+        return self.inner.select_features(hidden_states, index)
+
+    def check_tree(self, tree) -> None:
+        self.inner.check_tree(tree)
+
+    def fork(self) -> Drafter:
+        other = super().fork()
+        other.inner = self.inner.fork()
+        return other
+
+    def prefill(self, features, next_ids) -> None:
+        self.inner.prefill(features, next_ids)
+        self._last = None
+
+    def commit(self, features, next_ids, position) -> None:
+        self.inner.commit(features, next_ids, position)
+
+    def flush(self) -> None:
+        self.inner.flush()
+
+    def propose(self, root, position, tree) -> Draft:
+        started = time.perf_counter()
+        head_drafts = self.gate is None or self.gate.head_drafts()
+        if head_drafts:
+            draft = self.inner.propose(root, position, tree)
+        elif isinstance(tree, HybridTree):
+            draft = self.inner.propose(root, position, tree.without_head())
+        else:
+            draft = root_only(root)
+        probabilities = [1.0] + [
+            self.calibration.probability(draft.sources[n], draft.scores[n])
+            for n in range(1, len(draft.sources))
+        ]
+        kept = select_nodes(
+            list(draft.topology.parents[: len(probabilities)]),
+            probabilities,
+            self.cost.relative,
+            self.pad_to_multiple,
+        )
+        pruned = prune_draft(draft, kept, self.pad_to_multiple)
+        previous = self._last
+        self._last = (head_drafts, time.perf_counter() - started, started)
+        self._step_seconds = started - previous[2] if previous is not None else None
+        return pruned
+
+    def record(self, draft: Draft, accepted_nodes: tuple[int, ...]) -> None:
+        self.calibration.record(draft.sources, draft.scores, accepted_nodes)
+        if self.gate is None or self._last is None:
+            return
+        head_drafted, propose_seconds, _ = self._last
+        head_accepted = sum(self.gate.source in draft.sources[n].split(BOTH) for n in accepted_nodes[1:])
+        self.gate.record(
+            head_drafted, propose_seconds, self._step_seconds, head_accepted, len(accepted_nodes)
+        )
+
+    def path_candidates(self, root, position, path, top_k) -> torch.Tensor:
+        return self.inner.path_candidates(root, position, path, top_k)

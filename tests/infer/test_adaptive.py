@@ -1,0 +1,107 @@
+"""Adaptive drafting: calibration, the choice of nodes to verify against the cost curve, the gate
+that sits a head out, and losslessness with every drafter wrapped (greedy == generate)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from infer_stubs import greedy_reference
+
+from draftheads.heads import EagleConfig, MedusaConfig, MtpConfig, build_head
+from draftheads.infer import SpeculativeGenerator
+from draftheads.infer.adaptive import Calibration, HeadGate, prune_draft, select_nodes
+from draftheads.infer.cost import CostCurve
+from draftheads.infer.draft import Draft
+from draftheads.infer.tree import ROOT_PARENT, tree_topology
+from tests.conftest import make_tiny_llama
+
+pytestmark = pytest.mark.usefixtures("single_thread")
+
+FLAT = CostCurve((1, 64), (1.0, 1.0))  # verifying costs the same at any size
+STEEP = CostCurve((1, 2, 64), (1.0, 3.0, 100.0))  # a second token triples the cost
+# 0 -> 1 -> 3, 0 -> 2; node 3 claims more than its parent: it counts as its parent's 0.5
+PARENTS = [ROOT_PARENT, 0, 0, 1]
+
+
+def test_select_nodes_weighs_expected_tokens_against_cost():
+    assert select_nodes(PARENTS, [1.0, 0.5, 0.2, 0.9], FLAT.relative) == [0, 1, 2, 3]
+    assert select_nodes(PARENTS, [1.0, 0.5, 0.2, 0.9], STEEP.relative) == [0]  # nothing pays: root alone
+    linear = CostCurve((1, 2, 3, 4), (1.0, 1.3, 1.6, 1.9)).relative
+    # sizes 2 / 3 / 4: (1.5) / 1.3, (2.0) / 1.6 = 1.25, (2.2) / 1.9: three nodes win
+    assert select_nodes(PARENTS, [1.0, 0.5, 0.2, 0.9], linear) == [0, 1, 3]
+    # padded sizes are what is paid for: with padding to 4 every tree up to 4 costs the same
+    assert select_nodes(PARENTS, [1.0, 0.5, 0.2, 0.9], linear, pad_to_multiple=4) == [0, 1, 2, 3]
+
+
+def test_prune_draft_keeps_a_closed_subtree():
+    draft = Draft(
+        torch.tensor([7, 8, 9, 10]), tree_topology(PARENTS), ("", "a", "b", "a"), (1.0, 0.5, 0.2, 0.4)
+    )
+    pruned = prune_draft(draft, [0, 1, 3], pad_to_multiple=4)
+    assert pruned.tokens.tolist() == [7, 8, 10]
+    assert pruned.topology.parents[:3] == (ROOT_PARENT, 0, 1) and pruned.topology.size == 4
+    assert pruned.sources == ("", "a", "a") and pruned.scores == (1.0, 0.5, 0.4)
+    assert prune_draft(draft, [0, 1, 2, 3]) is draft
+
+
+def test_calibration_learns_what_the_verifier_accepts():
+    calibration = Calibration(prior=2.0, decay=1.0)
+    assert calibration.probability("context", 0.5) == pytest.approx(0.5)  # the prior: the score itself
+    for _ in range(50):  # context nodes scored 0.5 are never accepted, head nodes scored 0.1 always
+        calibration.record(("", "context", "eagle"), (1.0, 0.5, 0.1), accepted_nodes=(0, 2))
+    assert calibration.probability("context", 0.5) < 0.05
+    assert calibration.probability("eagle", 0.1) > 0.95
+    assert calibration.probability("eagle", 0.9) == pytest.approx(0.9)  # another bin: still the prior
+
+
+def test_head_gate_sits_out_a_head_that_does_not_pay_and_probes_it():
+    gate = HeadGate("eagle", probe_every=5, warmup_steps=2)
+    decisions = []
+    for _ in range(30):
+        drafts = gate.head_drafts()
+        decisions.append(drafts)
+        # the head takes 30% of a step and never gets a token accepted
+        gate.record(drafts, 0.3 if drafts else 0.0, 1.0, head_accepted=0, tokens=1)
+    assert decisions[:2] == [True, True]
+    assert decisions.count(True) < 10 and True in decisions[10:]  # out, but probed now and then
+    paying = HeadGate("eagle", warmup_steps=2)
+    for _ in range(10):
+        paying.record(paying.head_drafts(), 0.1, 1.0, head_accepted=2, tokens=3)
+    assert paying.head_drafts()
+
+
+HEAD_CONFIGS = {
+    "medusa": MedusaConfig(num_heads=4, num_layers=1),
+    "eagle": EagleConfig(),
+    "mtp": MtpConfig(num_modules=3),
+}
+
+
+@pytest.mark.parametrize("kind", ["context-only", *HEAD_CONFIGS])
+@pytest.mark.parametrize("context", [False, True])
+def test_adaptive_drafting_greedy_matches_generate(kind, context):
+    if kind == "context-only" and not context:
+        pytest.skip("without a head the context drafter is the only one")
+    model = make_tiny_llama()
+    torch.manual_seed(0)
+    head = None if kind == "context-only" else build_head(model, HEAD_CONFIGS[kind])
+    cost = CostCurve((1, 4, 8, 16, 32), (1.0, 1.1, 1.2, 1.4, 1.9))
+    generator = SpeculativeGenerator(
+        model, head, context=context and head is not None, adaptive=True, cost=cost
+    )
+    generator_measuring = SpeculativeGenerator(
+        model, head, context=context and head is not None, adaptive=True
+    )
+    generator_in = torch.Generator().manual_seed(13)
+    for _ in range(3):
+        prompt = torch.randint(
+            3, 256, (1, int(torch.randint(4, 24, (), generator=generator_in))), generator=generator_in
+        )
+        reference = greedy_reference(model, prompt, 48)
+        assert generator.generate(prompt, max_new_tokens=48).sequences[0].tolist() == reference.tolist()
+        assert (
+            generator_measuring.generate(prompt, max_new_tokens=48).sequences[0].tolist()
+            == reference.tolist()
+        )
+    assert generator_measuring.cost is not None and generator_measuring.cost.sizes[0] == 1
+    assert generator.method.endswith("/adaptive")
