@@ -454,8 +454,6 @@ def speculative_methods(
     loaded = [(head_dir, *load_head_and_base(head_dir, model, map_location=device)) for head_dir in head_dirs]
     if pack:
         pack_linears(model, *(module for _, head, head_model in loaded for module in (head, head_model)))
-    from draftheads.infer.cost import load_tuned_cost
-
     variants = (False, True) if adaptive else (False,)
     methods: list = []
     if context_only:
@@ -464,7 +462,6 @@ def speculative_methods(
             if keep(generator.method):
                 methods.append(SpeculativeMethod(generator.method, generator))
     for head_dir, head, head_model in loaded:
-        cost = load_tuned_cost(head_dir, head_model.dtype, head_model.device) if adaptive else None
         for with_context in (False, True) if hybrid else (False,):
             for is_adaptive in variants:
                 generator = SpeculativeGenerator(
@@ -474,7 +471,6 @@ def speculative_methods(
                     tree=bench_tree(tree, head_dir, head_model),
                     context=with_context,
                     adaptive=is_adaptive,
-                    cost=cost if is_adaptive else None,
                 )
                 if keep(generator.method):
                     methods.append(

@@ -29,7 +29,7 @@ import torch
 
 from draftheads.infer.cost import CostCurve
 from draftheads.infer.draft import Draft, Drafter, root_only
-from draftheads.infer.hybrid import BOTH, HybridTree
+from draftheads.infer.hybrid import HybridTree
 from draftheads.infer.tree import ROOT_PARENT, padded_size, tree_topology
 
 # ---- calibration --------------------------------------------------------------------------------
@@ -69,6 +69,16 @@ class Calibration:
 
 
 # ---- choosing the nodes to verify ---------------------------------------------------------------
+
+
+def monotone(parents: Sequence[int], probabilities: Sequence[float]) -> list[float]:
+    """Path probabilities: a node is accepted only with its parent, so it never counts as likelier
+    (parents come before children)."""
+    effective = list(probabilities)
+    effective[0] = 1.0
+    for node in range(1, len(parents)):
+        effective[node] = min(effective[node], effective[parents[node]])
+    return effective
 
 
 def select_nodes(
@@ -124,16 +134,18 @@ def prune_draft(draft: Draft, kept: Sequence[int], pad_to_multiple: int = 1) -> 
 
 @dataclass
 class HeadGate:
-    """Keeps a head drafting while (drafts it gets accepted per step) / (tokens per step) exceeds
-    (its drafting seconds per step) / (seconds per step), all exponential moving averages; a head
-    that is out drafts again every ``probe_every`` steps to refresh the estimate."""
+    """Keeps a head drafting while (the tokens per step only its nodes are expected to add) /
+    (expected tokens per step) exceeds (its drafting seconds per step) / (seconds per step), all
+    exponential moving averages; a head that is out drafts again every ``probe_every`` steps to
+    refresh the estimate. Expected values (calibrated probabilities of the verified nodes) are far
+    less noisy than the 0, 1 or 2 tokens one step happens to accept."""
 
     source: str
     probe_every: int = 16
     warmup_steps: int = 4  # steps the head always drafts before the first decision
-    smoothing: float = 0.2
-    accepted: float = 0.0  # EMA of the head's accepted drafts per step, over steps it drafted
-    tokens: float = 1.0  # EMA of tokens per step
+    smoothing: float = 0.1
+    accepted: float = 0.0  # EMA of the tokens per step only the head's nodes are expected to add
+    tokens: float = 1.0  # EMA of expected tokens per step
     seconds_with: float = 0.0  # EMA of propose seconds when the head drafted
     seconds_without: float = 0.0  # ... and when it did not
     step_seconds: float = 0.0  # EMA of seconds between proposals
@@ -157,11 +169,11 @@ class HeadGate:
         drafted: bool,
         propose_seconds: float,
         step_seconds: float | None,
-        head_accepted: int,
-        tokens: int,
+        head_accepted: float,
+        tokens: float,
     ) -> None:
         """One step: did the head draft, how long proposing took, the time since the previous
-        proposal, the head's accepted drafts and the tokens the step emitted."""
+        proposal, the tokens expected from the head's own nodes and from the whole step."""
         if step_seconds is not None:
             self.step_seconds = self._average(self.step_seconds, step_seconds, self.step_seconds <= 0)
         self.tokens = self._average(self.tokens, tokens, False)
@@ -207,6 +219,7 @@ class AdaptiveDrafter(Drafter):
         self.dynamic_trees = inner.dynamic_trees
         self._last: tuple[bool, float, float] | None = None  # (head drafted, propose seconds, started)
         self._step_seconds: float | None = None  # between the last two proposals
+        self._expected = (0.0, 1.0)  # tokens the last tree was expected to add: the head's alone, all
 
     @property
     def source(self) -> str:
@@ -250,17 +263,22 @@ class AdaptiveDrafter(Drafter):
             draft = self.inner.propose(root, position, tree.without_head())
         else:
             draft = root_only(root)
-        probabilities = [1.0] + [
-            self.calibration.probability(draft.sources[n], draft.scores[n])
-            for n in range(1, len(draft.sources))
-        ]
-        kept = select_nodes(
-            list(draft.topology.parents[: len(probabilities)]),
-            probabilities,
-            self.cost.relative,
-            self.pad_to_multiple,
+        parents = list(draft.topology.parents[: draft.topology.num_nodes])
+        probabilities = monotone(
+            parents,
+            [1.0]
+            + [
+                self.calibration.probability(draft.sources[n], draft.scores[n])
+                for n in range(1, len(parents))
+            ],
         )
+        kept = select_nodes(parents, probabilities, self.cost.relative, self.pad_to_multiple)
         pruned = prune_draft(draft, kept, self.pad_to_multiple)
+        own = self.gate.source if self.gate is not None else None
+        self._expected = (
+            sum(probabilities[n] for n in kept[1:] if draft.sources[n] == own),  # the head's alone
+            1.0 + sum(probabilities[n] for n in kept[1:]),
+        )
         previous = self._last
         self._last = (head_drafts, time.perf_counter() - started, started)
         self._step_seconds = started - previous[2] if previous is not None else None
@@ -271,10 +289,7 @@ class AdaptiveDrafter(Drafter):
         if self.gate is None or self._last is None:
             return
         head_drafted, propose_seconds, _ = self._last
-        head_accepted = sum(self.gate.source in draft.sources[n].split(BOTH) for n in accepted_nodes[1:])
-        self.gate.record(
-            head_drafted, propose_seconds, self._step_seconds, head_accepted, len(accepted_nodes)
-        )
+        self.gate.record(head_drafted, propose_seconds, self._step_seconds, *self._expected)
 
     def path_candidates(self, root, position, path, top_k) -> torch.Tensor:
         return self.inner.path_candidates(root, position, path, top_k)

@@ -8,19 +8,17 @@ compaction included), relative to N = 1, median over interleaved repeats, made n
 from __future__ import annotations
 
 import itertools
-import json
 import math
 import statistics
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 
 from draftheads.infer.cache import crop_to_lengths, keep_accepted
 from draftheads.infer.forward import tree_forward
-from draftheads.infer.tree import tree_topology, tuned_tree_key
+from draftheads.infer.tree import tree_topology
 
 
 def isotonic(values: Sequence[float]) -> list[float]:
@@ -111,15 +109,3 @@ def measure_verify_cost(
             bar.update()
     bar.close()
     return CostCurve(tuple(sizes), tuple(statistics.median(samples[n]) for n in sizes))
-
-
-def load_tuned_cost(head_dir: str | Path, dtype: torch.dtype, device) -> CostCurve | None:
-    """The verify-cost curve ``draftheads tune-tree`` measured for this device and dtype, if any."""
-    path = Path(head_dir) / ("tune-" + tuned_tree_key(dtype, device).replace("/", "-") + ".json")
-    if not path.is_file():
-        return None
-    try:
-        record = json.loads(path.read_text())["verify_cost"]
-        return CostCurve(tuple(record["sizes"]), tuple(record["seconds"]))
-    except (json.JSONDecodeError, KeyError, TypeError) as err:
-        raise ValueError(f"{path}: not a tune-tree record ({err})") from err

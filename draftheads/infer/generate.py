@@ -25,7 +25,7 @@ from draftheads.base_model import DEFAULT_DTYPE
 from draftheads.infer.adaptive import AdaptiveDrafter, Calibration
 from draftheads.infer.cache import keep_accepted, new_cache
 from draftheads.infer.context import ContextDrafter, ContextTree
-from draftheads.infer.cost import CostCurve, load_tuned_cost, measure_verify_cost
+from draftheads.infer.cost import CostCurve, measure_verify_cost
 from draftheads.infer.draft import Drafter, drafter_for, root_only
 from draftheads.infer.forward import SUPPORTED_ATTENTION, TreeInputError, tree_forward
 from draftheads.infer.hybrid import HybridDrafter, HybridTree
@@ -279,8 +279,7 @@ class SpeculativeGenerator:
         ``pack``: run the base model's and the head's linear layers through prepacked oneDNN
         weights where that applies (fp32 on an x86 CPU; ``draftheads.infer.packed``). ``context``:
         merge context drafts into the head's trees; ``adaptive``: adaptive drafting,
-        weighing against the verify-cost curve ``tune-tree`` measured for this device and dtype if
-        there is one, else one measured at the first call (see the class)."""
+        weighing against a verify-cost curve measured at the first call (see the class)."""
         from draftheads.base_model import load_base
         from draftheads.heads import load_head_and_base, resolve_base_model
 
@@ -298,8 +297,7 @@ class SpeculativeGenerator:
             pack_linears(model, head)
         if tree is None:  # the tree `draftheads tune-tree` chose for this device and dtype, if any
             tree = load_tuned_tree(head_dir, model.dtype, model.device)
-        cost = load_tuned_cost(head_dir, model.dtype, model.device) if adaptive else None
-        return cls(model, head, tokenizer, tree=tree, context=context, adaptive=adaptive, cost=cost)
+        return cls(model, head, tokenizer, tree=tree, context=context, adaptive=adaptive)
 
     # ---- inputs -------------------------------------------------------------------------------
 
