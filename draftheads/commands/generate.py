@@ -50,6 +50,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="also draft continuations from the context, merged into the head's tree",
     )
+    parser.add_argument(
+        "--adaptive",
+        action="store_true",
+        help="prune each tree to what pays on this machine; a head that does not pay sits steps out",
+    )
     add_no_pack_argument(parser)
 
 
@@ -71,6 +76,7 @@ def run(args: argparse.Namespace) -> int:
             tree=args.tree,
             pack=not args.no_pack,
             context=args.context,
+            adaptive=args.adaptive,
         )
     except HeadFormatError as err:
         print(f"draftheads generate: {err}", file=sys.stderr)
