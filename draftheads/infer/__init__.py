@@ -1,8 +1,10 @@
-"""Lossless tree-based speculative decoding with a draft head on an unmodified HF model.
+"""Lossless tree-based speculative decoding on an unmodified HF model.
 
-``tree`` (shapes, masks), ``verify`` (acceptance rules), ``cache`` (KV compaction), ``draft`` (a
-head's proposals) and ``generate`` (the decode loop and ``SpeculativeGenerator``). Importing this
-package loads torch only; ``SpeculativeGenerator`` and friends are imported on first use.
+``tree`` (shapes, masks), ``forward`` (the verification forward), ``verify`` (acceptance rules),
+``cache`` (KV compaction), ``cost`` (what verifying N tokens costs), the Drafters (``draft``: a
+head's proposals; ``context``: n-gram continuations of the text; ``hybrid``: both merged;
+``adaptive``: pruned to what pays) and ``generate`` (the decode loop and ``SpeculativeGenerator``).
+Importing this package loads torch only; ``SpeculativeGenerator`` and friends load on first use.
 """
 
 from __future__ import annotations
@@ -17,6 +19,9 @@ _LAZY = {
     "StaticTree": "draftheads.infer.tree",
     "DynamicTree": "draftheads.infer.tree",
     "TREES": "draftheads.infer.tree",
+    "ContextTree": "draftheads.infer.context",
+    "HybridTree": "draftheads.infer.hybrid",
+    "CostCurve": "draftheads.infer.cost",
 }
 
 __all__ = list(_LAZY)
