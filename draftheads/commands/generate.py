@@ -10,7 +10,7 @@ import sys
 
 from draftheads.arguments import add_no_pack_argument, non_negative_int, positive_int
 from draftheads.base_model import DEFAULT_DTYPE
-from draftheads.infer.generate import DEFAULT_MAX_NEW_TOKENS
+from draftheads.infer.generate import DEFAULT_MAX_NEW_TOKENS, RECOMMENDED_ADAPTIVE, RECOMMENDED_CONTEXT
 from draftheads.infer.tree import TREES
 from draftheads.infer.verify import SamplingParams
 
@@ -46,14 +46,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--device", default="cpu")
     parser.add_argument(
-        "--context",
-        action="store_true",
-        help="also draft continuations from the context, merged into the head's tree",
+        "--no-context",
+        dest="context",
+        action="store_false",
+        default=RECOMMENDED_CONTEXT,
+        help="draft with the head alone (default: context drafts merged into the head's tree)",
     )
     parser.add_argument(
-        "--adaptive",
-        action="store_true",
-        help="prune each tree to what pays on this machine; a head that does not pay sits steps out",
+        "--no-adaptive",
+        dest="adaptive",
+        action="store_false",
+        default=RECOMMENDED_ADAPTIVE,
+        help="verify every drafted node (default: prune each tree to what pays on this machine, and "
+        "let a head that does not pay sit steps out)",
     )
     add_no_pack_argument(parser)
 

@@ -35,6 +35,11 @@ from draftheads.infer.verify import SamplingParams, next_token, verify_tree
 
 DEFAULT_MAX_NEW_TOKENS = 256
 COST_SIZES = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)  # tree sizes adaptive drafting measures
+# What ``from_pretrained`` and ``draftheads generate`` draft with unless told otherwise: the best
+# measured (docs/benchmarks.md: a head's tree with context drafts merged in, adaptive; an untrained
+# head then costs least). The constructor drafts exactly as it is told: the head alone by default.
+RECOMMENDED_CONTEXT = True
+RECOMMENDED_ADAPTIVE = True
 
 
 # ---- statistics ---------------------------------------------------------------------------------
@@ -269,8 +274,8 @@ class SpeculativeGenerator:
         device: str = "cpu",
         tree=None,
         pack: bool = True,
-        context: bool | ContextTree = False,
-        adaptive: bool = False,
+        context: bool | ContextTree = RECOMMENDED_CONTEXT,
+        adaptive: bool = RECOMMENDED_ADAPTIVE,
     ) -> SpeculativeGenerator:
         """Load a saved head and its base model (by default the one recorded in the head's
         config.json ``base_model.name_or_path``); ``head_dir=None`` (with ``base``): no head, the
