@@ -326,7 +326,8 @@ def test_tune_tree_saves_a_tree_the_generator_and_bench_use(tmp_path, tiny_base_
     assert loaded.tree == tuned.truncated(2)
     assert SpeculativeGenerator.from_pretrained(head_dir, dtype="float32").tree.head == tuned.truncated(2)
     assert (
-        SpeculativeGenerator.from_pretrained(head_dir, dtype="float32", tree="chain-2").tree.name == "chain-2"
+        SpeculativeGenerator.from_pretrained(head_dir, dtype="float32", tree="chain-2").tree.head.name
+        == "chain-2"
     )
     assert bench_tree(None, str(head_dir), model) == tuned
     assert bench_tree("cpu-8", str(head_dir), model) == "cpu-8"
