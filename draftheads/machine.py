@@ -9,32 +9,34 @@ from pathlib import Path
 import torch
 
 
-def cpu_flags() -> list[str]:
-    """The CPU's vector-extension flags (AVX2, AVX-512 and its BF16/VNNI parts, AMX), sorted."""
+def _cpuinfo_field(name: str) -> str | None:
+    """The first ``name : value`` line of /proc/cpuinfo (None where there is none)."""
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("flags"):
-                return sorted(f for f in line.split(":", 1)[1].split() if f.startswith(("avx", "amx", "fma")))
+            if line.startswith(name):
+                return line.split(":", 1)[1].strip()
     except OSError:
         pass
-    return []
+    return None
+
+
+def cpu_name() -> str:
+    return _cpuinfo_field("model name") or platform.processor()
+
+
+def cpu_flags() -> list[str]:
+    """The CPU's vector-extension flags (AVX2, AVX-512 and its BF16/VNNI parts, AMX), sorted."""
+    flags = (_cpuinfo_field("flags") or "").split()
+    return sorted(f for f in flags if f.startswith(("avx", "amx", "fma")))
 
 
 def machine_info(dtype: torch.dtype, device: str) -> dict:
     import transformers
 
-    cpu = platform.processor()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
     info = {
         "platform": platform.platform(),
         "python": platform.python_version(),
-        "cpu": cpu,
+        "cpu": cpu_name(),
         "cpu_flags": cpu_flags(),
         "cpu_threads": torch.get_num_threads(),
         "torch": torch.__version__,

@@ -124,8 +124,8 @@ def prune_draft(draft: Draft, kept: Sequence[int], pad_to_multiple: int = 1) -> 
     return Draft(
         draft.tokens[list(kept)],
         tree_topology(parents, pad_to_multiple),
-        tuple(draft.sources[n] for n in kept) if draft.sources else (),
-        tuple(draft.scores[n] for n in kept) if draft.scores else (),
+        tuple(draft.sources[n] for n in kept),
+        tuple(draft.scores[n] for n in kept),
     )
 
 
@@ -215,8 +215,6 @@ class AdaptiveDrafter(Drafter):
         self.cost = cost
         self.calibration = calibration or Calibration()
         self.gate = gate if gate is not None else (HeadGate(inner.source) if inner.head is not None else None)
-        self.default_trees = inner.default_trees
-        self.dynamic_trees = inner.dynamic_trees
         self._last: tuple[bool, float, float] | None = None  # (head drafted, propose seconds, started)
         self._step_seconds: float | None = None  # between the last two proposals
         self._expected = (0.0, 1.0)  # tokens the last tree was expected to add: the head's alone, all

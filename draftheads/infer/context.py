@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import copy
 from dataclasses import dataclass, replace
-from typing import ClassVar
 
 import torch
 
@@ -143,7 +142,6 @@ class ContextDrafter(Drafter):
         pad_to_multiple: pad each proposed tree to a multiple of this many tokens.
     """
 
-    default_trees: ClassVar[dict[str, str]] = {"cpu": "context", "cuda": "context"}
     source = "context"
 
     def __init__(self, pad_to_multiple: int = 1):

@@ -71,7 +71,8 @@ class CostCurve:
         return speedup, -size
 
 
-def _synchronize(device: torch.device) -> None:
+def synchronize(device: torch.device) -> None:
+    """Wait for the device's queued work, so that a wall-clock time measures it (no-op on CPU)."""
     if device.type == "cuda":
         torch.cuda.synchronize(device)
 
@@ -101,10 +102,10 @@ def measure_verify_cost(
     bar = tqdm(total=repeats * len(sizes), desc="verify cost", unit="fwd", disable=not progress)
     for _ in range(repeats):
         for n in sizes:
-            _synchronize(device)
+            synchronize(device)
             started = time.perf_counter()
             verify(n)
-            _synchronize(device)
+            synchronize(device)
             samples[n].append(time.perf_counter() - started)
             bar.update()
     bar.close()

@@ -55,8 +55,8 @@ class Draft:
 
     tokens: torch.Tensor  # (num_nodes,) base-vocabulary ids, tokens[0] is the root
     topology: TreeTopology
-    sources: tuple[str, ...] = ()
-    scores: tuple[float, ...] = ()
+    sources: tuple[str, ...]
+    scores: tuple[float, ...]
 
     @property
     def padded_tokens(self) -> torch.Tensor:
@@ -129,6 +129,12 @@ class Drafter:
     def prefill(self, features: torch.Tensor, next_ids: torch.Tensor) -> None:
         """Start a sequence: features (1, T, F) at positions 0..T-1, next_ids (1, T) at 1..T."""
         raise NotImplementedError
+
+    def start(self, hidden_states, input_ids: torch.Tensor, root: int) -> None:
+        """``prefill`` from the prompt's forward: its ``hidden_states``, its (1, T) ids, and the base
+        model's first token ``root`` (at position T)."""
+        next_ids = torch.cat([input_ids[:, 1:], input_ids.new_tensor([[root]])], dim=1)  # (1, T)
+        self.prefill(self.select_features(hidden_states), next_ids)
 
     def commit(self, features: torch.Tensor, next_ids: torch.Tensor, position: int) -> None:
         """Accepted: features (1, n, F) at positions position.., next_ids (1, n) one position later.
@@ -207,7 +213,7 @@ class ParallelDrafter(Drafter):
         device = self.last_features.device
         tokens = torch.full((tree.num_nodes,), root, dtype=torch.long, device=device)  # (M,)
         if tree.depth == 0:
-            return Draft(tokens, topology)
+            return Draft(tokens, topology, ("",), (1.0,))
         widest = max(tree.top_k(d) for d in range(1, tree.depth + 1))
         candidates, probabilities = self._ranked(tree.depth, widest)  # (D, widest) each
         depths = topology.depths[1 : tree.num_nodes].to(device)  # (M - 1,)

@@ -9,9 +9,10 @@ from collections.abc import Sequence
 import torch
 
 from draftheads.base_model import SUPPORTED_ATTENTION
+from draftheads.infer.cache import new_cache
 from draftheads.infer.tree import TreeTopology, tree_attention_mask, tree_position_ids
 
-__all__ = ["SUPPORTED_ATTENTION", "TreeInputError", "check_tree_inputs", "tree_forward"]
+__all__ = ["SUPPORTED_ATTENTION", "TreeInputError", "check_tree_inputs", "prefill_forward", "tree_forward"]
 
 
 class TreeInputError(ValueError):
@@ -73,3 +74,17 @@ def tree_forward(model, cache, tokens: torch.Tensor, topology: TreeTopology, hid
         use_cache=True,
         output_hidden_states=list(hidden_layers),
     )
+
+
+def prefill_forward(model, input_ids: torch.Tensor, hidden_layers: Sequence[int]):
+    """The prompt (1, T) through the HF model into a new cache: ``(cache, output)`` with the last
+    position's logits (1, 1, V) and the ``hidden_states`` entries a drafter reads."""
+    cache = new_cache(model)
+    output = model(
+        input_ids=input_ids,
+        past_key_values=cache,
+        use_cache=True,
+        output_hidden_states=list(hidden_layers),
+        logits_to_keep=1,
+    )
+    return cache, output

@@ -23,11 +23,11 @@ import torch
 
 from draftheads.base_model import DEFAULT_DTYPE
 from draftheads.infer.adaptive import AdaptiveDrafter, Calibration
-from draftheads.infer.cache import keep_accepted, new_cache
+from draftheads.infer.cache import keep_accepted
 from draftheads.infer.context import ContextDrafter, ContextTree
 from draftheads.infer.cost import CostCurve, measure_verify_cost
 from draftheads.infer.draft import Drafter, drafter_for, root_only
-from draftheads.infer.forward import SUPPORTED_ATTENTION, TreeInputError, tree_forward
+from draftheads.infer.forward import SUPPORTED_ATTENTION, TreeInputError, prefill_forward, tree_forward
 from draftheads.infer.hybrid import HybridDrafter, HybridTree
 from draftheads.infer.packed import has_packed_linears, pack_linears
 from draftheads.infer.tree import load_tuned_tree, padded_size, resolve_tree
@@ -366,14 +366,7 @@ class SpeculativeGenerator:
             tally.new_tokens += len(tokens)
             return tokens, done
 
-        cache = new_cache(model)
-        output = model(
-            input_ids=input_ids,
-            past_key_values=cache,
-            use_cache=True,
-            output_hidden_states=list(hidden_layers),
-            logits_to_keep=1,
-        )
+        cache, output = prefill_forward(model, input_ids, hidden_layers)
         root = next_token(output.logits[0, -1], params, generator)
         tokens, done = emit([root])
         yield tokens
@@ -384,9 +377,7 @@ class SpeculativeGenerator:
             self._measure_cost(cache, root)
             tally.started += time.perf_counter() - measuring  # a one-time measurement, not decoding
         drafter = self.new_drafter()
-        features = drafter.select_features(output.hidden_states)  # (1, T, F)
-        next_ids = torch.cat([input_ids[:, 1:], input_ids.new_tensor([[root]])], dim=1)  # (1, T)
-        drafter.prefill(features, next_ids)
+        drafter.start(output.hidden_states, input_ids, root)
         past = prompt_length  # cache entries; the root sits at position `past`
 
         while True:

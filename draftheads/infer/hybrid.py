@@ -45,21 +45,19 @@ class HybridTree:
         return HybridTree(None, self.context)
 
 
-def _node_lists(draft: Draft, default_source: str) -> tuple[list[int], list[int], list[str], list[float]]:
-    count = draft.topology.num_nodes
-    sources = list(draft.sources) if draft.sources else [""] + [default_source] * (count - 1)
-    scores = list(draft.scores) if draft.scores else [1.0] + [float("nan")] * (count - 1)
-    return draft.tokens.tolist(), list(draft.topology.parents[:count]), sources, scores
+def _node_lists(draft: Draft) -> tuple[list[int], list[int], list[str], list[float]]:
+    parents = list(draft.topology.parents[: draft.topology.num_nodes])
+    return draft.tokens.tolist(), parents, list(draft.sources), list(draft.scores)
 
 
 def merge_drafts(first: Draft, second: Draft, pad_to_multiple: int = 1) -> Draft:
     """One tree holding every path of ``first`` and of ``second`` (same root); ``first``'s nodes keep
     their indices and order, ``second``'s new nodes follow (parents before children)."""
-    tokens, parents, sources, scores = _node_lists(first, "first")
+    tokens, parents, sources, scores = _node_lists(first)
     if tokens[0] != int(second.tokens[0]):
         raise ValueError(f"drafts to merge must share the root, got {tokens[0]} and {int(second.tokens[0])}")
     child_of = {(parent, token): node for node, (parent, token) in enumerate(zip(parents, tokens)) if node}
-    other_tokens, other_parents, other_sources, other_scores = _node_lists(second, "second")
+    other_tokens, other_parents, other_sources, other_scores = _node_lists(second)
     merged = [0] + [0] * (len(other_tokens) - 1)  # second's node -> merged node
     for node in range(1, len(other_tokens)):
         parent = merged[other_parents[node]]
@@ -88,15 +86,10 @@ def merge_drafts(first: Draft, second: Draft, pad_to_multiple: int = 1) -> Draft
 class HybridDrafter(Drafter):
     """A head's Drafter and a ``ContextDrafter`` proposing together; one merged tree per step."""
 
-    dynamic_trees = True
-
     def __init__(self, head_drafter: Drafter, context_drafter: ContextDrafter | None = None):
         super().__init__(head_drafter.head, head_drafter.pad_to_multiple)
         self.head_drafter = head_drafter
         self.context_drafter = context_drafter or ContextDrafter(head_drafter.pad_to_multiple)
-        self.default_trees = {
-            device: f"{tree}+context" for device, tree in head_drafter.default_trees.items()
-        }
 
     @property
     def feature_layers(self) -> tuple[int, ...]:

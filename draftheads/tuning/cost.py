@@ -13,9 +13,9 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-from draftheads.infer.cache import new_cache
-from draftheads.infer.cost import CostCurve, isotonic, measure_verify_cost
+from draftheads.infer.cost import CostCurve, isotonic, measure_verify_cost, synchronize
 from draftheads.infer.draft import drafter_for
+from draftheads.infer.forward import prefill_forward
 from draftheads.infer.tree import DynamicTree, StaticTree
 
 __all__ = ["CostCurve", "DecodingBench", "cost_sizes", "isotonic"]
@@ -33,11 +33,6 @@ def cost_sizes(max_nodes: int, pad_to_multiple: int) -> list[int]:
     return sorted({1, *sizes})
 
 
-def _synchronize(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
 class DecodingBench:
     """The state of a decoder after a prefix (base cache, root token, drafter), to time one step's
     pieces with the real code: verification forwards and the Drafter's ``propose`` and ``commit``."""
@@ -48,29 +43,21 @@ class DecodingBench:
         self.device = model.device
         self.drafter = drafter_for(head, pad_to_multiple)
         ids = prefix[None].to(self.device)  # (1, T)
-        self.cache = new_cache(model)
-        output = model(
-            input_ids=ids,
-            past_key_values=self.cache,
-            use_cache=True,
-            output_hidden_states=list(self.drafter.feature_layers),
-        )
+        self.cache, output = prefill_forward(model, ids, self.drafter.feature_layers)
         self.past = ids.shape[1]
         self.root = int(output.logits[0, -1].argmax())
-        features = self.drafter.select_features(output.hidden_states)  # (1, T, F)
-        next_ids = torch.cat([ids[:, 1:], ids.new_tensor([[self.root]])], dim=1)  # (1, T)
-        self.drafter.prefill(features, next_ids)
+        self.drafter.start(output.hidden_states, ids, self.root)
         self.drafter.flush()  # the prefix is caught up before anything is timed
-        self.commit_seconds = self._commit_seconds(features[:, -3:])
+        self.commit_seconds = self._commit_seconds(self.drafter.select_features(output.hidden_states)[:, -3:])
         self._draft_seconds: dict[object, float] = {}
 
     def _median(self, action: Callable[[], None]) -> float:
         times = []
         for _ in range(self.repeats):
-            _synchronize(self.device)
+            synchronize(self.device)
             started = time.perf_counter()
             action()
-            _synchronize(self.device)
+            synchronize(self.device)
             times.append(time.perf_counter() - started)
         return statistics.median(times)
 
@@ -82,11 +69,11 @@ class DecodingBench:
         times = []
         for _ in range(self.repeats + 1):  # the first is a warm-up
             drafter = self.drafter.fork()
-            _synchronize(self.device)
+            synchronize(self.device)
             started = time.perf_counter()
             drafter.commit(features, ids, self.past)
             drafter.flush()
-            _synchronize(self.device)
+            synchronize(self.device)
             times.append(time.perf_counter() - started)
         return statistics.median(times[1:])
 

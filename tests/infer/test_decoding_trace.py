@@ -15,7 +15,6 @@ saying why in the commit): ``python tests/infer/test_decoding_trace.py --write``
 from __future__ import annotations
 
 import json
-import platform
 import sys
 from pathlib import Path
 
@@ -24,6 +23,7 @@ import torch
 
 from draftheads.heads import EagleConfig, MedusaConfig, MtpConfig, build_head, load_head
 from draftheads.infer import SpeculativeGenerator
+from draftheads.machine import cpu_flags, cpu_name
 
 BASE = "smollm2-135m-instruct"
 FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "smollm2_decoding_traces.json"
@@ -54,17 +54,7 @@ TOLERANCE = 3  # accepted drafts per depth, summed over the prompts, on another 
 
 def cpu_model() -> str:
     """The CPU's model name and the vector extensions that change which kernels run."""
-    name, flags = platform.processor(), set()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                name = line.split(":", 1)[1].strip()
-            elif line.startswith("flags"):
-                flags = set(line.split(":", 1)[1].split())
-    except OSError:
-        pass
-    vector = sorted(f for f in flags if f.startswith(("avx", "amx", "fma")))
-    return f"{name} [{' '.join(vector)}]"
+    return f"{cpu_name()} [{' '.join(cpu_flags())}]"
 
 
 def trace(model, tokenizer, case: str) -> list[dict]:
