@@ -21,3 +21,12 @@ def test_help_and_unknown_command(capsys):
     assert "tune-tree" in capsys.readouterr().out
     assert main(["trian"]) == 2
     assert "unknown command 'trian'" in capsys.readouterr().err
+
+
+def test_generate_without_a_head_refuses_what_needs_one(capsys):
+    from draftheads.cli import main
+
+    assert main(["generate", "--prompt", "hi"]) == 2
+    assert "give a head directory (--heads)" in capsys.readouterr().out
+    assert main(["generate", "--base", "smollm2-135m-instruct", "--prompt", "hi", "--tree", "cpu-8"]) == 2
+    assert "--tree cpu-8 is a head's tree" in capsys.readouterr().out

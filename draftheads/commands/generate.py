@@ -72,6 +72,11 @@ def run(args: argparse.Namespace) -> int:
             "draftheads generate: give a head directory (--heads) or, to draft from the context alone, --base"
         )
         return 2
+    if args.heads is None and args.tree is not None:
+        print(
+            f"draftheads generate: --tree {args.tree} is a head's tree; without --heads the context drafts alone"
+        )
+        return 2
     try:
         generator = SpeculativeGenerator.from_pretrained(
             args.heads,
