@@ -74,7 +74,8 @@ def run(args: argparse.Namespace) -> int:
         return 2
     if args.heads is None and args.tree is not None:
         print(
-            f"draftheads generate: --tree {args.tree} is a head's tree; without --heads the context drafts alone"
+            f"draftheads generate: --tree {args.tree} is a head's tree; "
+            "without --heads the context drafts alone"
         )
         return 2
     try:
