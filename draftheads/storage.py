@@ -1,0 +1,76 @@
+"""Disk hygiene for everything draftheads writes: free space checked before a large write, and
+files given the permissions the user's umask asks for.
+
+``check_free_space`` runs before writing, so a full disk is reported up front in one sentence
+(where, how much is needed, how much is free, what was being written) instead of as a half-written
+file. ``InsufficientSpaceError`` is an ``OSError`` with ``errno.ENOSPC``, the error the write itself
+would have raised.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import shutil
+from pathlib import Path
+
+_UNITS = ("B", "KiB", "MiB", "GiB", "TiB", "PiB")
+
+
+class InsufficientSpaceError(OSError):
+    """Not enough free space for a write; the message names the directory, the bytes needed and
+    free, and what was being written. Raised as ``InsufficientSpaceError(errno.ENOSPC, message)``."""
+
+    def __str__(self) -> str:
+        return str(self.strerror)  # the sentence alone, without OSError's "[Errno 28]" prefix
+
+
+def format_bytes(count: int) -> str:
+    """``1536`` -> ``'1.5 KiB'`` (binary units, one decimal; plain bytes below 1 KiB)."""
+    value = float(count)
+    for unit in _UNITS:
+        if abs(value) < 1024 or unit == _UNITS[-1]:
+            return f"{int(value)} {unit}" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    raise AssertionError("unreachable")
+
+
+def _existing_ancestor(directory: Path) -> Path:
+    """``directory`` or its nearest existing parent: where the bytes will land before it exists."""
+    path = directory.absolute()
+    while not path.exists() and path != path.parent:
+        path = path.parent
+    return path
+
+
+def check_free_space(directory: str | Path, needed_bytes: int, what: str) -> None:
+    """Raise InsufficientSpaceError if the filesystem holding ``directory`` (or, before it exists,
+    its nearest existing parent) has fewer than ``needed_bytes`` free for this user.
+
+    Args:
+        directory: where the write will go.
+        needed_bytes: the estimated size of the write, margin included.
+        what: what is being written, for the message (e.g. ``"the medusa export"``).
+    """
+    if needed_bytes < 0:
+        raise ValueError(f"needed_bytes must be >= 0, got {needed_bytes}")
+    free = shutil.disk_usage(_existing_ancestor(Path(directory))).free
+    if free < needed_bytes:
+        raise InsufficientSpaceError(
+            errno.ENOSPC,
+            f"not enough free space in {directory} for {what}: needs {format_bytes(needed_bytes)}, "
+            f"{format_bytes(free)} free; free some space or write elsewhere",
+        )
+
+
+def current_umask() -> int:
+    """The process umask (``os.umask`` can only be read by setting it, so it is set back at once)."""
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def apply_default_mode(path: str | Path) -> None:
+    """Give a file written through a private temporary file (mode 0600, as safetensors' ``save_file``
+    leaves it) the mode a plain ``open()`` would have: 0666 less the umask."""
+    os.chmod(path, 0o666 & ~current_umask())
