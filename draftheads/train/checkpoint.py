@@ -6,20 +6,32 @@ Layout under ``<output_dir>/checkpoints/``::
         engine/...               DeepSpeed engine state: head weights, optimizer (ZeRO partitions
                                  per rank), LR scheduler
         rng_state_<rank>.pt      torch / CUDA / python / numpy RNG of each rank
-        trainer_state.json       step, data position, token count, last evaluation (written last)
+        trainer_state.json       step, data position, token count, last evaluation, run config
+        manifest.json            size and sha256 of every file above (written last)
 
 A checkpoint is written into ``.tmp-step-...`` and renamed into place only once complete, so a
 crash leaves either the previous checkpoints or the new one, never a half-written directory that
-``resume`` would pick up. Only the newest ``keep`` checkpoints are kept.
+``resume`` would pick up. Only the newest ``keep`` checkpoints are kept. Before writing, the free
+space is checked against the checkpoint's expected size, and a write that runs out of space fails
+with an error that says so (torch's zip writer reports only ``unexpected pos ...``).
+
+A complete checkpoint can still rot or be damaged afterwards (a copy cut short, a bad disk); the
+manifest lets ``resume`` verify it before loading and fall back to the newest intact one.
+Checkpoints written before manifests existed load unverified.
 """
 
 from __future__ import annotations
 
+import errno
+import hashlib
 import json
 import os
 import random
 import re
 import shutil
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +40,9 @@ import torch
 CHECKPOINTS_DIR = "checkpoints"
 ENGINE_TAG = "engine"
 STATE_NAME = "trainer_state.json"
+MANIFEST_NAME = "manifest.json"
 TEMP_PREFIX = ".tmp-"
+CORRUPT_PREFIX = "corrupt-"  # a checkpoint that failed verification, set aside by resume
 _NAME = re.compile(r"^step-(\d+)$")
 
 
@@ -56,6 +70,94 @@ def latest_checkpoint(output_dir: str | Path) -> Path | None:
 
 def read_trainer_state(checkpoint: str | Path) -> dict[str, Any]:
     return json.loads((Path(checkpoint) / STATE_NAME).read_text())
+
+
+# ---- manifest: verify before loading --------------------------------------------------------------
+
+
+class CorruptCheckpointError(RuntimeError):
+    """A checkpoint whose files do not match its manifest (or cannot be read)."""
+
+
+def file_sha256(path: Path) -> str:
+    with open(path, "rb") as handle:
+        return hashlib.file_digest(handle, "sha256").hexdigest()
+
+
+def write_manifest(directory: Path) -> None:
+    """Record the size and sha256 of every file under ``directory`` in its ``manifest.json``."""
+    files = {
+        path.relative_to(directory).as_posix(): {"bytes": path.stat().st_size, "sha256": file_sha256(path)}
+        for path in sorted(directory.rglob("*"))
+        if path.is_file() and path.name != MANIFEST_NAME
+    }
+    (directory / MANIFEST_NAME).write_text(json.dumps({"files": files}, indent=1) + "\n")
+
+
+def verify_checkpoint(checkpoint: str | Path) -> bool:
+    """Check every file of ``checkpoint`` against its manifest: True when it matches, False for a
+    checkpoint written before manifests existed (it cannot be verified); raise
+    CorruptCheckpointError naming the first file that is missing, has another size or another
+    sha256, or a manifest that cannot be read."""
+    checkpoint = Path(checkpoint)
+    manifest_path = checkpoint / MANIFEST_NAME
+    if not manifest_path.is_file():
+        return False
+    try:
+        files = json.loads(manifest_path.read_text())["files"]
+        expected = {name: (int(entry["bytes"]), str(entry["sha256"])) for name, entry in files.items()}
+    except (ValueError, KeyError, TypeError, AttributeError) as err:
+        raise CorruptCheckpointError(f"{manifest_path} cannot be read: {err}") from err
+    for name, (size, digest) in expected.items():
+        path = checkpoint / name
+        if not path.is_file():
+            raise CorruptCheckpointError(f"{path} is missing")
+        if path.stat().st_size != size:
+            raise CorruptCheckpointError(f"{path} has {path.stat().st_size} bytes, the manifest says {size}")
+        if file_sha256(path) != digest:
+            raise CorruptCheckpointError(f"{path} does not match its sha256 in {MANIFEST_NAME}")
+    return True
+
+
+@dataclass(frozen=True)
+class ResumePoint:
+    """The checkpoint a resumed run loads, and why newer ones were passed over."""
+
+    path: Path | None  # None: no checkpoint at all
+    verified: bool = False  # False: written before manifests, loaded unverified
+    skipped: list[tuple[Path, str]] = field(default_factory=list)  # (newer broken checkpoint, why)
+
+
+def find_resume_checkpoint(output_dir: str | Path) -> ResumePoint:
+    """The newest checkpoint under ``output_dir`` that verifies (or predates manifests and has a
+    readable trainer state), with the newer broken ones and why each is broken. Raise
+    CorruptCheckpointError when there are checkpoints but none is intact."""
+    skipped = []
+    for path in reversed(list_checkpoints(output_dir)):
+        try:
+            verified = verify_checkpoint(path)
+            read_trainer_state(path)  # an unverified checkpoint at least needs a readable state
+        except (CorruptCheckpointError, OSError, ValueError) as err:
+            skipped.append((path, str(err)))
+            continue
+        return ResumePoint(path, verified, skipped)
+    if skipped:
+        reasons = "; ".join(f"{path.name}: {why}" for path, why in skipped)
+        raise CorruptCheckpointError(
+            f"no intact checkpoint to resume from in {Path(output_dir) / CHECKPOINTS_DIR} ({reasons}); "
+            "remove them (or set train.resume=false with another train.output_dir) to start afresh"
+        )
+    return ResumePoint(None)
+
+
+def set_aside(checkpoint: Path) -> Path:
+    """Rename a broken checkpoint out of the way (``corrupt-step-...``) so that neither resume nor
+    pruning counts it; it stays on disk for inspection."""
+    target = checkpoint.with_name(CORRUPT_PREFIX + checkpoint.name)
+    if target.exists():
+        shutil.rmtree(target)
+    os.replace(checkpoint, target)
+    return target
 
 
 # ---- RNG ------------------------------------------------------------------------------------------
@@ -95,9 +197,92 @@ def _barrier() -> None:
         distributed.barrier()
 
 
+def _sum_over_ranks(value: int) -> int:
+    from torch import distributed
+
+    if not (distributed.is_available() and distributed.is_initialized()):
+        return value
+    total = torch.tensor([value], dtype=torch.float64)
+    if distributed.get_backend() == "nccl":
+        total = total.cuda()
+    distributed.all_reduce(total)
+    return int(total.item())
+
+
 def _remove_stale_temporaries(root: Path) -> None:
     for path in root.glob(TEMP_PREFIX + "*"):
         shutil.rmtree(path, ignore_errors=True)
+
+
+# ---- free space -----------------------------------------------------------------------------------
+
+
+def directory_bytes(directory: Path) -> int:
+    return sum(path.stat().st_size for path in directory.rglob("*") if path.is_file())
+
+
+def _tensor_bytes(tensors) -> int:
+    # ZeRO-3 leaves a partitioned parameter empty here and keeps its full size in ``ds_numel``.
+    return sum(getattr(tensor, "ds_numel", tensor.numel()) * tensor.element_size() for tensor in tensors)
+
+
+def engine_state_bytes(engine, exclude_frozen: bool = False) -> int:
+    """About what ``engine.save_checkpoint`` writes on this rank: the module's weights and buffers
+    (trainable weights only with ``exclude_frozen``) and the optimizer's state, with any master
+    copies of the weights it keeps (ZeRO, bf16) that are not the module's own tensors."""
+    module_parameters = list(engine.module.parameters())
+    saved = [p for p in module_parameters if p.requires_grad or not exclude_frozen]
+    total = _tensor_bytes(saved) + _tensor_bytes(engine.module.buffers())
+    optimizer = getattr(engine.optimizer, "optimizer", engine.optimizer)  # DeepSpeed wraps torch's
+    if optimizer is not None:
+        own = {id(p) for p in module_parameters}
+        for group in optimizer.param_groups:
+            total += _tensor_bytes(p for p in group["params"] if id(p) not in own)
+        for state in optimizer.state.values():
+            total += _tensor_bytes(value for value in state.values() if torch.is_tensor(value))
+    return total
+
+
+def with_margin(size: int) -> int:
+    """The free space a write of about ``size`` bytes asks for: serialisation overhead (zip
+    headers, JSON, RNG states) is small next to the tensors, 10% and 1 MiB covers it."""
+    return int(size * 1.1) + 2**20
+
+
+@contextmanager
+def space_checked_write(directory: Path, temporary: Path, needed_bytes: int, what: str) -> Iterator[None]:
+    """Check the free space for a write of ``needed_bytes`` into ``temporary`` (on the filesystem
+    of ``directory``) before it starts, and report a write that still runs out of space (the
+    estimate was low, or another process filled the disk) as InsufficientSpaceError.
+
+    A full disk reaches us as an OSError with ENOSPC, or wrapped: torch's zip writer says only
+    ``unexpected pos ...`` and safetensors an ``IoError`` string. So any failure after which the
+    filesystem has less room than the rest of the write needed counts as running out of space.
+    The caller removes ``temporary``.
+    """
+    from draftheads.storage import InsufficientSpaceError, check_free_space, format_bytes
+
+    check_free_space(directory, needed_bytes, what)
+    try:
+        yield
+    except InsufficientSpaceError:
+        raise
+    except Exception as err:
+        free = shutil.disk_usage(directory).free
+        written = directory_bytes(temporary) if temporary.is_dir() else 0
+        causes = [err, err.__cause__, err.__context__]
+        space_errno = any(getattr(cause, "errno", None) in (errno.ENOSPC, errno.EDQUOT) for cause in causes)
+        if space_errno or free < needed_bytes - written:
+            raise InsufficientSpaceError(
+                errno.ENOSPC,
+                f"ran out of space in {directory} while writing {what}: {format_bytes(written)} "
+                f"written of about {format_bytes(needed_bytes)}, {format_bytes(free)} free; "
+                "free some space or write elsewhere (nothing half-written was kept)",
+            ) from err
+        raise
+
+
+# ---- save / load ----------------------------------------------------------------------------------
 
 
 def save_checkpoint(
@@ -112,11 +297,16 @@ def save_checkpoint(
     """Write checkpoint ``step`` atomically on every rank (all ranks must call) and prune old ones.
 
     Args:
-        engine: a DeepSpeed engine (anything with ``save_checkpoint(dir, tag=..., ...)``).
+        engine: a DeepSpeed engine (anything with ``save_checkpoint(dir, tag=..., ...)``,
+            ``module`` and ``optimizer``).
         trainer_state: JSON-serialisable loop state (step, data position, evaluation, ...).
         keep: how many checkpoints to keep (the newest; at least 1).
         exclude_frozen: leave frozen parameters out of the engine state (Medusa-2: the engine's
             module holds the whole base, of which only the LoRA adapter trains).
+
+    Raises InsufficientSpaceError (an OSError) before writing when the free space is short of the
+    checkpoint's expected size (the previous checkpoint's, or the engine's weights and optimizer
+    state summed over ranks), or when the write runs out of space; nothing half-written stays.
     """
     root = Path(output_dir) / CHECKPOINTS_DIR
     final = root / checkpoint_name(step)
@@ -125,13 +315,22 @@ def save_checkpoint(
         root.mkdir(parents=True, exist_ok=True)
         _remove_stale_temporaries(root)
     _barrier()
+    previous = latest_checkpoint(output_dir)
+    expected = max(
+        _sum_over_ranks(engine_state_bytes(engine, exclude_frozen)),
+        directory_bytes(previous) if previous is not None else 0,
+    )
     try:
-        options = {"exclude_frozen_parameters": True} if exclude_frozen else {}
-        engine.save_checkpoint(str(temporary), tag=ENGINE_TAG, save_latest=False, **options)
-        torch.save(capture_rng_state(), temporary / f"rng_state_{rank}.pt")
-        _barrier()
+        with space_checked_write(root, temporary, with_margin(expected), f"checkpoint {final.name}"):
+            options = {"exclude_frozen_parameters": True} if exclude_frozen else {}
+            engine.save_checkpoint(str(temporary), tag=ENGINE_TAG, save_latest=False, **options)
+            torch.save(capture_rng_state(), temporary / f"rng_state_{rank}.pt")
+            _barrier()
+            if rank == 0:
+                state = json.dumps({**trainer_state, "step": step}, indent=2) + "\n"
+                (temporary / STATE_NAME).write_text(state)
+                write_manifest(temporary)
         if rank == 0:
-            (temporary / STATE_NAME).write_text(json.dumps({**trainer_state, "step": step}, indent=2) + "\n")
             if final.exists():  # re-saving a step (e.g. the final save right after a periodic one)
                 shutil.rmtree(final)
             os.replace(temporary, final)

@@ -1,3 +1,4 @@
+import json
 import random
 from pathlib import Path
 
@@ -13,12 +14,13 @@ class FakeEngine:
     def __init__(self, fail=False):
         self.fail = fail
         self.loaded = None
+        self.module = torch.nn.Linear(4, 4)
+        self.optimizer = torch.optim.SGD(self.module.parameters(), lr=0.1)
 
     def save_checkpoint(self, directory, tag, save_latest=True):
-        target = torch.tensor([1.0])
         path = Path(directory) / tag
         path.mkdir(parents=True)
-        torch.save(target, path / "model.pt")
+        torch.save(self.module.state_dict(), path / "model.pt")
         if self.fail:
             raise OSError("disk full")
 
@@ -69,3 +71,49 @@ def test_load_restores_rng_and_state(tmp_path):
     assert torch.equal(torch.rand(3), expected[0]) and random.random() == expected[1]
     with pytest.raises(FileNotFoundError, match="not a complete checkpoint"):
         checkpoint.load_checkpoint(engine, tmp_path / "checkpoints" / "missing")
+
+
+def test_every_file_is_in_the_manifest_and_damage_is_found(tmp_path):
+    path = checkpoint.save_checkpoint(FakeEngine(), tmp_path, 10, {"tokens": 1}, keep=3)
+    manifest = json.loads((path / checkpoint.MANIFEST_NAME).read_text())["files"]
+    assert sorted(manifest) == ["engine/model.pt", "rng_state_0.pt", "trainer_state.json"]
+    assert checkpoint.verify_checkpoint(path) is True
+    model = path / "engine" / "model.pt"
+    data = bytearray(model.read_bytes())
+    data[len(data) // 2] ^= 0xFF  # one flipped byte, same size
+    model.write_bytes(bytes(data))
+    with pytest.raises(checkpoint.CorruptCheckpointError, match=r"model.pt does not match its sha256"):
+        checkpoint.verify_checkpoint(path)
+    model.write_bytes(bytes(data[:10]))
+    with pytest.raises(checkpoint.CorruptCheckpointError, match=r"model.pt has 10 bytes, the manifest says"):
+        checkpoint.verify_checkpoint(path)
+    model.unlink()
+    with pytest.raises(checkpoint.CorruptCheckpointError, match=r"model.pt is missing"):
+        checkpoint.verify_checkpoint(path)
+    (path / checkpoint.MANIFEST_NAME).write_text("{not json")
+    with pytest.raises(checkpoint.CorruptCheckpointError, match=r"manifest.json cannot be read"):
+        checkpoint.verify_checkpoint(path)
+
+
+def test_resume_point_skips_broken_checkpoints_and_takes_unverifiable_old_ones(tmp_path):
+    for step in (10, 20, 30):
+        checkpoint.save_checkpoint(FakeEngine(), tmp_path, step, {}, keep=3)
+    root = tmp_path / "checkpoints"
+    (root / "step-00000010" / checkpoint.MANIFEST_NAME).unlink()  # as written before manifests
+    (root / "step-00000030" / "rng_state_0.pt").write_bytes(b"cut short")
+    point = checkpoint.find_resume_checkpoint(tmp_path)
+    assert point.path == root / "step-00000020" and point.verified
+    assert [(path.name, "rng_state_0.pt has 9 bytes" in why) for path, why in point.skipped] == [
+        ("step-00000030", True)
+    ]
+    (root / "step-00000020" / checkpoint.STATE_NAME).write_text("{}")
+    point = checkpoint.find_resume_checkpoint(tmp_path)
+    assert point.path == root / "step-00000010" and not point.verified
+    assert [path.name for path, _ in point.skipped] == ["step-00000030", "step-00000020"]
+    (root / "step-00000010" / checkpoint.STATE_NAME).write_text("{cut")
+    with pytest.raises(checkpoint.CorruptCheckpointError, match="no intact checkpoint to resume from"):
+        checkpoint.find_resume_checkpoint(tmp_path)
+    aside = checkpoint.set_aside(root / "step-00000030")
+    assert aside.name == "corrupt-step-00000030"
+    assert [path.name for path in checkpoint.list_checkpoints(tmp_path)] == ["step-00000010", "step-00000020"]
+    assert checkpoint.find_resume_checkpoint(tmp_path / "elsewhere").path is None
