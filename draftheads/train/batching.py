@@ -2,14 +2,13 @@
 
 Examples of similar length share a batch so little compute goes to padding (the grouping of HF
 ``LengthGroupedSampler``: shuffle, cut into mega-batches, sort each by length, shuffle the
-batches). Every order is a pure function of (seed, epoch), so a run's data position is two
-integers and resuming replays exactly the batches an uninterrupted run would see.
+batches). Every order is a pure function of (seed, epoch), so a run's data position is one
+integer and resuming replays exactly the batches an uninterrupted run would see.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 import torch
 
@@ -79,20 +78,15 @@ def _row_lengths(dataset) -> list[int]:
     return [len(ids) for ids in dataset["input_ids"]]
 
 
-@dataclass
-class DataPosition:
-    """Where the stream is: the next micro-batch is batch ``index`` of ``epoch`` (this rank's)."""
-
-    epoch: int = 0
-    index: int = 0
-
-
 class BatchStream:
-    """Endless, resumable micro-batches over a dataset, sharded across data-parallel ranks.
+    """Endless, resumable micro-batches over a dataset, dealt round-robin to data-parallel ranks.
 
-    Every rank computes the same epoch order and takes every ``world_size``-th batch, so ranks
-    never share a batch; each epoch is cut to a multiple of ``world_size`` batches so all ranks
-    step together.
+    All ranks walk one global sequence: epoch 0's batches, then epoch 1's, ... (each epoch a
+    ``epoch_batches`` order, every batch in it). Rank r of W takes global micro-batches r, r + W,
+    r + 2W, ...: ranks never share a batch, together they cover every batch of every epoch, and
+    the k-th micro-batch a rank reads is global micro-batch ``k * W + r`` whatever W is, so W ranks
+    x A accumulation steps read the batches that one process reads with W * A accumulation steps,
+    in the same order. The position is one count (micro-batches this rank has read).
     """
 
     def __init__(
@@ -107,6 +101,8 @@ class BatchStream:
     ):
         if len(dataset) == 0:
             raise ValueError("cannot batch an empty dataset")
+        if not 0 <= rank < world_size:
+            raise ValueError(f"rank {rank} is outside world size {world_size}")
         self.dataset = dataset
         self.lengths = _row_lengths(dataset)
         self.batch_size = batch_size
@@ -115,40 +111,54 @@ class BatchStream:
         self.group_by_length = group_by_length
         self.rank = rank
         self.world_size = world_size
-        self.position = DataPosition()
+        self.read = 0  # micro-batches this rank has read
         self._epoch_cache: tuple[int, list[list[int]]] | None = None
 
     def batches_per_epoch(self) -> int:
-        """Micro-batches this rank sees per epoch."""
-        total = -(-len(self.lengths) // self.batch_size)
-        return max(1, total // self.world_size)
+        """Micro-batches in one epoch, all ranks together."""
+        return -(-len(self.lengths) // self.batch_size)
 
-    def rank_batches(self, epoch: int) -> list[list[int]]:
+    def global_index(self, read: int | None = None) -> int:
+        """The global micro-batch this rank reads as its ``read``-th (default: its next one)."""
+        return (self.read if read is None else read) * self.world_size + self.rank
+
+    def batch_rows(self, global_index: int) -> list[int]:
+        """Dataset rows of global micro-batch ``global_index``."""
+        epoch, index = divmod(global_index, self.batches_per_epoch())
         if self._epoch_cache is None or self._epoch_cache[0] != epoch:
             batches = epoch_batches(self.lengths, self.batch_size, self.seed, epoch, self.group_by_length)
-            if len(batches) < self.world_size:  # fewer batches than ranks: repeat so each rank has one
-                batches = (batches * self.world_size)[: self.world_size]
-            usable = len(batches) - len(batches) % self.world_size
-            self._epoch_cache = (epoch, batches[self.rank : usable : self.world_size])
-        return self._epoch_cache[1]
+            self._epoch_cache = (epoch, batches)
+        return self._epoch_cache[1][index]
 
     def __iter__(self):
         return self
 
     def __next__(self) -> dict[str, torch.Tensor]:
-        batches = self.rank_batches(self.position.epoch)
-        if self.position.index >= len(batches):
-            self.position = DataPosition(self.position.epoch + 1, 0)
-            batches = self.rank_batches(self.position.epoch)
-        indices = batches[self.position.index]
-        self.position = DataPosition(self.position.epoch, self.position.index + 1)
+        indices = self.batch_rows(self.global_index())
+        self.read += 1
         return with_row_index(collate([self.dataset[i] for i in indices], self.pad_token_id), indices)
 
     def state_dict(self) -> dict[str, int]:
-        return {"epoch": self.position.epoch, "index": self.position.index}
+        """The position, with the world size it counts in (a checkpoint resumes only with it)."""
+        return {"micro_batches_read": self.read, "world_size": self.world_size}
 
-    def load_state_dict(self, state: dict[str, int]) -> None:
-        self.position = DataPosition(int(state["epoch"]), int(state["index"]))
+    def load_state_dict(self, state: dict[str, int], where: str = "data position") -> None:
+        """Continue from ``state_dict()``; refuses a position counted in another world size."""
+        if "micro_batches_read" not in state:  # written before the world size was recorded
+            if self.world_size != 1:
+                raise ValueError(
+                    f"{where}: {state} predates multi-process positions; resume it with one process"
+                )
+            state = {
+                "micro_batches_read": int(state["epoch"]) * self.batches_per_epoch() + int(state["index"])
+            }
+            state["world_size"] = 1
+        if int(state["world_size"]) != self.world_size:
+            raise ValueError(
+                f"{where}: written by {state['world_size']} data-parallel processes, resumed with "
+                f"{self.world_size}; resume with {state['world_size']}"
+            )
+        self.read = int(state["micro_batches_read"])
 
 
 def fixed_batches(

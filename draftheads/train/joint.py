@@ -99,6 +99,17 @@ class JointRecipe(nn.Module):
         )
 
     def forward(self, batch: dict, split: str) -> ObjectiveOutput:
+        sample_seed = batch.get("sample_seed")
+        if not self.training or sample_seed is None:
+            return self._forward(batch, sample_seed)
+        # LoRA dropout draws from torch's global RNG: seed it from the batch, as the heads' draws
+        # are, so the adapter sees the same masks whatever rank runs the batch.
+        devices = [batch["input_ids"].device] if batch["input_ids"].is_cuda else []
+        with torch.random.fork_rng(devices=devices):
+            torch.manual_seed(sample_seed)
+            return self._forward(batch, sample_seed)
+
+    def _forward(self, batch: dict, sample_seed: int | None) -> ObjectiveOutput:
         input_ids, loss_mask, attention_mask = batch["input_ids"], batch["loss_mask"], batch["attention_mask"]
         lm_head = self.adapted_base.get_base_model().get_output_embeddings()
         hidden_states = self._body(input_ids, attention_mask).hidden_states  # L + 1 x (B, T, h)
@@ -114,7 +125,7 @@ class JointRecipe(nn.Module):
             per_token = kl_divergence(teacher_logits, student_logits)  # (M,)
         base_loss = masked_mean(per_token, ones_like_rows(per_token))
         heads = compute_objective(
-            self.head, hidden_states, input_ids, loss_mask, attention_mask, self.token_fraction
+            self.head, hidden_states, input_ids, loss_mask, attention_mask, self.token_fraction, sample_seed
         )
         heads.loss = base_loss + self.head_loss_weight * heads.loss
         heads.loss_parts["base_loss"] = base_loss

@@ -6,7 +6,10 @@ of the frozen base, a feature cache, or Medusa-2's adapted base). Each kind's fu
 predictions with targets and calls its loss in ``draftheads.train.losses``.
 
 Sampling. ``keep`` (B, T) bool, or None for everything, is the random subset a training step scores
-(``train.loss_token_fraction``, see ``compute_objective``).
+(``train.loss_token_fraction``, see ``compute_objective``). Every random draw of a training batch
+(``keep``, EAGLE's feature noise) comes from a generator seeded by the batch's own ``sample_seed``
+(``micro_batch_seed``), never from a per-process stream, so what a run learns does not depend on
+how many data-parallel processes ran it.
 
 Alignment. Token q is supervised iff ``loss_mask[q] == 1`` (and it is not padding). Every draft
 step s (Medusa head s, EAGLE-3 training-time-test step s, MTP module s + 1; EAGLE-1 has one step)
@@ -22,6 +25,7 @@ whose argmax is outside EAGLE-3's draft vocabulary as misses.
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -108,7 +112,9 @@ def ones_like_rows(rows: torch.Tensor) -> torch.Tensor:
 # ---- per kind ---------------------------------------------------------------------------------
 
 
-def medusa_objective(head, hidden_states, input_ids, loss_mask, attention_mask, keep=None) -> ObjectiveOutput:
+def medusa_objective(
+    head, hidden_states, input_ids, loss_mask, attention_mask, keep=None, generator=None
+) -> ObjectiveOutput:
     loss_mask = keep_tokens(loss_mask, keep)
     features = head.select_features(hidden_states)  # (B, T, h)
     tokens = SupervisedTokens.from_masks(loss_mask, attention_mask)
@@ -125,14 +131,19 @@ def medusa_objective(head, hidden_states, input_ids, loss_mask, attention_mask, 
     return accuracy.output(medusa_loss(all_logits, all_targets, all_masks))
 
 
-def eagle_objective(head, hidden_states, input_ids, loss_mask, attention_mask, keep=None) -> ObjectiveOutput:
+def eagle_objective(
+    head, hidden_states, input_ids, loss_mask, attention_mask, keep=None, generator=None
+) -> ObjectiveOutput:
     loss_mask = keep_tokens(loss_mask, keep)
     features = head.select_features(hidden_states)  # (B, T, h) = hs[L]
     batch_size, length = input_ids.shape
     inputs = features
     if head.training and head.config.feature_noise > 0:
         noise = head.config.feature_noise
-        inputs = features + (torch.rand_like(features) * 2 - 1) * noise  # U(-noise, noise)
+        uniform = torch.rand(
+            features.shape, generator=generator, dtype=features.dtype, device=features.device
+        )  # (B, T, h)
+        inputs = features + (uniform * 2 - 1) * noise  # U(-noise, noise)
     mask = padded_causal_mask(
         attention_mask, batch_size, length, features.dtype, features.device
     )  # (B, 1, T, T)
@@ -153,7 +164,9 @@ def eagle_objective(head, hidden_states, input_ids, loss_mask, attention_mask, k
     return accuracy.output(loss)
 
 
-def eagle3_objective(head, hidden_states, input_ids, loss_mask, attention_mask, keep=None) -> ObjectiveOutput:
+def eagle3_objective(
+    head, hidden_states, input_ids, loss_mask, attention_mask, keep=None, generator=None
+) -> ObjectiveOutput:
     features = head.select_features(hidden_states)  # (B, T, 3h)
     last_hidden = hidden_states[head.base_spec.num_hidden_layers]  # (B, T, h), what enters lm_head
     length = input_ids.shape[1]
@@ -200,7 +213,9 @@ def eagle3_objective(head, hidden_states, input_ids, loss_mask, attention_mask, 
     return accuracy.output(eagle3_loss(all_logits, all_probs, all_masks))
 
 
-def mtp_objective(head, hidden_states, input_ids, loss_mask, attention_mask, keep=None) -> ObjectiveOutput:
+def mtp_objective(
+    head, hidden_states, input_ids, loss_mask, attention_mask, keep=None, generator=None
+) -> ObjectiveOutput:
     loss_mask = keep_tokens(loss_mask, keep)
     features = head.select_features(hidden_states)  # (B, T, h) = hs[L] = h^0
     states = head.unroll(features, input_ids, attention_mask)  # D x (B, T, h)
@@ -226,12 +241,29 @@ OBJECTIVES: dict[str, Callable[..., ObjectiveOutput]] = {
 }
 
 
-def sample_keep(shape: torch.Size, fraction: float, device) -> torch.Tensor | None:
-    """(B, T) bool, each entry True with probability ``fraction`` (torch's global RNG, which
-    checkpoints restore); None when ``fraction`` >= 1 (keep everything)."""
+def micro_batch_seed(seed: int, step: int, micro_batch: int) -> int:
+    """The seed of one training micro-batch's random draws: a function of the run's ``seed``, the
+    optimiser ``step`` and the micro-batch's index within that step's global batch
+    (``accumulation_index * world_size + rank``, the order in which ``BatchStream`` deals the
+    batches), so 2 ranks x 1 accumulation step and 1 rank x 2 draw the same numbers for the same
+    rows."""
+    key = f"{seed}:{step}:{micro_batch}".encode()
+    return int.from_bytes(hashlib.blake2b(key, digest_size=8).digest(), "little") >> 1  # < 2^63
+
+
+def batch_generator(sample_seed: int | None, device) -> torch.Generator | None:
+    """A generator on ``device`` seeded with ``sample_seed`` (None: None, torch's global RNG)."""
+    if sample_seed is None:
+        return None
+    return torch.Generator(device=device).manual_seed(int(sample_seed))
+
+
+def sample_keep(shape: torch.Size, fraction: float, device, generator=None) -> torch.Tensor | None:
+    """(B, T) bool, each entry True with probability ``fraction``, drawn from ``generator``; None
+    when ``fraction`` >= 1 (keep everything)."""
     if fraction >= 1.0:
         return None
-    return torch.rand(shape, device=device) < fraction
+    return torch.rand(shape, generator=generator, device=device) < fraction
 
 
 def keep_tokens(loss_mask: torch.Tensor, keep: torch.Tensor | None) -> torch.Tensor:
@@ -241,7 +273,13 @@ def keep_tokens(loss_mask: torch.Tensor, keep: torch.Tensor | None) -> torch.Ten
 
 
 def compute_objective(
-    head, hidden_states, input_ids, loss_mask, attention_mask, token_fraction: float = 1.0
+    head,
+    hidden_states,
+    input_ids,
+    loss_mask,
+    attention_mask,
+    token_fraction: float = 1.0,
+    sample_seed: int | None = None,
 ) -> ObjectiveOutput:
     """Loss and per-step accuracy of ``head`` on one batch.
 
@@ -255,10 +293,15 @@ def compute_objective(
             (``sample_keep``): Medusa, EAGLE and MTP keep each token q with this probability;
             EAGLE-3 keeps each drafter row's whole chain (all its TTT steps), so the unrolled
             steps after the first run on that fraction of rows. Evaluation scores everything.
+        sample_seed: seeds every random draw of a training batch (``micro_batch_seed``); None
+            draws from torch's global RNG.
     """
     if head.kind not in OBJECTIVES:
         raise ValueError(
             f"no training objective for head kind '{head.kind}'; known kinds: {', '.join(sorted(OBJECTIVES))}"
         )
-    keep = sample_keep(loss_mask.shape, token_fraction, loss_mask.device) if head.training else None
-    return OBJECTIVES[head.kind](head, hidden_states, input_ids, loss_mask, attention_mask, keep)
+    generator = batch_generator(sample_seed, loss_mask.device) if head.training else None
+    keep = (
+        sample_keep(loss_mask.shape, token_fraction, loss_mask.device, generator) if head.training else None
+    )
+    return OBJECTIVES[head.kind](head, hidden_states, input_ids, loss_mask, attention_mask, keep, generator)

@@ -56,7 +56,8 @@ class Recipe(Protocol):
 
     def __call__(self, batch: dict, split: str) -> ObjectiveOutput:
         """Loss and per-step accuracy on ``batch`` (collated rows: input_ids, loss_mask,
-        attention_mask, each (B, T); row_index (B,)) of ``split`` ("train" or "validation")."""
+        attention_mask, each (B, T); row_index (B,); in training, ``sample_seed``: the int that
+        seeds the batch's random draws) of ``split`` ("train" or "validation")."""
 
     def parameter_groups(self, learning_rate: float) -> list[dict]:
         """AdamW parameter groups; a group without ``lr`` trains at ``learning_rate``."""
@@ -108,6 +109,7 @@ class FrozenBaseRecipe(nn.Module):
             batch["loss_mask"],
             batch["attention_mask"],
             self.token_fraction,
+            batch.get("sample_seed"),
         )
 
     def parameter_groups(self, learning_rate: float) -> list[dict]:

@@ -55,7 +55,7 @@ def test_stream_resumes_at_the_same_batch_across_epochs():
     for _ in range(6):  # into the second epoch
         next(stream)
     state = stream.state_dict()
-    assert state == {"epoch": 1, "index": 2}
+    assert state == {"micro_batches_read": 6, "world_size": 1}
     expected = [next(stream)["input_ids"] for _ in range(5)]
     resumed = BatchStream(dataset, batch_size=3, pad_token_id=0, seed=1)
     resumed.load_state_dict(state)
@@ -63,12 +63,22 @@ def test_stream_resumes_at_the_same_batch_across_epochs():
         assert torch.equal(next(resumed)["input_ids"], want)
 
 
-def test_ranks_get_disjoint_batches_of_equal_count():
-    dataset = _dataset(23)
-    shards = [BatchStream(dataset, 2, 0, seed=0, rank=r, world_size=3).rank_batches(0) for r in range(3)]
-    assert len({len(shard) for shard in shards}) == 1
+def test_ranks_get_disjoint_batches_that_cover_the_epoch():
+    dataset = _dataset(23)  # 12 batches of 2 (the last of 1): 4 per rank
+    streams = [BatchStream(dataset, 2, 0, seed=0, rank=r, world_size=3) for r in range(3)]
+    shards = [[stream.batch_rows(stream.global_index(k)) for k in range(4)] for stream in streams]
     seen = [i for shard in shards for batch in shard for i in batch]
-    assert len(seen) == len(set(seen))
+    assert sorted(seen) == list(range(23))
+
+
+def test_a_position_from_before_world_sizes_were_recorded_resumes_one_process():
+    dataset = _dataset(10)
+    stream = BatchStream(dataset, batch_size=3, pad_token_id=0, seed=1)
+    stream.load_state_dict({"epoch": 1, "index": 2})
+    assert stream.state_dict() == {"micro_batches_read": 6, "world_size": 1}
+    sharded = BatchStream(dataset, batch_size=3, pad_token_id=0, seed=1, rank=1, world_size=2)
+    with pytest.raises(ValueError, match="resume it with one process"):
+        sharded.load_state_dict({"epoch": 1, "index": 2})
 
 
 def test_fixed_batches_do_not_depend_on_calls():

@@ -1,0 +1,81 @@
+"""A training batch's random draws (loss_token_fraction's sample, EAGLE's feature noise, Medusa-2's
+LoRA dropout) come from the batch's own seed, never from the process's RNG stream: what a run
+learns must not depend on how many data-parallel processes ran it."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from draftheads.config import JointConfig
+from draftheads.heads import Eagle3Config, EagleConfig, MedusaConfig, MtpConfig, build_head
+from draftheads.train.joint import JointRecipe, add_lora_adapter
+from draftheads.train.objective import compute_objective, micro_batch_seed
+from tests.conftest import make_tiny_llama
+
+HEAD_CONFIGS = {
+    "medusa": MedusaConfig(num_heads=2),
+    "eagle": EagleConfig(feature_noise=0.1),
+    "eagle3": Eagle3Config(feature_layers=(1, 2, 3), draft_vocab_size=64, ttt_steps=2),
+    "mtp": MtpConfig(num_modules=2),
+}
+
+
+def _batch():
+    generator = torch.Generator().manual_seed(1)
+    input_ids = torch.randint(3, 256, (2, 24), generator=generator)  # (B, T)
+    loss_mask = torch.ones_like(input_ids)
+    loss_mask[:, :4] = 0
+    return input_ids, loss_mask, torch.ones_like(input_ids)
+
+
+def test_micro_batch_seeds_differ_by_seed_step_and_micro_batch():
+    seeds = {micro_batch_seed(s, t, m) for s in range(3) for t in range(50) for m in range(8)}
+    assert len(seeds) == 3 * 50 * 8
+    assert micro_batch_seed(7, 3, 1) == micro_batch_seed(7, 3, 1)
+    assert all(0 <= seed < 2**63 for seed in seeds)
+
+
+@pytest.mark.parametrize("kind", sorted(HEAD_CONFIGS))
+def test_the_sample_depends_on_the_batch_seed_not_the_global_rng(kind):
+    base = make_tiny_llama()
+    head = build_head(base, HEAD_CONFIGS[kind]).train()
+    input_ids, loss_mask, attention_mask = _batch()
+    with torch.no_grad():
+        hidden_states = base.model(input_ids, output_hidden_states=True).hidden_states
+
+    def loss(global_seed: int, sample_seed: int) -> torch.Tensor:
+        torch.manual_seed(global_seed)  # another process's stream position
+        with torch.no_grad():
+            output = compute_objective(
+                head, hidden_states, input_ids, loss_mask, attention_mask, 0.25, sample_seed
+            )
+        return output.loss, output.counted
+
+    reference, counted = loss(0, sample_seed=11)
+    again, counted_again = loss(12345, sample_seed=11)
+    assert torch.equal(again, reference) and torch.equal(counted_again, counted)
+    other, other_counted = loss(0, sample_seed=12)
+    assert not torch.equal(other, reference)
+    assert not torch.equal(other_counted, counted) or kind == "eagle"  # eagle: the noise differs
+
+
+def test_medusa2_lora_dropout_follows_the_batch_seed():
+    base = make_tiny_llama()
+    head = build_head(base, MedusaConfig(num_heads=2, joint=True))
+    joint = JointConfig(lora_rank=4, lora_dropout=0.5, base_loss="lm")
+    recipe = JointRecipe(add_lora_adapter(base, joint), head, joint).train()
+    with torch.no_grad():  # LoRA B starts at zero, which would hide the dropout
+        for name, parameter in recipe.adapted_base.named_parameters():
+            if "lora_B" in name:
+                parameter.normal_(std=0.5)
+    input_ids, loss_mask, attention_mask = _batch()
+    batch = {"input_ids": input_ids, "loss_mask": loss_mask, "attention_mask": attention_mask}
+
+    def base_loss(global_seed: int, sample_seed: int) -> torch.Tensor:
+        torch.manual_seed(global_seed)
+        with torch.no_grad():
+            return recipe({**batch, "sample_seed": sample_seed}, "train").loss_parts["base_loss"]
+
+    assert torch.equal(base_loss(0, 5), base_loss(99, 5))
+    assert not torch.equal(base_loss(0, 5), base_loss(0, 6))
