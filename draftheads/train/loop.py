@@ -24,6 +24,7 @@ import random
 import socket
 import time
 from dataclasses import dataclass
+from datetime import timedelta
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -37,11 +38,17 @@ from draftheads.settings import ConfigError, to_dict
 from draftheads.train import checkpoint
 from draftheads.train.batching import BatchStream, fixed_batches
 from draftheads.train.metrics import EvalResult, base_forward_tokens_per_second, evaluate
+from draftheads.train.objective import micro_batch_seed
 from draftheads.train.recipe import Recipe, recipe_for
 from draftheads.train.reporting import Reporter, plot_curves
 from draftheads.train.schedule import build_scheduler
 
 HEAD_DIR = "head"
+# How long a rank waits in a collective (all-reduce, barrier) before failing: a rank that died or
+# hangs makes the others exit with an error instead of waiting forever. Checkpoint saves and the
+# first step's setup must fit in it. The environment variable overrides it (seconds).
+DISTRIBUTED_TIMEOUT_SECONDS = 1800
+DISTRIBUTED_TIMEOUT_VARIABLE = "DRAFTHEADS_DISTRIBUTED_TIMEOUT"
 # DeepSpeed keys that TrainConfig owns (key -> the run-config field to set instead).
 OWNED_DEEPSPEED_KEYS = {
     "train_batch_size": "train.micro_batch_size and train.gradient_accumulation_steps",
@@ -126,12 +133,27 @@ def _free_port() -> int:
         return probe.getsockname()[1]
 
 
+def distributed_timeout() -> timedelta:
+    """``DISTRIBUTED_TIMEOUT_SECONDS``, or the environment's ``DRAFTHEADS_DISTRIBUTED_TIMEOUT``."""
+    value = os.environ.get(DISTRIBUTED_TIMEOUT_VARIABLE)
+    if value is None:
+        return timedelta(seconds=DISTRIBUTED_TIMEOUT_SECONDS)
+    try:
+        seconds = float(value)
+    except ValueError:
+        seconds = -1.0
+    if not seconds > 0:
+        raise ConfigError(f"environment {DISTRIBUTED_TIMEOUT_VARIABLE}={value!r}: expected seconds > 0")
+    return timedelta(seconds=seconds)
+
+
 def init_distributed() -> tuple[int, int, torch.device]:
     """Join (or, without a launcher, create) the process group; return (rank, world size, device).
 
-    The ``deepspeed`` launcher sets RANK/WORLD_SIZE/LOCAL_RANK/MASTER_*; a plain
-    ``draftheads train`` becomes rank 0 of 1 on a free local port. The group lives until the
-    process exits: DeepSpeed caches its groups, so it cannot be torn down and rebuilt in-process.
+    The ``deepspeed`` launcher (or ``torchrun``) sets RANK/WORLD_SIZE/LOCAL_RANK/MASTER_*; a plain
+    ``draftheads train`` becomes rank 0 of 1 on a free local port. Collectives fail after
+    ``distributed_timeout()``. The group lives until the process exits: DeepSpeed caches its
+    groups, so it cannot be torn down and rebuilt in-process.
     """
     import deepspeed
 
@@ -145,7 +167,9 @@ def init_distributed() -> tuple[int, int, torch.device]:
         device = torch.device("cuda", local_rank)
     else:
         device = torch.device("cpu")
-    deepspeed.init_distributed(dist_backend="nccl" if device.type == "cuda" else "gloo")
+    deepspeed.init_distributed(
+        dist_backend="nccl" if device.type == "cuda" else "gloo", timeout=distributed_timeout()
+    )
     return torch.distributed.get_rank(), torch.distributed.get_world_size(), device
 
 
@@ -196,10 +220,13 @@ def supervised_token_counts(dataset, vocab_size: int) -> torch.Tensor:
     return counts
 
 
-def total_optimizer_steps(train: TrainConfig, batches_per_epoch: int) -> int:
+def total_optimizer_steps(train: TrainConfig, batches_per_epoch: int, world_size: int = 1) -> int:
+    """``train.max_steps``, or the steps that read ``train.epochs`` epochs of ``batches_per_epoch``
+    micro-batches (all ranks together) at ``world_size`` x accumulation micro-batches a step."""
     if train.epochs is None:
         return train.max_steps
-    return max(1, math.ceil(train.epochs * batches_per_epoch / train.gradient_accumulation_steps))
+    per_step = train.gradient_accumulation_steps * world_size
+    return max(1, math.ceil(train.epochs * batches_per_epoch / per_step))
 
 
 @dataclass
@@ -365,7 +392,7 @@ def setup(run: RunConfig, base_model=None, tokenizer=None, datasets=None) -> Ses
         rank,
         world_size,
     )
-    total_steps = total_optimizer_steps(train, stream.batches_per_epoch())
+    total_steps = total_optimizer_steps(train, stream.batches_per_epoch(), world_size)
     engine = build_engine(recipe, train, deepspeed_config, total_steps, device)
 
     validation = fixed_batches(
@@ -390,14 +417,13 @@ def setup(run: RunConfig, base_model=None, tokenizer=None, datasets=None) -> Ses
     )
     latest = checkpoint.latest_checkpoint(output_dir) if train.resume else None
     if latest is not None:
+        check_resumable(latest, world_size)
         restore(session, latest)
-    else:
-        if train.resume:
-            _log_rank0(
-                rank,
-                f"train.resume: no checkpoint in {output_dir / checkpoint.CHECKPOINTS_DIR}; starting fresh",
-            )
-        seed_everything(train.seed + rank)  # ranks draw different noise (e.g. EAGLE feature noise)
+    elif train.resume:
+        _log_rank0(
+            rank,
+            f"train.resume: no checkpoint in {output_dir / checkpoint.CHECKPOINTS_DIR}; starting fresh",
+        )
     if rank == 0:
         output_dir.mkdir(parents=True, exist_ok=True)
         (output_dir / "config.json").write_text(json.dumps(to_dict(run), indent=2, default=str) + "\n")
@@ -410,6 +436,19 @@ def setup(run: RunConfig, base_model=None, tokenizer=None, datasets=None) -> Ses
         enabled=rank == 0,
     )
     return session
+
+
+def check_resumable(path: Path, world_size: int) -> None:
+    """Refuse, before DeepSpeed reads its partitions, a checkpoint written by another number of
+    data-parallel processes (ZeRO-1/2/3 optimizer partitions and the data position are per rank)."""
+    position = checkpoint.read_trainer_state(path).get("data_position", {})
+    written = int(position.get("world_size", 1))
+    if written != world_size:
+        raise ConfigError(
+            f"train.resume: {path} was written by {written} data-parallel processes and this run has "
+            f"{world_size}; resume it with {written} (e.g. deepspeed --num_gpus {written}), or start a "
+            "new train.output_dir with train.init_head set to an exported head"
+        )
 
 
 def restore(session: Session, path: Path) -> None:
@@ -470,8 +509,12 @@ def train_steps(session: Session) -> None:
     window_start = time.perf_counter()
     while session.step < session.total_steps:
         step_values = session.recipe.begin_step(session.step, session.total_steps)  # e.g. Medusa-2's lambda0
-        for _ in range(accumulation):
+        for accumulation_index in range(accumulation):
             batch = {name: tensor.to(session.device) for name, tensor in next(session.stream).items()}
+            # The micro-batch's place in the step's global batch, as the stream deals them: its
+            # random draws are the same whatever the world size (objective.micro_batch_seed).
+            micro_batch = accumulation_index * session.world_size + session.rank
+            batch["sample_seed"] = micro_batch_seed(train.seed, session.step, micro_batch)
             output = engine(batch, "train")
             engine.backward(output.loss)
             engine.step()  # DeepSpeed steps optimizer + scheduler only at the accumulation boundary
