@@ -33,8 +33,12 @@ from typing import Any, ClassVar
 import torch
 from torch import nn
 
+from draftheads.storage import apply_default_mode
+
 CONFIG_NAME = "config.json"
 WEIGHTS_NAME = "model.safetensors"
+WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth")  # what a checkpoint's tensors are stored in
+RUN_HEAD_DIR = "head"  # where a training run's output directory holds its final head
 FORMAT_VERSION = 1
 
 
@@ -236,6 +240,7 @@ class DraftHead(nn.Module):
             config.update(extra)
         (directory / CONFIG_NAME).write_text(json.dumps(config, indent=2, sort_keys=False) + "\n")
         save_file(self.head_state_dict(), str(directory / WEIGHTS_NAME), metadata={"format": "pt"})
+        apply_default_mode(directory / WEIGHTS_NAME)  # save_file leaves its temporary file's 0600
         return directory
 
 
@@ -284,15 +289,53 @@ def build_head(base_model, config: HeadConfig, base_name: str | None = None) -> 
     return head_class(config.kind).from_base(base_model, config, base_name)
 
 
+def _holds_weights(directory: Path) -> bool:
+    return any(p.suffix in WEIGHT_SUFFIXES for p in directory.iterdir() if p.is_file())
+
+
+def resolve_head_dir(directory: str | Path) -> Path:
+    """The head directory ``directory`` names: itself, or, for a training run's output directory
+    (no weights of its own, the final head under ``head/``), its ``head/``. Raises HeadFormatError
+    saying what was expected when it is neither."""
+    directory = Path(directory)
+    if not directory.exists():
+        raise HeadFormatError(f"head directory {directory} does not exist")
+    if not directory.is_dir():
+        raise HeadFormatError(
+            f"{directory} is a file; give the head directory (the one holding {CONFIG_NAME})"
+        )
+    run_head = directory / RUN_HEAD_DIR
+    if (run_head / CONFIG_NAME).is_file() and not _holds_weights(directory):
+        return run_head
+    if not (directory / CONFIG_NAME).is_file():
+        raise HeadFormatError(
+            f"no {CONFIG_NAME} in head directory {directory}: expected a head ({CONFIG_NAME} + "
+            f"{WEIGHTS_NAME}, as `draftheads train` writes to <output_dir>/{RUN_HEAD_DIR}, or an engine "
+            f"checkpoint) or a training run's output directory holding one under {RUN_HEAD_DIR}/"
+        )
+    return directory
+
+
 def _read_config(directory: str | Path) -> tuple[Path, dict[str, Any]]:
-    """(path, contents) of a head directory's config.json."""
-    config_path = Path(directory) / CONFIG_NAME
-    if not config_path.is_file():
-        raise HeadFormatError(f"no {CONFIG_NAME} in head directory {directory}")
+    """(path, contents) of the config.json of the head ``directory`` names (``resolve_head_dir``);
+    the head's own directory is ``path.parent``."""
+    config_path = resolve_head_dir(directory) / CONFIG_NAME
     try:
         return config_path, json.loads(config_path.read_text())
-    except json.JSONDecodeError as err:
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
         raise HeadFormatError(f"{config_path}: not valid JSON ({err})") from err
+
+
+def read_weights(path: str | Path, device: str | torch.device = "cpu") -> dict[str, torch.Tensor]:
+    """The tensors of a safetensors file; a damaged file raises HeadFormatError naming it (the
+    library's own error names no file)."""
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    try:
+        return load_file(str(path), device=str(device))
+    except SafetensorError as err:
+        raise HeadFormatError(f"{path}: not a readable safetensors file ({err})") from err
 
 
 def _is_ours(saved: dict[str, Any]) -> bool:
@@ -335,11 +378,10 @@ def load_head(directory: str | Path, base_model=None, map_location: str | torch.
     A joint (Medusa-2) head drafts for, and must be verified by, its base with the head's adapter
     merged: it attaches only to a model that already carries that merge (from ``load_head_and_base``
     or ``adapter.adapted_base``); any other base raises HeadMismatchError."""
-    from safetensors.torch import load_file
     from transformers import AutoConfig
 
-    directory = Path(directory)
     config_path, saved = _read_config(directory)
+    directory = config_path.parent
     if not _is_ours(saved):
         from draftheads.export.reading import read_engine_head  # registers every engine format
 
@@ -354,10 +396,10 @@ def load_head(directory: str | Path, base_model=None, map_location: str | torch.
     base_config_dict = dict(saved["base_config"])
     base_config = AutoConfig.for_model(base_config_dict.pop("model_type"), **base_config_dict)
     head = cls(config, base_config, saved["base_model"].get("name_or_path"))
-    state = load_file(str(directory / WEIGHTS_NAME), device=str(map_location))
+    state = read_weights(directory / WEIGHTS_NAME, map_location)
     missing, unexpected = head.load_state_dict(state, strict=False)
     if missing or unexpected:
-        raise ValueError(
+        raise HeadFormatError(
             f"{directory / WEIGHTS_NAME}: missing keys {missing[:5]}, unexpected keys {unexpected[:5]}"
         )
     head.to(map_location)
@@ -381,7 +423,8 @@ def load_head_and_base(
     adapted base. ``base_model`` is never modified, unless ``copy_base=False`` hands it over to be
     adapted in place (``adapter.adapted_base``). ``map_location``: default the model's device."""
     model = base_model
-    _, saved = _read_config(directory)
+    config_path, saved = _read_config(directory)
+    directory = config_path.parent
     if _is_joint(saved):
         from draftheads.heads.adapter import adapted_base, adapter_fingerprint, merged_adapter
 
