@@ -8,6 +8,9 @@ model.safetensors + README.md model card, loadable with ``load_head``), ``eagle3
 ``eagle``, ``eagle-sglang``, ``medusa-vllm``, ``mtp-deepseek``. A format that cannot hold the head is
 refused with the list of formats that can. Only safetensors are written. docs/export.md shows how
 each output is served in vLLM and SGLang.
+
+Every export lists its files in ``draftheads-export.json``; ``--overwrite`` replaces such a
+directory and nothing else, and the new export is renamed into place only once complete.
 """
 
 from __future__ import annotations
@@ -20,14 +23,17 @@ from draftheads.export import (
     DEFAULT_FORMAT,
     FORMAT_REGISTRY,
     ExportOptions,
-    HubError,
     export_head,
     push_to_hub,
 )
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--heads", required=True, help="head directory (draftheads or an engine format)")
+    parser.add_argument(
+        "--heads",
+        required=True,
+        help="head directory (draftheads or an engine format), or a training run's output directory",
+    )
     parser.add_argument(
         "--format", default=DEFAULT_FORMAT, choices=list(FORMAT_REGISTRY), help="output layout"
     )
@@ -48,7 +54,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=ExportOptions.speculative_tokens,
         help="speculators: proposal length",
     )
-    parser.add_argument("--overwrite", action="store_true", help="replace a non-empty --out directory")
+    parser.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace a previous export in --out (recognised by its manifest; nothing else is replaced)",
+    )
     parser.add_argument(
         "--push-to-hub", metavar="REPO_ID", default=None, help="upload the result to this Hub repository"
     )
@@ -62,17 +72,12 @@ def run(args: argparse.Namespace) -> int:
         print("draftheads export: --private needs --push-to-hub", file=sys.stderr)
         return 2
     options = ExportOptions(speculative_tokens=args.speculative_tokens, verifier=args.verifier)
-    try:
-        files = export_head(args.heads, args.out, args.format, args.base, options, args.overwrite)
-    except (FileExistsError, FileNotFoundError, ValueError) as err:  # FormatError, HeadFormatError included
-        print(f"draftheads export: {err}", file=sys.stderr)
-        return 1
-    print(f"wrote {args.format} export to {args.out}: {', '.join(p.name for p in files)}")
+    # Errors (a refused --out, a format that cannot hold the head, a full disk, the Hub) end the
+    # command as one line on stderr, in draftheads.cli.main.
+    files = export_head(args.heads, args.out, args.format, args.base, options, args.overwrite)
+    print(
+        f"wrote {args.format} export to {args.out}: {', '.join(str(p.relative_to(args.out)) for p in files)}"
+    )
     if args.push_to_hub:
-        try:
-            url = push_to_hub(args.out, args.push_to_hub, private=args.private)
-        except HubError as err:
-            print(f"draftheads export: {err}", file=sys.stderr)
-            return 1
-        print(url)
+        print(push_to_hub(args.out, args.push_to_hub, private=args.private))
     return 0

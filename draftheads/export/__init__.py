@@ -5,7 +5,8 @@
 - one module per format family: ``native`` (our own), ``eagle3`` (eagle3, speculators), ``eagle``
   (eagle, eagle-sglang), ``medusa`` (medusa-vllm), ``mtp`` (mtp-deepseek).
 - ``reading``: what every reader shares (``load_head`` reads engine formats through it).
-- ``exporter`` (``export_head``), ``model_card``, ``hub`` (``push_to_hub``).
+- ``exporter`` (``export_head``), ``destination`` (the manifest, what ``--overwrite`` may replace,
+  the staged write renamed into place), ``model_card``, ``hub`` (``push_to_hub``).
 
 Importing this package registers every format (in the order errors and ``--format`` list them);
 nothing else runs at import time. It depends on ``draftheads.heads``, never the other way round.
@@ -33,6 +34,7 @@ from draftheads.export import native, eagle3, eagle, medusa, mtp  # noqa: F401
 
 # isort: on
 from draftheads.export.checkpoint import DRAFTHEADS_KEY
+from draftheads.export.destination import MANIFEST_NAME, DestinationError
 from draftheads.export.exporter import CARD_NAME, DEFAULT_FORMAT, export_head
 from draftheads.export.hub import HubError, push_to_hub
 from draftheads.export.model_card import BENCH_NAME, read_bench, render_model_card
@@ -44,7 +46,9 @@ __all__ = [
     "DEFAULT_FORMAT",
     "DRAFTHEADS_KEY",
     "FORMAT_REGISTRY",
+    "MANIFEST_NAME",
     "READER_REGISTRY",
+    "DestinationError",
     "EngineReader",
     "ExportFormat",
     "ExportOptions",

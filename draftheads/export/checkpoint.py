@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import pickle
 import warnings
 from pathlib import Path
 from typing import Any
@@ -17,10 +18,11 @@ from typing import Any
 import torch
 
 from draftheads.export.registry import FormatError
-from draftheads.heads.base import CONFIG_NAME, FORMAT_VERSION, DraftHead
+from draftheads.heads.base import CONFIG_NAME, FORMAT_VERSION, WEIGHT_SUFFIXES, DraftHead, read_weights
+from draftheads.storage import apply_default_mode
 
 DRAFTHEADS_KEY = "draftheads"  # metadata block our engine-format exports add to config.json
-PICKLE_SUFFIXES = (".bin", ".pt", ".pth")
+PICKLE_SUFFIXES = tuple(suffix for suffix in WEIGHT_SUFFIXES if suffix != ".safetensors")
 
 
 def save_tensors(tensors: dict[str, torch.Tensor], path: Path) -> None:
@@ -37,6 +39,7 @@ def save_tensors(tensors: dict[str, torch.Tensor], path: Path) -> None:
         seen.add(value.untyped_storage().data_ptr())
         plain[name] = value
     save_file(plain, str(path), metadata={"format": "pt"})
+    apply_default_mode(path)  # save_file leaves its temporary file's 0600
 
 
 def write_config(config: dict[str, Any], directory: Path) -> dict[str, Any]:
@@ -80,8 +83,6 @@ def frozen_weight(head: DraftHead, which: str) -> torch.Tensor:
 def read_tensors(directory: Path) -> tuple[dict[str, torch.Tensor], list[Path]]:
     """All tensors of a checkpoint directory (safetensors preferred; pickles read with
     ``weights_only=True`` and a warning). Returns (tensors, files read)."""
-    from safetensors.torch import load_file
-
     files = sorted(directory.glob("*.safetensors"))
     if not files:
         files = sorted(p for p in directory.iterdir() if p.suffix in PICKLE_SUFFIXES)
@@ -90,14 +91,17 @@ def read_tensors(directory: Path) -> tuple[dict[str, torch.Tensor], list[Path]]:
     tensors: dict[str, torch.Tensor] = {}
     for path in files:
         if path.suffix == ".safetensors":
-            tensors.update(load_file(str(path)))
+            tensors.update(read_weights(path))
             continue
         warnings.warn(
             f"{path}: reading a pickle checkpoint with torch.load(weights_only=True) "
             "(tensors only, no code); prefer safetensors",
             stacklevel=4,
         )
-        loaded = torch.load(path, map_location="cpu", weights_only=True)
+        try:
+            loaded = torch.load(path, map_location="cpu", weights_only=True)
+        except (RuntimeError, EOFError, pickle.UnpicklingError) as err:  # torch's errors name no file
+            raise FormatError(f"{path}: not a readable torch checkpoint ({err})") from err
         if not isinstance(loaded, dict) or not all(isinstance(v, torch.Tensor) for v in loaded.values()):
             raise FormatError(f"{path}: expected a flat dict of tensors, got {type(loaded).__name__}")
         tensors.update(loaded)

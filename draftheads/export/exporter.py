@@ -1,5 +1,6 @@
 """``export_head``: a trained head directory -> a Hub-ready directory in one format, with its model
-card, its ``bench.json`` if recorded, and a Medusa-2 head's base adapter."""
+card, its ``bench.json`` if recorded, a Medusa-2 head's base adapter, and the manifest that lets a
+later ``--overwrite`` recognise it (``destination``)."""
 
 from __future__ import annotations
 
@@ -7,12 +8,32 @@ import json
 import shutil
 from pathlib import Path
 
+from draftheads.export.destination import check_destination, staged_export, write_manifest
 from draftheads.export.model_card import BENCH_NAME, read_bench, render_model_card
 from draftheads.export.registry import FORMAT_REGISTRY, ExportOptions, FormatError, export_format, write_head
-from draftheads.heads.base import CONFIG_NAME
+from draftheads.heads.base import CONFIG_NAME, resolve_head_dir
+from draftheads.storage import check_free_space
 
 DEFAULT_FORMAT = "draftheads"
 CARD_NAME = "README.md"
+# Beyond the tensors: config.json (it embeds the base config), the model card, safetensors
+# headers and filesystem blocks; generous, since a refusal costs less than a full disk.
+SPACE_MARGIN_BYTES = 8 * 2**20
+
+
+def estimated_bytes(head, heads_dir: Path, with_base_weights: bool, joint: bool) -> int:
+    """What an export of ``head`` writes, at most: its tensors, the frozen base tensors a format may
+    store (embedding and lm_head), a Medusa-2 adapter and bench.json, plus ``SPACE_MARGIN_BYTES``."""
+    tensors = list(head.head_state_dict().values())
+    if with_base_weights:
+        tensors += [head.embed_tokens.weight, head.base_lm_head.weight]
+    tensor_bytes = sum(t.numel() * t.element_size() for t in tensors)  # tied tensors are written twice
+    copied = [heads_dir / BENCH_NAME]
+    if joint:
+        from draftheads.heads.adapter import ADAPTER_DIR
+
+        copied += list((heads_dir / ADAPTER_DIR).rglob("*"))
+    return tensor_bytes + sum(p.stat().st_size for p in copied if p.is_file()) + SPACE_MARGIN_BYTES
 
 
 def export_head(
@@ -23,18 +44,19 @@ def export_head(
     options: ExportOptions | None = None,
     overwrite: bool = False,
 ) -> list[Path]:
-    """Write the head in ``heads_dir`` (any format ``load_head`` reads) to ``out_dir`` in ``format_name``,
-    with a README.md model card (and the head's bench.json, if recorded). Returns the files written.
+    """Write the head in ``heads_dir`` (any format ``load_head`` reads, or a training run's output
+    directory) to ``out_dir`` in ``format_name``, with a README.md model card (and the head's
+    bench.json, if recorded) and a manifest of the files written. Returns the files written.
 
-    ``base`` (Hub id, directory or alias) is loaded only when the format stores base tensors;
-    default: the base model named in the head's config (``resolve_base_model``)."""
+    ``out_dir`` must be absent, empty, or (``overwrite``) a previous export and nothing else
+    (``destination.check_destination``); the export is staged next to it and renamed into place
+    complete, so a failure leaves a previous export intact. ``base`` (Hub id, directory or alias)
+    is loaded only when the format stores base tensors; default: the base model named in the
+    head's config (``resolve_base_model``)."""
     from draftheads.heads import load_head, resolve_base_model
 
-    heads_dir, out_dir = Path(heads_dir), Path(out_dir)
-    if heads_dir.resolve() == out_dir.resolve():
-        raise ValueError(f"--out {out_dir} is the head directory itself; choose another directory")
-    if out_dir.exists() and any(out_dir.iterdir()) and not overwrite:
-        raise FileExistsError(f"--out {out_dir} exists and is not empty (pass --overwrite to replace it)")
+    heads_dir, out_dir = resolve_head_dir(heads_dir), Path(out_dir)
+    check_destination(out_dir, heads_dir, overwrite)  # refuse before any heavy loading
     config_path = heads_dir / CONFIG_NAME
     source_config = json.loads(config_path.read_text()) if config_path.is_file() else {}
     head = load_head(heads_dir)
@@ -47,32 +69,34 @@ def export_head(
             f"Export as '{DEFAULT_FORMAT}', or merge the adapter into the base (peft merge_and_unload) "
             "and serve that model"
         )
-    if chosen.needs_base_weights(head):
+    with_base_weights = chosen.needs_base_weights(head)
+    if with_base_weights:
         from draftheads.base_model import load_base
 
         base_model, _ = load_base(resolve_base_model(heads_dir, base), dtype=next(head.parameters()).dtype)
         head.attach(base_model)
-    if out_dir.exists() and overwrite:
-        shutil.rmtree(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    write_head(head, out_dir, format_name, options)
-    if joint:  # Medusa-2: the base adapter travels with the heads
-        from draftheads.heads.adapter import ADAPTER_DIR
+    needed = estimated_bytes(head, heads_dir, with_base_weights, joint)
+    check_free_space(out_dir, needed, f"the {format_name} export")
 
-        shutil.copytree(heads_dir / ADAPTER_DIR, out_dir / ADAPTER_DIR)
+    with staged_export(out_dir, heads_dir, overwrite) as staging:
+        write_head(head, staging, format_name, options)
+        if joint:  # Medusa-2: the base adapter travels with the heads
+            from draftheads.heads.adapter import ADAPTER_DIR
 
-    card_config = head.config_dict()
-    if source_config.get("training"):
-        card_config["training"] = source_config["training"]
-    bench = read_bench(heads_dir)
-    if bench is not None:
-        shutil.copyfile(heads_dir / BENCH_NAME, out_dir / BENCH_NAME)
-    parameters = sum(t.numel() for t in head.head_state_dict().values() if t.is_floating_point())
-    card = render_model_card(card_config, parameters, bench)
-    if format_name != DEFAULT_FORMAT:
-        card += (
-            f"\nThis copy is in the `{format_name}` layout ({FORMAT_REGISTRY[format_name].loaded_by}); "
-            "draftheads `load_head` reads it too.\n"
-        )
-    (out_dir / CARD_NAME).write_text(card)
-    return sorted(p for p in out_dir.iterdir() if p.is_file())
+            shutil.copytree(heads_dir / ADAPTER_DIR, staging / ADAPTER_DIR)
+        card_config = head.config_dict()
+        if source_config.get("training"):
+            card_config["training"] = source_config["training"]
+        bench = read_bench(heads_dir)
+        if bench is not None:
+            shutil.copyfile(heads_dir / BENCH_NAME, staging / BENCH_NAME)
+        parameters = sum(t.numel() for t in head.head_state_dict().values() if t.is_floating_point())
+        card = render_model_card(card_config, parameters, bench)
+        if format_name != DEFAULT_FORMAT:
+            card += (
+                f"\nThis copy is in the `{format_name}` layout ({FORMAT_REGISTRY[format_name].loaded_by}); "
+                "draftheads `load_head` reads it too.\n"
+            )
+        (staging / CARD_NAME).write_text(card)
+        files = write_manifest(staging, format_name, head.kind)
+    return [out_dir / name for name in files]

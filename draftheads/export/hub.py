@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from draftheads.export.destination import MANIFEST_NAME
+
 
 class HubError(RuntimeError):
     """Uploading to the Hugging Face Hub failed or cannot start (no token); says what to do."""
@@ -29,6 +31,7 @@ def push_to_hub(folder: str | Path, repo_id: str, private: bool = False, endpoin
             repo_id=repo_id,
             repo_type="model",
             commit_message="Upload draftheads export",
+            ignore_patterns=[MANIFEST_NAME],  # local bookkeeping for --overwrite, not for readers
         )
     except Exception as err:  # network, auth and validation errors all end the command the same way
         raise HubError(f"upload of {folder} to {repo_id} failed: {err}") from err

@@ -16,6 +16,7 @@ from safetensors.torch import load_file
 
 from draftheads.cli import main
 from draftheads.export import write_head
+from draftheads.export.destination import MANIFEST_NAME
 from draftheads.heads import build_head, load_head
 from draftheads.heads.eagle3 import Eagle3Config
 from draftheads.heads.medusa import MedusaConfig
@@ -87,7 +88,8 @@ def trained_medusa_dir(tiny_llama, tmp_path):
 def test_default_export_is_loadable_and_has_a_model_card(trained_medusa_dir, tmp_path, tiny_llama):
     out = tmp_path / "out"
     assert main(["export", "--heads", str(trained_medusa_dir), "--out", str(out)]) == 0
-    assert {p.name for p in out.iterdir()} == {"config.json", "model.safetensors", "README.md", "bench.json"}
+    written = {"config.json", "model.safetensors", "README.md", "bench.json"}
+    assert {p.name for p in out.iterdir()} == written | {MANIFEST_NAME}
     loaded = load_head(out, base_model=tiny_llama)
     original = load_head(trained_medusa_dir, base_model=tiny_llama)
     features = torch.randn(1, 3, 64)
