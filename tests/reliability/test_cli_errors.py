@@ -10,8 +10,9 @@ import os
 import pytest
 
 from draftheads.cli import main
-from draftheads.export import exporter
+from draftheads.export import exporter, write_head
 from draftheads.heads import build_head
+from draftheads.heads.eagle import EagleConfig
 from draftheads.heads.medusa import MedusaConfig
 from draftheads.settings import ConfigError
 
@@ -48,6 +49,16 @@ def test_a_truncated_safetensors_file_is_named(head_dir, tmp_path, capsys):
     weights.write_bytes(weights.read_bytes()[:-100])
     assert main(["export", "--heads", str(head_dir), "--out", str(tmp_path / "out")]) == 1
     assert one_line(capsys, "export").startswith(f"{weights}: not a readable safetensors file (")
+
+
+def test_a_damaged_torch_checkpoint_is_named(tiny_llama, tmp_path, capsys):
+    head = build_head(tiny_llama, EagleConfig(), base_name="tiny-llama")
+    write_head(head, tmp_path / "eagle", "eagle-sglang")
+    (tmp_path / "eagle" / "model.safetensors").unlink()
+    weights = tmp_path / "eagle" / "pytorch_model.bin"
+    weights.write_bytes(b"PK\x03\x04 not a zip archive")
+    assert main(["export", "--heads", str(tmp_path / "eagle"), "--out", str(tmp_path / "out")]) == 1
+    assert one_line(capsys, "export").startswith(f"{weights}: not a readable torch checkpoint (")
 
 
 def test_a_missing_config_file(tmp_path, capsys):
