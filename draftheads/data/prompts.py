@@ -6,13 +6,12 @@ two) is answered turn by turn, the model's own answer to turn 1 preceding turn 2
 
 from __future__ import annotations
 
-import gzip
 import importlib.util
 import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from draftheads.data.sources import DataError
+from draftheads.data.sources import DataError, ReadFailure, describe_json_error, read_lines
 
 
 @dataclass(frozen=True)
@@ -85,20 +84,20 @@ def load_prompts(name: str) -> list[Prompt]:
             raise DataError(
                 f"prompts '{name}': expected one of {sorted(EMBEDDED)} or an existing .jsonl file"
             )
-    opener = gzip.open if path.suffix == ".gz" else open
     prompts = []
-    with opener(path, "rt", encoding="utf-8") as stream:
-        for number, line in enumerate(stream, start=1):
-            if not line.strip():
-                continue
-            where = f"{path.name} line {number}"
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as error:
-                raise DataError(f"{where}: invalid JSON ({error.msg} at column {error.colno})") from error
-            if not isinstance(record, dict):
-                raise DataError(f"{where}: expected a JSON object, got {type(record).__name__}")
-            prompts.append(_prompt_from_record(record, where, default_category))
+    for number, line in read_lines(path):
+        where = f"{path.name} line {number}"
+        if isinstance(line, ReadFailure):
+            raise DataError(f"{where}: {line.detail}")
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as error:
+            raise DataError(f"{where}: invalid JSON ({describe_json_error(error)})") from error
+        if not isinstance(record, dict):
+            raise DataError(f"{where}: expected a JSON object, got {type(record).__name__}")
+        prompts.append(_prompt_from_record(record, where, default_category))
     if not prompts:
         raise DataError(f"{path}: no prompts")
     return prompts

