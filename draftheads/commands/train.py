@@ -18,8 +18,28 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="key=value",
         help="dotted overrides, e.g. train.max_steps=20 data.limit=50",
     )
+    parser.add_argument(
+        "--allow-changed-data",
+        action="store_true",
+        help="with train.resume: go on although data.* or the batch size changed since the checkpoint "
+        "(the head's training record lists every data source)",
+    )
     # The deepspeed launcher passes --local_rank=N (older versions) besides setting LOCAL_RANK.
     parser.add_argument("--local_rank", "--local-rank", type=int, default=None, help=argparse.SUPPRESS)
+
+
+def print_data_summary(run_config) -> None:
+    """Build (or load from the cache) the run's datasets and print what reading the data dropped,
+    as ``data inspect`` does, before the base model loads; the training loop then hits the cache.
+    Too many dropped records raise ``DataError`` here."""
+    from draftheads.base_model import load_tokenizer
+    from draftheads.commands.data import format_drop_summary
+    from draftheads.data.pipeline import build_datasets
+
+    tokenizer = load_tokenizer(run_config.model.base)
+    _, _, report = build_datasets(run_config.data, tokenizer, run_config.model.base)
+    if os.environ.get("RANK", "0") == "0":  # one summary under the DeepSpeed launcher
+        print(format_drop_summary(report), flush=True)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -29,6 +49,7 @@ def run(args: argparse.Namespace) -> int:
     from draftheads.heads import HeadMismatchError
     from draftheads.optional import MissingDependencyError, require_extra
     from draftheads.settings import ConfigError
+    from draftheads.storage import InsufficientSpaceError
 
     try:
         require_extra("train", "draftheads train")
@@ -40,8 +61,13 @@ def run(args: argparse.Namespace) -> int:
     if args.local_rank is not None:
         os.environ.setdefault("LOCAL_RANK", str(args.local_rank))
     try:
-        run_training(load_run_config(args.config, args.overrides))
+        run_config = load_run_config(args.config, args.overrides)
+        print_data_summary(run_config)
+        run_training(run_config, allow_changed_data=args.allow_changed_data)
     except (ConfigError, DataError, BaseModelError, HeadMismatchError) as err:  # bad input: no traceback
         print(f"draftheads train: {err}")
         return 2
+    except InsufficientSpaceError as err:
+        print(f"draftheads train: {err}")
+        return 1
     return 0

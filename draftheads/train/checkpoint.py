@@ -42,6 +42,7 @@ ENGINE_TAG = "engine"
 STATE_NAME = "trainer_state.json"
 MANIFEST_NAME = "manifest.json"
 TEMP_PREFIX = ".tmp-"
+FULL_DISK_SLACK = 2**20  # bytes: a filesystem with less free after a failed write counts as full
 CORRUPT_PREFIX = "corrupt-"  # a checkpoint that failed verification, set aside by resume
 _NAME = re.compile(r"^step-(\d+)$")
 
@@ -257,8 +258,9 @@ def space_checked_write(directory: Path, temporary: Path, needed_bytes: int, wha
 
     A full disk reaches us as an OSError with ENOSPC, or wrapped: torch's zip writer says only
     ``unexpected pos ...`` and safetensors an ``IoError`` string. So any failure after which the
-    filesystem has less room than the rest of the write needed counts as running out of space.
-    The caller removes ``temporary``.
+    filesystem has less room than the rest of the write needed, or is all but full (a write fills
+    it up to the last block before failing), counts as running out of space. The caller removes
+    ``temporary``.
     """
     from draftheads.storage import InsufficientSpaceError, check_free_space, format_bytes
 
@@ -271,8 +273,13 @@ def space_checked_write(directory: Path, temporary: Path, needed_bytes: int, wha
         free = shutil.disk_usage(directory).free
         written = directory_bytes(temporary) if temporary.is_dir() else 0
         causes = [err, err.__cause__, err.__context__]
-        space_errno = any(getattr(cause, "errno", None) in (errno.ENOSPC, errno.EDQUOT) for cause in causes)
-        if space_errno or free < needed_bytes - written:
+        space_errno = any(
+            getattr(cause, "errno", None) in (errno.ENOSPC, errno.EDQUOT)
+            or os.strerror(errno.ENOSPC) in str(cause)  # wrapped: safetensors' "... (os error 28)"
+            for cause in causes
+            if cause is not None
+        )
+        if space_errno or free < max(needed_bytes - written, FULL_DISK_SLACK):
             raise InsufficientSpaceError(
                 errno.ENOSPC,
                 f"ran out of space in {directory} while writing {what}: {format_bytes(written)} "
