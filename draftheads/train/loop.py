@@ -21,8 +21,10 @@ import logging
 import math
 import os
 import random
+import shutil
 import socket
 import time
+import warnings
 from dataclasses import dataclass
 from datetime import timedelta
 from functools import partial
@@ -37,10 +39,12 @@ from draftheads.config import RunConfig, TrainConfig
 from draftheads.settings import ConfigError, to_dict
 from draftheads.train import checkpoint
 from draftheads.train.batching import BatchStream, fixed_batches
+from draftheads.train.lock import OutputDirLockedError, OutputLock
 from draftheads.train.metrics import EvalResult, base_forward_tokens_per_second, evaluate
 from draftheads.train.objective import micro_batch_seed
 from draftheads.train.recipe import Recipe, recipe_for
 from draftheads.train.reporting import Reporter, plot_curves
+from draftheads.train.resume import check_resume, data_segment, run_record
 from draftheads.train.schedule import build_scheduler
 
 HEAD_DIR = "head"
@@ -243,6 +247,9 @@ class TrainingSummary:
     train_examples: int
     eval: dict | None
     head_dir: str
+    # Every data source the head trained on, in order: [{from_step, source, settings}, ...]; more
+    # than one when a resume went on with other data (``allow_changed_data``).
+    data_history: list[dict] = dataclasses.field(default_factory=list)
 
 
 @dataclass
@@ -267,6 +274,8 @@ class Session:
     train_seconds: float = 0.0
     last_eval: EvalResult | None = None
     last_eval_step: int = -1
+    data_history: list[dict] = dataclasses.field(default_factory=list)  # see TrainingSummary.data_history
+    lock: OutputLock | None = None  # rank 0 holds the output directory's lock for the whole run
 
 
 def _log_rank0(session_rank: int, message: str) -> None:
@@ -332,22 +341,137 @@ def build_engine(
 # ---- setup -> train -> save -> cleanup -------------------------------------------------------------
 
 
-def setup(run: RunConfig, base_model=None, tokenizer=None, datasets=None) -> Session:
-    """Check the config against its recipe, join the process group, load base and data, build
-    the head, its recipe and the DeepSpeed engine, and restore the latest checkpoint if
-    ``train.resume``.
+def lock_output_dir(output_dir: Path, rank: int, world_size: int) -> OutputLock | None:
+    """Rank 0 locks ``output_dir`` for the run (``train/lock.py``); every rank learns whether it
+    could, so that all stop together when another run holds it. Returns rank 0's lock."""
+    lock, refusal = None, None
+    if rank == 0:
+        try:
+            lock = OutputLock.acquire(output_dir)
+        except OutputDirLockedError as err:
+            refusal = str(err)
+    if world_size > 1:
+        shared = [refusal]
+        torch.distributed.broadcast_object_list(shared, src=0)
+        refusal = shared[0]
+    if refusal is not None:
+        raise OutputDirLockedError(refusal)
+    return lock
+
+
+def choose_resume_checkpoint(output_dir: Path, rank: int, world_size: int) -> Path | None:
+    """The newest intact checkpoint under ``output_dir`` (None: there is none). Rank 0 verifies
+    them against their manifests and sets broken ones aside, with a warning naming each and why;
+    every rank gets its answer. No intact checkpoint at all is a ConfigError."""
+    answer = [None, None]  # (checkpoint path, refusal)
+    if rank == 0:
+        try:
+            point = checkpoint.find_resume_checkpoint(output_dir)
+        except checkpoint.CorruptCheckpointError as err:
+            answer = [None, f"train.resume: {err}"]
+        else:
+            for path, why in point.skipped:
+                aside = checkpoint.set_aside(path)
+                warnings.warn(
+                    f"train.resume: checkpoint {path} is broken ({why}); moved to {aside.name} and "
+                    "resuming from the newest intact one",
+                    stacklevel=2,
+                )
+            if point.path is not None and not point.verified:
+                warnings.warn(
+                    f"train.resume: {point.path} has no {checkpoint.MANIFEST_NAME} (written before "
+                    "checkpoints carried one), so it cannot be verified; loading it as it is",
+                    stacklevel=2,
+                )
+            answer = [None if point.path is None else str(point.path), None]
+    if world_size > 1:
+        torch.distributed.broadcast_object_list(answer, src=0)
+    if answer[1] is not None:
+        raise ConfigError(answer[1])
+    return None if answer[0] is None else Path(answer[0])
+
+
+def describe_data(record: dict, given: bool) -> str:
+    """The data source of a ``run_record``, for the training record."""
+    if given:
+        return "given datasets"
+    data = record["data"]
+    return data["source"] + (f" (first {data['limit']})" if data.get("limit") else "")
+
+
+def plan_data_history(
+    run: RunConfig, resume_from: Path | None, given: bool, allow_changed_data: bool
+) -> tuple[list[dict], bool]:
+    """The run's data history and whether the data stream starts over. Resuming compares the
+    checkpoint's run config with ``run`` (``train/resume.py``): a changed head, kind or optimiser
+    setting is refused; changed data or batch size only with ``allow_changed_data``, and then a new
+    segment is recorded and the stream starts over on the new data."""
+    record = run_record(to_dict(run))
+    if resume_from is None:
+        return [data_segment(record, 0, describe_data(record, given))], False
+    state = checkpoint.read_trainer_state(resume_from)
+    saved_config = Path(run.train.output_dir) / "config.json"  # older checkpoints kept it only here
+    if "run_config" in state:
+        saved = state["run_config"]
+    elif saved_config.is_file():
+        saved = run_record(json.loads(saved_config.read_text()))
+    else:
+        warnings.warn(
+            f"train.resume: {resume_from} records no run config; the settings cannot be compared",
+            stacklevel=2,
+        )
+        saved = record
+    changes = check_resume(saved, record, allow_changed_data, where=str(resume_from))
+    history = state.get("data_history") or [data_segment(saved, 0, describe_data(saved, given))]
+    if not changes:
+        return history, False
+    return [*history, data_segment(record, state["step"], describe_data(record, given))], True
+
+
+def setup(
+    run: RunConfig, base_model=None, tokenizer=None, datasets=None, allow_changed_data: bool = False
+) -> Session:
+    """Check the config against its recipe, join the process group, lock the output directory,
+    load base and data, build the head, its recipe and the DeepSpeed engine, and restore the
+    newest intact checkpoint if ``train.resume``.
 
     Args:
         base_model, tokenizer: preloaded base (tests); default ``load_base(run.model.base)``.
         datasets: ``(train, validation)`` datasets.Dataset with input_ids/loss_mask rows; default
             ``draftheads.data.pipeline.build_datasets(run.data, tokenizer, run.model.base)``.
+        allow_changed_data: resume although ``data.*`` or the batch size changed (the data
+            history records it); otherwise that is refused like any other changed setting.
     """
-    train = run.train
     if run.head is None:
         raise ConfigError("head: missing; add a 'head:' section with a 'kind' (e.g. kind: medusa)")
-    recipe_class = recipe_for(run.head)
-    recipe_class.check(run)
+    recipe_for(run.head).check(run)
     rank, world_size, device = init_distributed()
+    lock = lock_output_dir(Path(run.train.output_dir), rank, world_size)
+    try:
+        session = build_session(
+            run, rank, world_size, device, base_model, tokenizer, datasets, allow_changed_data
+        )
+    except BaseException:
+        if lock is not None:
+            lock.release()
+        raise
+    session.lock = lock
+    return session
+
+
+def build_session(
+    run: RunConfig,
+    rank: int,
+    world_size: int,
+    device: torch.device,
+    base_model,
+    tokenizer,
+    datasets,
+    allow_changed_data: bool,
+) -> Session:
+    """``setup`` once the output directory is locked."""
+    train = run.train
+    recipe_class = recipe_for(run.head)
     dtype = resolve_precision(run, device)
     deepspeed_config = build_deepspeed_config(train, dtype, world_size)
     output_dir = Path(train.output_dir)
@@ -356,6 +480,8 @@ def setup(run: RunConfig, base_model=None, tokenizer=None, datasets=None) -> Ses
             f"train.output_dir {output_dir} already holds checkpoints; set train.resume=true to continue "
             "that run, or choose another train.output_dir"
         )
+    latest = choose_resume_checkpoint(output_dir, rank, world_size) if train.resume else None
+    data_history, restart_data = plan_data_history(run, latest, datasets is not None, allow_changed_data)
 
     if base_model is None:
         base_model, tokenizer = load_base(run.model.base, dtype, device, run.model.attn_implementation)
@@ -400,6 +526,13 @@ def setup(run: RunConfig, base_model=None, tokenizer=None, datasets=None) -> Ses
         world_size,
     )
     total_steps = total_optimizer_steps(train, stream.batches_per_epoch(), world_size)
+    if train.warmup_steps > total_steps and rank == 0:
+        warnings.warn(
+            f"train.warmup_steps ({train.warmup_steps}) exceeds the run's {total_steps} optimizer steps "
+            f"(train.max_steps / train.epochs): the learning rate never reaches train.learning_rate "
+            f"({train.learning_rate}), only {total_steps / train.warmup_steps:.0%} of it",
+            stacklevel=2,
+        )
     engine = build_engine(recipe, train, deepspeed_config, total_steps, device)
 
     validation = fixed_batches(
@@ -421,11 +554,11 @@ def setup(run: RunConfig, base_model=None, tokenizer=None, datasets=None) -> Ses
         reporter=None,  # set below, once the resume step is known
         total_steps=total_steps,
         train_examples=len(train_dataset),
+        data_history=data_history,
     )
-    latest = checkpoint.latest_checkpoint(output_dir) if train.resume else None
     if latest is not None:
         check_resumable(latest, world_size)
-        restore(session, latest)
+        restore(session, latest, restart_data)
     elif train.resume:
         _log_rank0(
             rank,
@@ -458,12 +591,17 @@ def check_resumable(path: Path, world_size: int) -> None:
         )
 
 
-def restore(session: Session, path: Path) -> None:
-    """Continue from checkpoint ``path``: engine, RNG, data position and loop counters."""
+def restore(session: Session, path: Path, restart_data: bool = False) -> None:
+    """Continue from checkpoint ``path``: engine, RNG, data position and loop counters.
+    ``restart_data``: the data or batches changed, so the saved position means nothing for them:
+    the stream starts at the beginning of the new data."""
     state = checkpoint.load_checkpoint(
         session.engine, path, session.rank, exclude_frozen=session.recipe.exclude_frozen
     )
-    session.stream.load_state_dict(state["data_position"])
+    if restart_data:
+        _log_rank0(session.rank, "train.resume: data or batches changed; the data stream starts over")
+    else:
+        session.stream.load_state_dict(state["data_position"])
     session.step, session.tokens = state["step"], state["tokens"]
     session.train_seconds = state["train_seconds"]
     session.last_eval = EvalResult(**state["eval"]) if state["eval"] else None
@@ -598,6 +736,8 @@ def save(session: Session) -> Path:
         "train_seconds": session.train_seconds,
         "eval": session.last_eval.to_dict() if session.last_eval else None,
         "eval_step": session.last_eval_step,
+        "run_config": run_record(to_dict(session.run)),  # what a resume is compared with
+        "data_history": session.data_history,
     }
     return checkpoint.save_checkpoint(
         session.engine,
@@ -610,6 +750,25 @@ def save(session: Session) -> Path:
     )
 
 
+def _write_head(session: Session, head_dir: Path, extra: dict) -> None:
+    """``recipe.save_head`` into a temporary directory renamed into place once complete, after a
+    free-space check; a write that runs out of space says so and leaves the old head, if any."""
+    temporary = head_dir.with_name(checkpoint.TEMP_PREFIX + head_dir.name)
+    shutil.rmtree(temporary, ignore_errors=True)
+    size = sum(p.numel() * p.element_size() for p in session.recipe.saved_parameters())
+    try:
+        with checkpoint.space_checked_write(
+            session.output_dir, temporary, checkpoint.with_margin(size), f"the trained head {head_dir}"
+        ):
+            session.recipe.save_head(temporary, extra)
+        if head_dir.exists():
+            shutil.rmtree(head_dir)
+        os.replace(temporary, head_dir)
+    except BaseException:
+        shutil.rmtree(temporary, ignore_errors=True)
+        raise
+
+
 def export_head(session: Session, summary: TrainingSummary) -> Path:
     """Write the final head (``save_pretrained``: loadable without DeepSpeed) through the recipe,
     which also writes what decoding needs with it (Medusa-2: the base adapter)."""
@@ -620,33 +779,40 @@ def export_head(session: Session, summary: TrainingSummary) -> Path:
     if session.engine.zero_optimization_stage() == 3:  # ZeRO-3 partitions parameters: gather first
         with deepspeed.zero.GatheredParameters(session.recipe.saved_parameters(), modifier_rank=None):
             if session.rank == 0:
-                session.recipe.save_head(head_dir, extra)
+                _write_head(session, head_dir, extra)
     elif session.rank == 0:
-        session.recipe.save_head(head_dir, extra)
+        _write_head(session, head_dir, extra)
     return head_dir
 
 
 def cleanup(session: Session | None) -> None:
-    """Close the reporters, draw the curves and release the engine."""
+    """Close the reporters, draw the curves, release the engine and the output directory."""
     if session is None:
         return
-    if session.reporter is not None:
-        session.reporter.close()
-        if session.rank == 0:
-            plot_curves(session.output_dir)
-    if session.engine is not None:
-        session.engine.destroy()
+    try:
+        if session.reporter is not None:
+            session.reporter.close()
+            if session.rank == 0:
+                plot_curves(session.output_dir)
+        if session.engine is not None:
+            session.engine.destroy()
+    finally:
+        if session.lock is not None:
+            session.lock.release()
 
 
-def run_training(run: RunConfig, base_model=None, tokenizer=None, datasets=None) -> TrainingSummary:
+def run_training(
+    run: RunConfig, base_model=None, tokenizer=None, datasets=None, allow_changed_data: bool = False
+) -> TrainingSummary:
     """Train ``run.head`` on ``run.model.base``: setup -> train -> save -> cleanup.
 
     Returns the summary also stored in ``<output_dir>/head/config.json`` under ``training``.
+    ``allow_changed_data``: see ``setup``.
     """
     session = None
     started = time.perf_counter()
     try:
-        session = setup(run, base_model, tokenizer, datasets)
+        session = setup(run, base_model, tokenizer, datasets, allow_changed_data)
         train_steps(session)
         if session.last_eval_step != session.step:
             _evaluate(session)
@@ -686,6 +852,7 @@ def run_training(run: RunConfig, base_model=None, tokenizer=None, datasets=None)
             train_examples=session.train_examples,
             eval=session.last_eval.to_dict() if session.last_eval else None,
             head_dir=str(session.output_dir / HEAD_DIR),
+            data_history=session.data_history,
         )
         session.reporter.log({"step": session.step, "summary": dataclasses.asdict(summary)})
         export_head(session, summary)
