@@ -26,7 +26,6 @@ import socket
 import time
 import warnings
 from dataclasses import dataclass
-from datetime import timedelta
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -36,6 +35,7 @@ import torch
 import draftheads
 from draftheads.base_model import DTYPES, load_base, resolve_dtype
 from draftheads.config import RunConfig, TrainConfig
+from draftheads.distributed import distributed_timeout
 from draftheads.settings import ConfigError, to_dict
 from draftheads.train import checkpoint
 from draftheads.train.batching import BatchStream, fixed_batches
@@ -48,11 +48,6 @@ from draftheads.train.resume import check_resume, data_segment, run_record
 from draftheads.train.schedule import build_scheduler
 
 HEAD_DIR = "head"
-# How long a rank waits in a collective (all-reduce, barrier) before failing: a rank that died or
-# hangs makes the others exit with an error instead of waiting forever. Checkpoint saves and the
-# first step's setup must fit in it. The environment variable overrides it (seconds).
-DISTRIBUTED_TIMEOUT_SECONDS = 1800
-DISTRIBUTED_TIMEOUT_VARIABLE = "DRAFTHEADS_DISTRIBUTED_TIMEOUT"
 # DeepSpeed keys that TrainConfig owns (key -> the run-config field to set instead).
 OWNED_DEEPSPEED_KEYS = {
     "train_batch_size": "train.micro_batch_size and train.gradient_accumulation_steps",
@@ -137,27 +132,13 @@ def _free_port() -> int:
         return probe.getsockname()[1]
 
 
-def distributed_timeout() -> timedelta:
-    """``DISTRIBUTED_TIMEOUT_SECONDS``, or the environment's ``DRAFTHEADS_DISTRIBUTED_TIMEOUT``."""
-    value = os.environ.get(DISTRIBUTED_TIMEOUT_VARIABLE)
-    if value is None:
-        return timedelta(seconds=DISTRIBUTED_TIMEOUT_SECONDS)
-    try:
-        seconds = float(value)
-    except ValueError:
-        seconds = -1.0
-    if not seconds > 0:
-        raise ConfigError(f"environment {DISTRIBUTED_TIMEOUT_VARIABLE}={value!r}: expected seconds > 0")
-    return timedelta(seconds=seconds)
-
-
 def init_distributed() -> tuple[int, int, torch.device]:
     """Join (or, without a launcher, create) the process group; return (rank, world size, device).
 
     The ``deepspeed`` launcher (or ``torchrun``) sets RANK/WORLD_SIZE/LOCAL_RANK/MASTER_*; a plain
     ``draftheads train`` becomes rank 0 of 1 on a free local port. Collectives fail after
-    ``distributed_timeout()``. The group lives until the process exits: DeepSpeed caches its
-    groups, so it cannot be torn down and rebuilt in-process.
+    ``draftheads.distributed.distributed_timeout()``. The group lives until the process exits:
+    DeepSpeed caches its groups, so it cannot be torn down and rebuilt in-process.
     """
     import deepspeed
 

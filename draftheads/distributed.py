@@ -1,0 +1,65 @@
+"""Joining the data-parallel process group that a launcher (``deepspeed``, ``torchrun``) started.
+
+A launcher starts one process per device and tells each its place through the environment
+(RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT). ``draftheads train`` joins through
+DeepSpeed (``draftheads.train.loop.init_distributed``), ``draftheads cache-features`` through
+``join_process_group``; both wait at most ``distributed_timeout()`` in any collective, so a rank
+that died or hangs makes the others fail instead of waiting forever.
+"""
+
+from __future__ import annotations
+
+import os
+from datetime import timedelta
+
+import torch
+
+from draftheads.settings import ConfigError
+
+# How long a rank waits in a collective (all-reduce, barrier) before failing. A checkpoint save,
+# an evaluation or rank 0's data build must fit in it. The environment variable overrides it.
+DISTRIBUTED_TIMEOUT_SECONDS = 1800
+DISTRIBUTED_TIMEOUT_VARIABLE = "DRAFTHEADS_DISTRIBUTED_TIMEOUT"
+
+
+def distributed_timeout() -> timedelta:
+    """``DISTRIBUTED_TIMEOUT_SECONDS``, or the environment's ``DRAFTHEADS_DISTRIBUTED_TIMEOUT``."""
+    value = os.environ.get(DISTRIBUTED_TIMEOUT_VARIABLE)
+    if value is None:
+        return timedelta(seconds=DISTRIBUTED_TIMEOUT_SECONDS)
+    try:
+        seconds = float(value)
+    except ValueError:
+        seconds = -1.0
+    if not seconds > 0:
+        raise ConfigError(f"environment {DISTRIBUTED_TIMEOUT_VARIABLE}={value!r}: expected seconds > 0")
+    return timedelta(seconds=seconds)
+
+
+def launched_world_size() -> int:
+    """WORLD_SIZE set by a launcher (1 without one)."""
+    return int(os.environ.get("WORLD_SIZE", "1"))
+
+
+def join_process_group() -> tuple[int, int, torch.device]:
+    """(rank, world size, device) of this process. Under a launcher with WORLD_SIZE > 1 it joins
+    the group (nccl on CUDA, gloo on CPU); alone it is rank 0 of 1 and joins nothing."""
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    if torch.cuda.is_available():
+        torch.cuda.set_device(local_rank)
+        device = torch.device("cuda", local_rank)
+    else:
+        device = torch.device("cpu")
+    if launched_world_size() == 1:
+        return 0, 1, device
+    if not torch.distributed.is_initialized():
+        torch.distributed.init_process_group(
+            backend="nccl" if device.type == "cuda" else "gloo", timeout=distributed_timeout()
+        )
+    return torch.distributed.get_rank(), torch.distributed.get_world_size(), device
+
+
+def barrier(world_size: int) -> None:
+    """Wait for every rank (nothing to wait for alone)."""
+    if world_size > 1:
+        torch.distributed.barrier()
