@@ -50,6 +50,24 @@ class DataConfig:
     # Hidden-state cache from `draftheads cache-features` (it writes here; training reads it
     # instead of running the base model). None: online training.
     features: str | None = None
+    # Dropping more than this share of the records read (malformed, unusable, or with no assistant
+    # token within max_length) is an error, not a warning: it usually means a wrong file or format.
+    max_drop_fraction: float = 0.1
+
+    def validate(self) -> None:
+        """Refuse values that cannot work, naming the field and the value (ConfigError)."""
+        if self.limit is not None and self.limit < 1:
+            raise ConfigError(f"data.limit must be >= 1 (or null for every conversation), got {self.limit}")
+        if self.max_length < 2:
+            raise ConfigError(f"data.max_length must be >= 2, got {self.max_length}")
+        if self.validation_size < 1:
+            # Training evaluates the head on the validation split, at the end of a run at least.
+            raise ConfigError(
+                "data.validation_size must be >= 1: training evaluates the head on the validation "
+                f"split; got {self.validation_size}"
+            )
+        if not 0.0 <= self.max_drop_fraction <= 1.0:
+            raise ConfigError(f"data.max_drop_fraction must be in [0, 1], got {self.max_drop_fraction}")
 
 
 @dataclass
@@ -196,6 +214,7 @@ class RunConfig:
     joint: JointConfig = field(default_factory=JointConfig)  # used when the head says joint: true
 
     def __post_init__(self):
+        self.data.validate()
         self.train.validate()
         self.joint.validate()
 

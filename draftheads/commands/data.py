@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import argparse
 
-from draftheads.data.pipeline import DataReport
+from draftheads.data.pipeline import DataReport, dropped_records
 
 BAR_WIDTH = 40
 
 
-def format_report(report: DataReport) -> str:
-    """The human-readable report ``data inspect`` prints."""
+def format_drop_summary(report: DataReport) -> str:
+    """What reading the source kept and dropped, with reasons and examples (``data inspect`` and
+    ``train`` print it)."""
     lines = [f"source: {report.source}", f"conversations read: {report.conversations_read:,}"]
     tail = report.truncated_tail
     if tail is not None:
@@ -29,12 +30,28 @@ def format_report(report: DataReport) -> str:
         f"validation {report.validation_examples:,})"
     )
     dropped = sum(report.dropped.values())
-    lines.append(f"dropped: {dropped:,}" + ("" if dropped else " (none)"))
+    records = dropped_records(report.dropped)
+    share = records / report.conversations_read if report.conversations_read else 0.0
+    lines.append(
+        f"dropped: {dropped:,}"
+        + (
+            f" ({records:,} malformed or unusable records, {share:.1%} of those read)"
+            if dropped
+            else " (none)"
+        )
+    )
     for reason, count in sorted(report.dropped.items(), key=lambda item: -item[1]):
         lines.append(f"  {reason}: {count:,}")
         lines.extend(f"    e.g. {example}" for example in report.drop_examples.get(reason, []))
     for repair, count in report.repairs.items():
         lines.append(f"repaired: {repair}: {count:,}")
+    return "\n".join(lines)
+
+
+def format_report(report: DataReport) -> str:
+    """The human-readable report ``data inspect`` prints: the drop summary, then tokens, the loss
+    mask, the length histogram and the time taken."""
+    lines = [format_drop_summary(report)]
     lines.append(
         f"tokens: {report.tokens:,} in kept examples, {report.assistant_tokens:,} under the loss mask "
         f"(assistant-token share {report.assistant_share:.1%}); "

@@ -19,6 +19,7 @@ import re
 import shutil
 import tempfile
 import time
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -26,10 +27,11 @@ from draftheads.config import DataConfig
 from draftheads.data.sources import DataError, SourceReport, TruncatedTail, read_conversations, resolve_source
 from draftheads.data.template import EncodeFailure, chat_template, encode_conversations, probe_template
 
-PIPELINE_VERSION = 1  # part of the cache key: bump whenever the produced rows change
+PIPELINE_VERSION = 2  # part of the cache key: bump whenever the produced rows change
 ENCODE_BATCH = 256
 HISTOGRAM_BINS = 8
 EXAMPLES_PER_REASON = 3
+LENGTH_DROP = "no_supervised_tokens"  # the drop reason of examples cut before any assistant token
 
 
 @dataclass
@@ -101,11 +103,11 @@ def tokenizer_identity(tokenizer) -> str:
 
 
 def cache_key(data: DataConfig, tokenizer) -> str:
-    # Where caches live does not shape the rows.
+    # Where caches live, and how many drops are tolerated, do not shape the rows.
     fields = {
         name: value
         for name, value in dataclasses.asdict(data).items()
-        if name not in ("cache_dir", "features")
+        if name not in ("cache_dir", "features", "max_drop_fraction")
     }
     parts = {
         "version": PIPELINE_VERSION,
@@ -138,6 +140,37 @@ def length_histogram(
         counts[min(length // width, bins - 1)] += 1
     highs = [min((index + 1) * width, max_length) for index in range(bins - 1)] + [max_length + 1]
     return [(index * width, high, count) for index, (high, count) in enumerate(zip(highs, counts))]
+
+
+def dropped_records(dropped: dict[str, int]) -> int:
+    """Records dropped as malformed or unusable: every drop but the examples that ``max_length``
+    leaves without an assistant token, which a setting causes, not the file."""
+    return sum(count for reason, count in dropped.items() if reason != LENGTH_DROP)
+
+
+def check_drop_share(
+    source: str,
+    records: int,
+    dropped: dict[str, int],
+    examples: dict[str, list[str]],
+    max_drop_fraction: float,
+) -> None:
+    """Raise ``DataError`` when more than ``max_drop_fraction`` of the ``records`` read were
+    dropped: so many bad records usually mean a wrong file or format, and a warning scrolls by."""
+    count = dropped_records(dropped)
+    share = count / records if records else 0.0
+    if share <= max_drop_fraction:
+        return
+    reasons = "; ".join(
+        f"{reason} {number:,}" + (f" (e.g. {examples[reason][0]})" if examples.get(reason) else "")
+        for reason, number in sorted(dropped.items(), key=lambda item: -item[1])
+        if reason != LENGTH_DROP
+    )
+    raise DataError(
+        f"{source}: {count:,} of {records:,} records dropped ({share:.1%}), more than "
+        f"data.max_drop_fraction={max_drop_fraction}: {reasons}. Fix the file, or raise "
+        "data.max_drop_fraction to train on the rest"
+    )
 
 
 def _merge_drops(report: SourceReport, reason: str, where: str, detail: str) -> None:
@@ -217,7 +250,7 @@ def _encode(data: DataConfig, tokenizer, key: str, source_report: SourceReport, 
             _merge_drops(source_report, reason, f"id {identifier}", detail)
         elif supervised == 0:
             detail = f"no assistant token within the first {data.max_length} tokens"
-            _merge_drops(source_report, "no_supervised_tokens", f"id {identifier}", detail)
+            _merge_drops(source_report, LENGTH_DROP, f"id {identifier}", detail)
         else:
             kept.append(index)
     methods: dict[str, int] = {}
@@ -239,15 +272,11 @@ def _encode(data: DataConfig, tokenizer, key: str, source_report: SourceReport, 
 
 def _split(dataset, data: DataConfig):
     """Deterministic train/validation split: a seeded shuffle of the kept examples."""
-    if data.validation_size < 0:
-        raise DataError(f"data.validation_size must be >= 0, got {data.validation_size}")
     if data.validation_size >= len(dataset):
         raise DataError(
             f"data.validation_size={data.validation_size} leaves no training examples out of "
             f"{len(dataset)} kept; lower data.validation_size or raise data.limit"
         )
-    if data.validation_size == 0:
-        return dataset, dataset.select([])
     parts = dataset.train_test_split(test_size=data.validation_size, seed=data.seed, shuffle=True)
     return parts["train"], parts["test"]
 
@@ -261,12 +290,51 @@ def _load_cached(path: Path):
     return train, validation, report
 
 
+def load_cache_entry(path: Path):
+    """``(train, validation, report)`` stored at ``path``, or None when there is no usable entry.
+
+    Entries are renamed into place only when complete, so a directory without ``report.json`` or
+    one that does not load (a disk error, a copy cut short, a writer from an older version) is
+    discarded with a warning, and the caller rebuilds it.
+    """
+    if not path.exists():
+        return None
+    if not (path / "report.json").is_file():
+        problem = "is incomplete (no report.json)"
+    else:
+        try:
+            return _load_cached(path)
+        except Exception as error:  # noqa: BLE001 - datasets and pyarrow raise many types for damaged files
+            problem = f"is unreadable ({type(error).__name__}: {error})"
+    warnings.warn(f"datasets cache entry {path} {problem}; removing it and building again", stacklevel=3)
+    shutil.rmtree(path, ignore_errors=True)
+    return None
+
+
+def save_cache_entry(path: Path, train, validation, report: DataReport) -> None:
+    """Write the entry to a temporary sibling, check it loads, then rename it into place: an
+    interrupted or failed build never leaves something that looks like a cache hit."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(dir=path.parent, prefix=path.name + ".tmp-"))
+    try:
+        train.save_to_disk(str(staging / "train"))
+        validation.save_to_disk(str(staging / "validation"))
+        (staging / "report.json").write_text(report.to_json())
+        _load_cached(staging)
+        os.replace(staging, path)
+    except OSError:
+        if not (path / "report.json").is_file():  # not a concurrent build that finished first
+            raise
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+
+
 def build_datasets(data: DataConfig, tokenizer, base_name: str):
     """Build (or load from cache) the train and validation datasets.
 
     Args:
         data: source, split, limit (first N usable conversations), max_length, validation_size, seed,
-            cache_dir.
+            cache_dir, max_drop_fraction (more records dropped than this share: ``DataError``).
         tokenizer: the base model's fast tokenizer; its chat template formats the conversations.
         base_name: the base model reference, used to name the cache entry.
 
@@ -275,17 +343,32 @@ def build_datasets(data: DataConfig, tokenizer, base_name: str):
         length, id; and a ``DataReport``.
     """
     start = time.perf_counter()
-    if data.max_length < 2:
-        raise DataError(f"data.max_length must be >= 2, got {data.max_length}")
+    data.validate()
     key = cache_key(data, tokenizer)
     label = re.sub(r"[^A-Za-z0-9._-]+", "_", f"{Path(base_name).name}-{Path(data.source).name}")[:60]
     path = dataset_cache_root(data) / f"{label}-{key}"
-    if (path / "report.json").is_file():
-        train, validation, report = _load_cached(path)
+    cached = load_cache_entry(path)
+    if cached is not None:
+        train, validation, report = cached
+        check_drop_share(
+            report.source,
+            report.conversations_read,
+            report.dropped,
+            report.drop_examples,
+            data.max_drop_fraction,
+        )
         report.cache_hit, report.seconds, report.cache_path = True, time.perf_counter() - start, str(path)
         return train, validation, report
 
     conversations, source_report = read_conversations(data.source, data.split, data.limit)
+    # Checked before tokenising too, so a wrong file fails fast.
+    check_drop_share(
+        source_report.source,
+        source_report.records,
+        source_report.dropped,
+        source_report.examples,
+        data.max_drop_fraction,
+    )
     if not conversations:
         raise DataError(
             f"data source '{data.source}' gave no usable conversation; dropped: {source_report.dropped}"
@@ -308,20 +391,11 @@ def build_datasets(data: DataConfig, tokenizer, base_name: str):
         max_length=data.max_length,
         **stats,
     )
-
-    # Write to a temporary sibling and rename, so an interrupted build never looks like a cache hit.
-    path.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(dir=path.parent, prefix=path.name + ".tmp-"))
-    try:
-        train.save_to_disk(str(staging / "train"))
-        validation.save_to_disk(str(staging / "validation"))
-        (staging / "report.json").write_text(report.to_json())
-        os.replace(staging, path)
-    except OSError:
-        if not (path / "report.json").is_file():  # not a concurrent build that finished first
-            raise
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
+    # Cached even when too much is dropped: a rerun with a higher max_drop_fraction is then instant.
+    save_cache_entry(path, train, validation, report)
+    check_drop_share(
+        report.source, report.conversations_read, report.dropped, report.drop_examples, data.max_drop_fraction
+    )
     train, validation, _ = _load_cached(path)
     report.seconds, report.cache_path = time.perf_counter() - start, str(path)
     return train, validation, report

@@ -18,9 +18,14 @@ def test_data_inspect_prints_the_report(tmp_path, tiny_base_dir, capsys):
         f"model:\n  base: {tiny_base_dir}\ndata:\n  source: {source}\n  validation_size: 2\n"
         f"  cache_dir: {tmp_path / 'cache'}\n"
     )
+    # 2 of 14 records dropped (14.3%) is more than the default data.max_drop_fraction
+    assert main(["data", "inspect", "--config", str(config), "data.max_length=256"]) == 1
+    assert "chats.jsonl: 2 of 14 records dropped (14.3%)" in capsys.readouterr().err
+    config.write_text(config.read_text() + "  max_drop_fraction: 0.2\n")
     assert main(["data", "inspect", "--config", str(config), "data.max_length=256"]) == 0
     out = capsys.readouterr().out
     assert "conversations read: 14" in out and "usable conversations: 12" in out
+    assert "dropped: 2 (2 malformed or unusable records, 14.3% of those read)" in out
     assert "examples kept: 12 (train 10, validation 2)" in out
     assert "invalid_json: 1" in out and "e.g. chats.jsonl line 13:" in out
     assert "unknown_role: 1" in out and "turn 1 has role 'robot'" in out
