@@ -31,15 +31,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def print_data_summary(run_config) -> None:
     """Build (or load from the cache) the run's datasets and print what reading the data dropped,
     as ``data inspect`` does, before the base model loads; the training loop then hits the cache.
-    Too many dropped records raise ``DataError`` here."""
+    Too many dropped records raise ``DataError`` here. Under the DeepSpeed launcher only rank 0
+    builds and prints: the others read its cache in the loop, after a barrier."""
     from draftheads.base_model import load_tokenizer
     from draftheads.commands.data import format_drop_summary
     from draftheads.data.pipeline import build_datasets
 
+    if os.environ.get("RANK", "0") != "0":
+        return
     tokenizer = load_tokenizer(run_config.model.base)
     _, _, report = build_datasets(run_config.data, tokenizer, run_config.model.base)
-    if os.environ.get("RANK", "0") == "0":  # one summary under the DeepSpeed launcher
-        print(format_drop_summary(report), flush=True)
+    print(format_drop_summary(report), flush=True)
 
 
 def run(args: argparse.Namespace) -> int:
