@@ -50,8 +50,9 @@ class DataConfig:
     # Hidden-state cache from `draftheads cache-features` (it writes here; training reads it
     # instead of running the base model). None: online training.
     features: str | None = None
-    # Dropping more than this share of the records read (malformed, unusable, or with no assistant
-    # token within max_length) is an error, not a warning: it usually means a wrong file or format.
+    # Dropping more than this share of the records read as malformed or unusable is an error, not a
+    # warning: it usually means a wrong file or format. Examples that max_length leaves without an
+    # assistant token do not count (a setting drops them, not the file).
     max_drop_fraction: float = 0.1
 
     def validate(self) -> None:

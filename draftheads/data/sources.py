@@ -5,6 +5,9 @@ Every source yields raw records; ``normalise_record`` turns one record into a ``
 cannot be used. Unusable records are counted by reason in a ``SourceReport`` with a few examples
 naming file and record index or line, so nothing crashes the run and nothing vanishes silently.
 
+Local files may be gzipped (``.json.gz``, ``.jsonl.gz``) and may start with a UTF-8 byte-order mark;
+a line or record holding bytes that are not UTF-8 is dropped (``not_utf8``) with its byte offset.
+
 Two record forms are accepted:
   ShareGPT  ``{"id": ..., "conversations": [{"from": "human", "value": "..."}, ...]}``
   OpenAI    ``{"id": ..., "messages": [{"role": "user", "content": "..."}, ...]}``
@@ -453,6 +456,10 @@ def resolve_source(source: str) -> tuple[str, Path | str]:
     name = path.name.removesuffix(".gz")
     suffix = Path(name).suffix
     if suffix in LOCAL_SUFFIXES:
+        if suffix == ".parquet" and path.suffix == ".gz":
+            raise DataError(
+                f"data file {path}: gzipped Parquet cannot be read; gunzip it (Parquet compresses itself)"
+            )
         if not path.is_file():
             raise DataError(f"data file not found: {path}")
         return suffix.lstrip("."), path

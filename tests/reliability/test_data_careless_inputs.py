@@ -219,6 +219,13 @@ def test_a_corrupt_gzip_file_is_named(tmp_path):
         read_conversations(str(path))
 
 
+def test_gzipped_parquet_is_refused_by_name(tmp_path):
+    path = tmp_path / "rows.parquet.gz"
+    path.write_bytes(gzip.compress(b"PAR1"))
+    with pytest.raises(DataError, match=r"rows.parquet.gz: gzipped Parquet cannot be read; gunzip it"):
+        read_conversations(str(path))
+
+
 @pytest.mark.parametrize("name", ["bom.jsonl", "bom.json", "bom_array.json"])
 def test_a_byte_order_mark_is_accepted(tmp_path, name):
     items = records(3)
