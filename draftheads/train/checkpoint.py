@@ -227,13 +227,14 @@ def _tensor_bytes(tensors) -> int:
     return sum(getattr(tensor, "ds_numel", tensor.numel()) * tensor.element_size() for tensor in tensors)
 
 
-def engine_state_bytes(engine, exclude_frozen: bool = False) -> int:
-    """About what ``engine.save_checkpoint`` writes on this rank: the module's weights and buffers
-    (trainable weights only with ``exclude_frozen``) and the optimizer's state, with any master
-    copies of the weights it keeps (ZeRO, bf16) that are not the module's own tensors."""
+def engine_state_bytes(engine, exclude_frozen: bool = False, rank: int = 0) -> int:
+    """About what ``engine.save_checkpoint`` writes on rank ``rank``: the module's weights and
+    buffers (rank 0 writes them; trainable weights only with ``exclude_frozen``) and this rank's
+    optimizer state, with the master copies of the weights it keeps (ZeRO partitions, bf16) that
+    are not the module's own tensors."""
     module_parameters = list(engine.module.parameters())
     saved = [p for p in module_parameters if p.requires_grad or not exclude_frozen]
-    total = _tensor_bytes(saved) + _tensor_bytes(engine.module.buffers())
+    total = _tensor_bytes(saved) + _tensor_bytes(engine.module.buffers()) if rank == 0 else 0
     optimizer = getattr(engine.optimizer, "optimizer", engine.optimizer)  # DeepSpeed wraps torch's
     if optimizer is not None:
         own = {id(p) for p in module_parameters}
@@ -324,7 +325,7 @@ def save_checkpoint(
     _barrier()
     previous = latest_checkpoint(output_dir)
     expected = max(
-        _sum_over_ranks(engine_state_bytes(engine, exclude_frozen)),
+        _sum_over_ranks(engine_state_bytes(engine, exclude_frozen, rank)),
         directory_bytes(previous) if previous is not None else 0,
     )
     try:

@@ -15,7 +15,7 @@ from safetensors.torch import save_file
 from draftheads.storage import InsufficientSpaceError
 from draftheads.train import checkpoint
 from draftheads.train.lock import OutputLock
-from draftheads.train.loop import run_training
+from draftheads.train.loop import cleanup, run_training, save, setup, train_steps
 from tests.reliability.train_fixtures import patterned_dataset, short_run
 
 pytestmark = pytest.mark.usefixtures("single_thread")
@@ -108,3 +108,19 @@ def test_enospc_from_any_writer_becomes_the_clear_error(tmp_path, monkeypatch):
     monkeypatch.setattr(shutil, "disk_usage", lambda path: usage._replace(free=2 * 2**20))
     with pytest.raises(InsufficientSpaceError, match=r"for checkpoint step-00000020: needs 3.2 MiB"):
         checkpoint.save_checkpoint(BigWriter(0), tmp_path, 20, {}, keep=3)
+
+
+@pytest.mark.parametrize("zero", [0, 2])
+def test_the_size_estimate_is_close_to_the_checkpoint_written(tmp_path, tiny_llama, zero):
+    dataset = patterned_dataset()
+    run = short_run(
+        tmp_path / "run", "train.max_steps=2", f"train.deepspeed_config=configs/deepspeed/zero{zero}.json"
+    )
+    session = setup(run, base_model=tiny_llama, datasets=(dataset, dataset))
+    try:
+        train_steps(session)  # Adam's moments exist once it has stepped
+        estimate = checkpoint.engine_state_bytes(session.engine)
+        written = checkpoint.directory_bytes(save(session))
+    finally:
+        cleanup(session)
+    assert 0.9 * written <= estimate <= 1.1 * written, (estimate, written)
