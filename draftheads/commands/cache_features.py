@@ -4,10 +4,15 @@ Uses the same run config as ``draftheads train``: the base model, the data pipel
 section decide what is stored (``head.required_hidden_states`` of that head); the cache goes to
 ``data.features``, which is also where training with that config reads it. Any head whose hidden
 states the cache holds may train from it (an EAGLE-3 cache, hs[2, 15, 27, L], serves Medusa, EAGLE
-and MTP too, on the same data). Re-running continues after the last complete shard.
+and MTP too, on the same data). Re-running continues with the shards not yet written.
 
     draftheads cache-features --config configs/medusa-smollm2.yaml data.features=/tmp/medusa-features
     draftheads train --config configs/medusa-smollm2.yaml data.features=/tmp/medusa-features
+
+Under a launcher each process writes its share of the shards (one base model per GPU), and rank 0
+the one index; training reads the cache whatever its own world size:
+
+    torchrun --nproc_per_node 8 $(which draftheads) cache-features --config FILE data.features=DIR
 """
 
 from __future__ import annotations
@@ -38,18 +43,24 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--batch-size", type=positive_int, default=DEFAULT_BATCH_SIZE, help="examples per base forward"
     )
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    # The deepspeed launcher passes --local_rank=N (older versions) besides setting LOCAL_RANK.
+    parser.add_argument("--local_rank", "--local-rank", type=int, default=None, help=argparse.SUPPRESS)
 
 
 def run(args: argparse.Namespace) -> int:
-    import torch
+    import os
 
     from draftheads.base_model import BaseModelError, load_base, resolve_dtype
     from draftheads.config import load_run_config
     from draftheads.data.features import CacheIdentity, write_feature_cache
     from draftheads.data.pipeline import build_datasets
     from draftheads.data.sources import DataError
+    from draftheads.distributed import barrier, join_process_group
     from draftheads.heads import build_head
     from draftheads.settings import ConfigError
+
+    if args.local_rank is not None:
+        os.environ.setdefault("LOCAL_RANK", str(args.local_rank))
 
     try:
         run = load_run_config(args.config, args.overrides)
@@ -59,10 +70,15 @@ def run(args: argparse.Namespace) -> int:
             )
         if run.head is None:
             raise ConfigError("head: missing; the head decides which hidden states are cached")
-        device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        rank, world_size, device = join_process_group()
         dtype = resolve_dtype(run.model.dtype, device)
         base_model, tokenizer = load_base(run.model.base, dtype, device, run.model.attn_implementation)
-        train, validation, _ = build_datasets(run.data, tokenizer, run.model.base)
+        # Rank 0 builds the tokenised data; the others then read its datasets cache.
+        if rank == 0:
+            train, validation, _ = build_datasets(run.data, tokenizer, run.model.base)
+        barrier(world_size)
+        if rank != 0:
+            train, validation, _ = build_datasets(run.data, tokenizer, run.model.base)
         try:
             head = build_head(base_model, run.head, run.model.base)
         except (ValueError, IndexError) as err:
@@ -80,6 +96,8 @@ def run(args: argparse.Namespace) -> int:
             examples_per_shard=args.examples_per_shard,
             batch_size=args.batch_size,
             progress=not args.no_progress,
+            rank=rank,
+            world_size=world_size,
         )
     except (ConfigError, DataError, BaseModelError) as err:  # bad input: no traceback
         print(f"draftheads cache-features: {err}")

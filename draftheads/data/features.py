@@ -21,8 +21,13 @@ Layout::
 A shard holds ``hidden_states.{i}`` (N, h) for each stored index i, concatenated over its
 examples' tokens (no padding), ``offsets`` (E' + 1,) int64 and ``input_ids`` (N,) int32 (checked
 against the batch on reading, so a cache can never be read against other rows). Shards are
-written atomically and the index is updated after each one, so an interrupted run resumes after
-the last complete shard.
+written atomically (a shard file exists only once complete), so an interrupted run resumes with
+the shards it lacks.
+
+Under a launcher (``torchrun`` / ``deepspeed``, N processes), rank r of N writes shards
+r, r + N, r + 2N, ... of each split; rank 0 writes the one index, first with the identity, last
+with the shards found complete. The cache is the same files whatever N wrote it, and training
+reads it whatever its own world size.
 """
 
 from __future__ import annotations
@@ -39,6 +44,7 @@ from typing import Any
 import torch
 
 from draftheads.data.sources import DataError
+from draftheads.distributed import barrier
 
 INDEX_NAME = "index.json"
 FORMAT = "draftheads-features"
@@ -219,6 +225,52 @@ def _write_index(directory: Path, index: dict) -> None:
     os.replace(temporary, directory / INDEX_NAME)
 
 
+def _existing_index(directory: Path, identity: CacheIdentity, settings: dict) -> dict | None:
+    """The index already in ``directory`` after checking it was made for ``identity`` and
+    ``settings``; None when there is none."""
+    if not (directory / INDEX_NAME).is_file():
+        return None
+    index = read_index(directory)
+    check_identity(CacheIdentity.from_dict(index["identity"]), identity, f"feature cache {directory}")
+    for name, value in settings.items():
+        if index[name] != value:
+            raise FeatureCacheError(
+                f"feature cache {directory} is being written with {name}={index[name]!r}; "
+                f"resume with the same value (got {value!r}) or choose another directory"
+            )
+    return index
+
+
+def _new_index(identity: CacheIdentity, settings: dict, base_model, splits: dict) -> dict:
+    return {
+        "format": FORMAT,
+        "format_version": FORMAT_VERSION,
+        "identity": dataclasses.asdict(identity),
+        **settings,
+        "hidden_size": base_model.config.hidden_size,
+        "complete_shards": {name: 0 for name in splits},
+        "shard_tokens": {name: [] for name in splits},
+    }
+
+
+def _with_progress(index: dict, directory: Path, splits: dict, examples_per_shard: int) -> dict:
+    """``index`` with ``complete_shards`` (the leading run of shard files present: readers need
+    every shard up to the split's last) and their token counts."""
+    from safetensors import safe_open
+
+    complete, shard_tokens = {}, {}
+    for name, dataset in splits.items():
+        counts = []
+        for shard in range(-(-len(dataset) // examples_per_shard)):
+            path = shard_path(directory, name, shard)
+            if not path.is_file():
+                break
+            with safe_open(str(path), framework="pt") as handle:
+                counts.append(int(handle.get_slice("offsets")[-1:].tolist()[0]))
+        complete[name], shard_tokens[name] = len(counts), counts
+    return {**index, "complete_shards": complete, "shard_tokens": shard_tokens}
+
+
 @torch.no_grad()
 def _hidden_states(
     base_model, rows: list[list[int]], layers: tuple[int, ...]
@@ -302,6 +354,8 @@ def write_feature_cache(
     examples_per_shard: int = DEFAULT_EXAMPLES_PER_SHARD,
     batch_size: int = DEFAULT_BATCH_SIZE,
     progress: bool = True,
+    rank: int = 0,
+    world_size: int = 1,
 ) -> CacheSummary:
     """Write (or continue writing) the hidden-state cache of ``splits`` into ``directory``.
 
@@ -313,9 +367,11 @@ def write_feature_cache(
         dtype: storage dtype name (``STORAGE_DTYPES``); bf16 halves fp32's size.
         examples_per_shard: examples per file (the unit of resumption).
         batch_size: examples per base forward.
+        rank, world_size: this process's place among the launched ones (every rank calls, each
+            writes its shards; ``draftheads.distributed.join_process_group``).
     Prints the estimated size before and the actual size after. An existing index in
-    ``directory`` must have the same identity and storage settings; writing resumes after its
-    last complete shard.
+    ``directory`` must have the same identity and storage settings; writing resumes with the
+    shards not yet written.
     """
     from tqdm import tqdm
 
@@ -328,28 +384,17 @@ def write_feature_cache(
     started = time.perf_counter()
     directory = Path(directory)
     settings = {"dtype": dtype, "examples_per_shard": examples_per_shard}
-    index_path = directory / INDEX_NAME
-    if index_path.is_file():
+    # Every rank checks an existing index before rank 0 may write a new one.
+    index = _existing_index(directory, identity, settings)
+    barrier(world_size)
+    if index is None:
+        if rank == 0:
+            directory.mkdir(parents=True, exist_ok=True)
+            for stale in directory.glob("*/shard-*.safetensors"):  # a shard without its index
+                stale.unlink()
+            _write_index(directory, _new_index(identity, settings, base_model, splits))
+        barrier(world_size)
         index = read_index(directory)
-        check_identity(CacheIdentity.from_dict(index["identity"]), identity, f"feature cache {directory}")
-        for name, value in settings.items():
-            if index[name] != value:
-                raise FeatureCacheError(
-                    f"feature cache {directory} is being written with {name}={index[name]!r}; "
-                    f"resume with the same value (got {value!r}) or choose another directory"
-                )
-    else:
-        directory.mkdir(parents=True, exist_ok=True)
-        index = {
-            "format": FORMAT,
-            "format_version": FORMAT_VERSION,
-            "identity": dataclasses.asdict(identity),
-            **settings,
-            "hidden_size": base_model.config.hidden_size,
-            "complete_shards": {name: 0 for name in splits},
-            "shard_tokens": {name: [] for name in splits},
-        }
-        _write_index(directory, index)
 
     storage = STORAGE_DTYPES[dtype]
     layers = tuple(identity.hidden_state_layers)
@@ -357,27 +402,34 @@ def write_feature_cache(
     lengths = {name: _row_lengths(dataset) for name, dataset in splits.items()}
     tokens = sum(sum(values) for values in lengths.values())
     estimate = tokens * per_token
-    done = {name: index["complete_shards"][name] * examples_per_shard for name in splits}
-    remaining = sum(sum(lengths[name][done[name] :]) for name in splits)
-    print(
-        f"[draftheads] feature cache {directory}: {len(layers)} hidden state(s) {list(layers)} x "
-        f"{base_model.config.hidden_size} in {dtype} = {per_token} bytes/token; {tokens:,} tokens -> "
-        f"about {_human(estimate)} on disk"
-        + (f" ({remaining:,} tokens left to write)" if remaining < tokens else "")
-    )
+    # This rank's shards that are not written yet: split -> [(shard, start, stop)].
+    todo = {
+        name: [
+            (shard, shard * examples_per_shard, min((shard + 1) * examples_per_shard, len(dataset)))
+            for shard in range(rank, -(-len(dataset) // examples_per_shard), world_size)
+            if not shard_path(directory, name, shard).is_file()
+        ]
+        for name, dataset in splits.items()
+    }
+    remaining = sum(sum(lengths[name][start:stop]) for name in todo for _, start, stop in todo[name])
+    if rank == 0:
+        print(
+            f"[draftheads] feature cache {directory}: {len(layers)} hidden state(s) {list(layers)} x "
+            f"{base_model.config.hidden_size} in {dtype} = {per_token} bytes/token; {tokens:,} tokens -> "
+            f"about {_human(estimate)} on disk"
+            + (f"; {world_size} processes" if world_size > 1 else "")
+            + (f" ({remaining:,} tokens left to write)" if world_size == 1 and remaining < tokens else "")
+        )
     bar = tqdm(
-        total=tokens,
-        initial=tokens - remaining,
+        total=remaining,
         unit="tok",
         desc="cache-features",
-        disable=not progress,
+        disable=not progress or rank != 0,
         dynamic_ncols=True,
     )
     written = 0
     for name, dataset in splits.items():
-        shards = -(-len(dataset) // examples_per_shard)
-        for shard in range(index["complete_shards"][name], shards):
-            start, stop = shard * examples_per_shard, min((shard + 1) * examples_per_shard, len(dataset))
+        for shard, start, stop in todo[name]:
             rows = [list(dataset[i]["input_ids"]) for i in range(start, stop)]
             # Similar lengths share a forward (less padding); results go back to row order.
             order = sorted(range(len(rows)), key=lambda i: len(rows[i]))
@@ -391,12 +443,23 @@ def write_feature_cache(
                 bar.update(sum(len(rows[i]) for i in group))
             examples = [computed[i] for i in range(len(rows))]
             _write_shard(shard_path(directory, name, shard), examples, rows, storage)
-            index["complete_shards"][name] = shard + 1
-            index["shard_tokens"][name] = index["shard_tokens"][name][:shard] + [
-                sum(len(row) for row in rows)
-            ]
-            _write_index(directory, index)
             written += len(rows)
+            if world_size == 1 and shard == index["complete_shards"][name]:  # one writer: in order
+                index["complete_shards"][name] = shard + 1
+                index["shard_tokens"][name] = index["shard_tokens"][name][:shard] + [
+                    sum(len(row) for row in rows)
+                ]
+                _write_index(directory, index)
+    if world_size > 1:
+        shards = sum(len(shard_list) for shard_list in todo.values())
+        print(
+            f"[draftheads] feature cache rank {rank}/{world_size}: "
+            f"wrote {written} examples in {shards} shards"
+        )
+    barrier(world_size)
+    if rank == 0:
+        _write_index(directory, _with_progress(index, directory, splits, examples_per_shard))
+    barrier(world_size)
     bar.close()
     actual = cache_size(directory)
     summary = CacheSummary(
@@ -409,10 +472,11 @@ def write_feature_cache(
         bytes_per_token=actual / max(1, tokens),
         seconds=time.perf_counter() - started,
     )
-    print(
-        f"[draftheads] feature cache {directory}: {_human(actual)} on disk "
-        f"({summary.bytes_per_token:.0f} bytes/token; estimated {_human(estimate)})"
-    )
+    if rank == 0:
+        print(
+            f"[draftheads] feature cache {directory}: {_human(actual)} on disk "
+            f"({summary.bytes_per_token:.0f} bytes/token; estimated {_human(estimate)})"
+        )
     return summary
 
 
