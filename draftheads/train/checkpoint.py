@@ -37,6 +37,8 @@ from typing import Any
 
 import torch
 
+from draftheads.storage import InsufficientSpaceError, check_free_space, format_bytes
+
 CHECKPOINTS_DIR = "checkpoints"
 ENGINE_TAG = "engine"
 STATE_NAME = "trainer_state.json"
@@ -263,8 +265,6 @@ def space_checked_write(directory: Path, temporary: Path, needed_bytes: int, wha
     it up to the last block before failing), counts as running out of space. The caller removes
     ``temporary``.
     """
-    from draftheads.storage import InsufficientSpaceError, check_free_space, format_bytes
-
     check_free_space(directory, needed_bytes, what)
     try:
         yield
