@@ -155,12 +155,14 @@ class HeadGate:
     def _average(self, old: float, new: float, first: bool) -> float:
         return new if first else old + self.smoothing * (new - old)
 
-    def head_drafts(self) -> bool:
+    def head_drafts(self, token_share: float = 1.0) -> bool:
+        """Whether the head drafts this step. ``token_share``: this sequence's share of the tokens a
+        step emits (1 alone; about 1/B in a batch of B, where a step's time is every row's)."""
         if self.steps_with < self.warmup_steps or self.step_seconds <= 0:
             return True
         if self.steps_out >= self.probe_every:
             return True
-        share_of_tokens = self.accepted / max(self.tokens, 1e-9)
+        share_of_tokens = token_share * self.accepted / max(self.tokens, 1e-9)
         share_of_time = max(self.seconds_with - self.seconds_without, 0.0) / self.step_seconds
         return share_of_tokens > share_of_time
 
@@ -218,6 +220,7 @@ class AdaptiveDrafter(Drafter):
         self._last: tuple[bool, float, float] | None = None  # (head drafted, propose seconds, started)
         self._step_seconds: float | None = None  # between the last two proposals
         self._expected = (0.0, 1.0)  # tokens the last tree was expected to add: the head's alone, all
+        self.token_share = 1.0  # this sequence's share of a step's tokens (the decode loop sets it)
 
     @property
     def source(self) -> str:
@@ -254,7 +257,7 @@ class AdaptiveDrafter(Drafter):
 
     def propose(self, root, position, tree) -> Draft:
         started = time.perf_counter()
-        head_drafts = self.gate is None or self.gate.head_drafts()
+        head_drafts = self.gate is None or self.gate.head_drafts(self.token_share)
         if head_drafts:
             draft = self.inner.propose(root, position, tree)
         elif isinstance(tree, HybridTree):

@@ -82,3 +82,58 @@ def keep_accepted(cache: DynamicCache, past_length: int, accepted: torch.Tensor)
     if excess:
         for layer in layers:
             layer.crop(-excess)
+
+
+def keep_accepted_rows(
+    cache: DynamicCache, lengths: Sequence[int], tree_start: int, accepted: Sequence[torch.Tensor]
+) -> list[int]:
+    """``keep_accepted`` for a batch whose rows hold ``lengths[b]`` valid entries, left-aligned:
+    row b's accepted tree entries (at ``tree_start + accepted[b]``) move to just after its valid
+    entries, and the cache is cropped to the longest row. Returns the new lengths.
+
+    Args:
+        lengths: valid entries per row before the tree (<= ``tree_start``).
+        tree_start: where the tree's entries begin (the cache length before verification).
+        accepted: per row, (A_b,) accepted node indices, ascending, starting at the root (0).
+    """
+    if len(lengths) == 1 and lengths[0] == tree_start:
+        keep_accepted(cache, tree_start, accepted[0])
+        return [tree_start + accepted[0].numel()]
+    layers = _layers(cache)
+    total = cache.get_seq_length()
+    kept = [a.numel() for a in accepted]
+    new_lengths = [length + count for length, count in zip(lengths, kept)]
+    if min(kept) == 0 or max(accepted[b].max().item() for b in range(len(kept))) >= total - tree_start:
+        raise ValueError(f"cannot keep {kept} tree entries after {tree_start} in a cache of {total}")
+    width = max(kept)
+    # Per row, source and destination slots; a short row repeats its last pair (the same write twice).
+    source = torch.stack([torch.cat([a, a[-1:].expand(width - a.numel())]) for a in accepted]) + tree_start
+    destination = torch.stack(
+        [
+            torch.cat([torch.arange(n), torch.full((width - n,), n - 1, dtype=torch.long)]) + length
+            for n, length in zip(kept, lengths)
+        ]
+    )  # (B, width)
+    device = layers[0].keys.device
+    source, destination = source.to(device), destination.to(device)
+    for layer in layers:
+        for name in ("keys", "values"):
+            tensor = getattr(layer, name)  # (B, H, L, D)
+            shape = (*tensor.shape[:2], width, tensor.shape[-1])
+            moved = tensor.gather(2, source[:, None, :, None].expand(shape))
+            tensor.scatter_(2, destination[:, None, :, None].expand(shape), moved)
+    excess = total - max(new_lengths)
+    if excess:
+        for layer in layers:
+            layer.crop(-excess)
+    return new_lengths
+
+
+def select_rows(cache: DynamicCache, rows: Sequence[int], length: int) -> None:
+    """Keep only the batch rows ``rows`` (in that order) and the first ``length`` entries, in place."""
+    index = None
+    for layer in _layers(cache):
+        if index is None:
+            index = torch.tensor(list(rows), dtype=torch.long, device=layer.keys.device)
+        layer.keys = layer.keys.index_select(0, index)[:, :, :length]
+        layer.values = layer.values.index_select(0, index)[:, :, :length]

@@ -16,8 +16,8 @@ from dataclasses import dataclass
 
 import torch
 
-from draftheads.infer.cache import crop_to_lengths, keep_accepted
-from draftheads.infer.forward import tree_forward
+from draftheads.infer.cache import crop_to_lengths, keep_accepted_rows
+from draftheads.infer.forward import rows_forward
 from draftheads.infer.tree import tree_topology
 
 
@@ -79,21 +79,33 @@ def synchronize(device: torch.device) -> None:
 
 @torch.no_grad()
 def measure_verify_cost(
-    model, cache, root: int, sizes: Sequence[int], repeats: int, feature_layers=(), progress: bool = False
+    model,
+    cache,
+    root: int,
+    sizes: Sequence[int],
+    repeats: int,
+    feature_layers=(),
+    progress: bool = False,
+    lengths: Sequence[int] | None = None,
 ) -> CostCurve:
     """Median seconds of verifying N tokens (forward + cache compaction) after what ``cache`` holds,
-    sizes interleaved; the cache is left as it was."""
+    sizes interleaved; the cache is left as it was. ``lengths``: for a batch cache, the valid
+    entries of each row (``rows_forward``); then every row verifies N tokens, so the curve is what
+    one batched step costs with trees of N nodes in every row."""
     from tqdm.auto import tqdm
 
     past = cache.get_seq_length()
+    rows = [past] if lengths is None else list(lengths)
     device = model.device
     topologies = {n: tree_topology([-1] + list(range(n - 1))) for n in sizes}  # chains: cost is the size
     tokens = torch.full((max(sizes),), root, dtype=torch.long)
     first = torch.zeros(1, dtype=torch.long, device=device)
 
     def verify(n: int) -> None:
-        tree_forward(model, cache, tokens[:n], topologies[n], feature_layers)
-        keep_accepted(cache, past, first)  # keep one entry, as a step that accepts none
+        rows_forward(
+            model, cache, [tokens[:n]] * len(rows), [topologies[n]] * len(rows), rows, feature_layers
+        )
+        keep_accepted_rows(cache, rows, past, [first] * len(rows))  # as a step that accepts none
         crop_to_lengths([cache], [past])
 
     for n in sizes:  # warm-up: kernels and allocator for every shape

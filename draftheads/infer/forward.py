@@ -10,9 +10,16 @@ import torch
 
 from draftheads.base_model import SUPPORTED_ATTENTION
 from draftheads.infer.cache import new_cache
-from draftheads.infer.tree import TreeTopology, tree_attention_mask, tree_position_ids
+from draftheads.infer.tree import TreeTopology, rows_attention_mask, rows_position_ids
 
-__all__ = ["SUPPORTED_ATTENTION", "TreeInputError", "check_tree_inputs", "prefill_forward", "tree_forward"]
+__all__ = [
+    "SUPPORTED_ATTENTION",
+    "TreeInputError",
+    "check_tree_inputs",
+    "prefill_forward",
+    "rows_forward",
+    "tree_forward",
+]
 
 
 class TreeInputError(ValueError):
@@ -61,11 +68,35 @@ def tree_forward(model, cache, tokens: torch.Tensor, topology: TreeTopology, hid
         The model output: ``logits`` (1, N, V) and ``hidden_states`` (the selected entries (1, N, h)).
     """
     past_length = cache.get_seq_length()
+    return rows_forward(model, cache, [tokens], [topology], [past_length], hidden_layers)
+
+
+def rows_forward(
+    model,
+    cache,
+    tokens: Sequence[torch.Tensor],
+    topologies: Sequence[TreeTopology],
+    lengths: Sequence[int],
+    hidden_layers: Sequence[int],
+):
+    """Verify one tree per row of a batch in one forward; every cache row gains ``size`` entries.
+
+    Args:
+        tokens: per row, (N_b,) node tokens (padding included), node 0 the row's root.
+        topologies: per row, its tree (``topologies[b].size == N_b``).
+        lengths: per row, the valid entries of its cache row (left-aligned; the slots after are
+            stale and masked: ``tree.rows_attention_mask``).
+    Returns:
+        The model output: ``logits`` (B, size, V) with size = max N_b (row b's first N_b are its
+        tree's) and the selected ``hidden_states`` (B, size, h).
+    """
+    cache_length = cache.get_seq_length()
     device = model.device
-    input_ids = tokens.to(device)[None]  # (1, N)
-    attention_mask = tree_attention_mask(topology, past_length, model.dtype, device)  # (1, 1, N, past+N)
-    position_ids = tree_position_ids(topology, past_length, device)  # (1, N)
-    check_tree_inputs(model, input_ids, attention_mask, position_ids, past_length)
+    size = max(t.size for t in topologies)
+    input_ids = torch.stack([torch.cat([t, t[:1].expand(size - t.numel())]) for t in tokens]).to(device)
+    attention_mask = rows_attention_mask(topologies, lengths, cache_length, size, model.dtype, device)
+    position_ids = rows_position_ids(topologies, lengths, size, device)  # (B, N)
+    check_tree_inputs(model, input_ids, attention_mask, position_ids, cache_length)
     return model(
         input_ids=input_ids,
         attention_mask=attention_mask,
@@ -88,3 +119,35 @@ def prefill_forward(model, input_ids: torch.Tensor, hidden_layers: Sequence[int]
         logits_to_keep=1,
     )
     return cache, output
+
+
+def prefill_rows(model, prompts: Sequence[torch.Tensor], hidden_layers: Sequence[int]):
+    """Prompts of different lengths (each (T_b,)) through the HF model in one forward, right-padded,
+    so every cache row holds its prompt left-aligned (``rows_forward``'s layout).
+
+    Returns ``(cache, last_logits, hidden_states)``: the logits at each row's last prompt token
+    (B, V) and the selected ``hidden_states`` entries (B, max T, h) (a row's positions after its
+    length are padding)."""
+    if len(prompts) == 1:
+        cache, output = prefill_forward(model, prompts[0][None], hidden_layers)
+        return cache, output.logits[:, -1], output.hidden_states
+    lengths = torch.tensor([p.numel() for p in prompts])
+    longest = int(lengths.max())
+    input_ids = torch.zeros(len(prompts), longest, dtype=torch.long)
+    for row, prompt in enumerate(prompts):
+        input_ids[row, : prompt.numel()] = prompt
+    attention_mask = (torch.arange(longest)[None] < lengths[:, None]).long()  # (B, T) 1 = real token
+    last = lengths - 1
+    keep = torch.unique(last)  # ascending: the sequence positions whose logits are needed
+    cache = new_cache(model)
+    output = model(
+        input_ids=input_ids.to(model.device),
+        attention_mask=attention_mask.to(model.device),
+        past_key_values=cache,
+        use_cache=True,
+        output_hidden_states=list(hidden_layers),
+        logits_to_keep=keep.to(model.device),
+    )
+    column = torch.searchsorted(keep, last)  # each row's last position among the kept ones
+    logits = output.logits[torch.arange(len(prompts)), column.to(output.logits.device)]  # (B, V)
+    return cache, logits, output.hidden_states

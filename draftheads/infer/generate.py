@@ -8,8 +8,10 @@ One step: a Drafter proposes a tree (``draft.py``: a head's, the context's, or b
 unmodified Hugging Face model verifies every node in ONE forward through a 4D additive mask with
 explicit positions (``forward.py``, ``tree.py``); a
 verifier (``verify.py``) keeps the longest valid path plus the base model's own next token; the KV
-cache keeps only the accepted entries (``cache.py``). Greedy decoding in fp32 reproduces
-``model.generate(do_sample=False)`` token for token; sampling follows the base model's distribution.
+cache keeps only the accepted entries (``cache.py``). A batch runs the same step for every row at
+once: one tree per row, one forward, each row advancing by what it accepted. Greedy decoding in
+fp32 reproduces ``model.generate(do_sample=False)`` token for token, row by row; sampling follows
+the base model's distribution.
 """
 
 from __future__ import annotations
@@ -23,13 +25,14 @@ import torch
 
 from draftheads.base_model import DEFAULT_DTYPE
 from draftheads.infer.adaptive import AdaptiveDrafter, Calibration
-from draftheads.infer.cache import keep_accepted
+from draftheads.infer.cache import keep_accepted_rows, select_rows
 from draftheads.infer.context import ContextDrafter, ContextTree
 from draftheads.infer.cost import CostCurve, measure_verify_cost
 from draftheads.infer.draft import Drafter, drafter_for, root_only
-from draftheads.infer.forward import SUPPORTED_ATTENTION, TreeInputError, prefill_forward, tree_forward
+from draftheads.infer.forward import SUPPORTED_ATTENTION, TreeInputError, prefill_rows, rows_forward
 from draftheads.infer.hybrid import HybridDrafter, HybridTree
 from draftheads.infer.packed import has_packed_linears, pack_linears
+from draftheads.infer.stopping import StopRule
 from draftheads.infer.tree import load_tuned_tree, padded_size, resolve_tree
 from draftheads.infer.verify import SamplingParams, next_token, verify_tree
 
@@ -87,6 +90,7 @@ class _Tally:
     """Counters the decode loop fills in (one per ``generate`` call)."""
 
     started: float = field(default_factory=time.perf_counter)
+    finished: float | None = None  # when the sequence stopped (a batch goes on without it)
     new_tokens: int = 0
     verification_steps: int = 0
     emitted_by_steps: int = 0  # sum over steps of accepted drafts + 1
@@ -109,8 +113,11 @@ class _Tally:
         for depth in range(accepted_drafts):
             self.accepted_per_depth[depth] += 1
 
+    def finish(self) -> None:
+        self.finished = time.perf_counter()
+
     def stats(self, tree_name: str) -> GenerationStats:
-        seconds = time.perf_counter() - self.started
+        seconds = (self.finished or time.perf_counter()) - self.started
         steps = self.verification_steps
         return GenerationStats(
             new_tokens=self.new_tokens,
@@ -140,12 +147,61 @@ class GenerationResult:
         return self.sequences[0, self.prompt_length :].tolist()
 
 
-class TextStream:
-    """Iterate to get the answer's text as it is accepted; ``result`` is set once it is exhausted."""
+@dataclass(frozen=True)
+class BatchStats:
+    """What one ``generate`` call on a batch did, over all its rows (each row's own
+    ``GenerationStats`` is in its result). ``verification_steps``: batched base forwards after the
+    prefill; tau: tokens emitted per row and verification forward, over all rows' steps."""
 
-    def __init__(self, pieces: Iterator[str]):
+    batch_size: int
+    new_tokens: int
+    verification_steps: int
+    tau: float
+    seconds: float
+    tokens_per_second: float
+
+    def summary(self) -> str:
+        return (
+            f"batch of {self.batch_size}: {self.new_tokens} tokens in {self.seconds:.2f} s, "
+            f"{self.tokens_per_second:.1f} tokens/s, tau {self.tau:.2f} over "
+            f"{self.verification_steps} batched verification forwards"
+        )
+
+
+def batch_stats(results: Sequence[GenerationResult], tallies: Sequence[_Tally]) -> BatchStats:
+    """The batch's statistics from its rows' (time runs until the last row stopped)."""
+    steps = sum(t.verification_steps for t in tallies)
+    seconds = max(r.stats.seconds for r in results)
+    new_tokens = sum(r.stats.new_tokens for r in results)
+    return BatchStats(
+        batch_size=len(results),
+        new_tokens=new_tokens,
+        verification_steps=max(t.verification_steps for t in tallies),
+        tau=sum(t.emitted_by_steps for t in tallies) / steps if steps else float("nan"),
+        seconds=seconds,
+        tokens_per_second=new_tokens / seconds if seconds > 0 else float("inf"),
+    )
+
+
+@dataclass(frozen=True)
+class BatchGenerationResult:
+    """A batch's ``results`` (one ``GenerationResult`` per prompt, in order) and its ``stats``."""
+
+    results: list[GenerationResult]
+    stats: BatchStats
+
+    @property
+    def texts(self) -> list[str | None]:
+        return [r.text for r in self.results]
+
+
+class TextStream:
+    """Iterate to get the answer's text as it is accepted (``(row, text)`` pairs for a batch);
+    ``result`` is set once it is exhausted."""
+
+    def __init__(self, pieces: Iterator):
         self._pieces = pieces
-        self.result: GenerationResult | None = None
+        self.result: GenerationResult | BatchGenerationResult | None = None
 
     def __iter__(self) -> Iterator[str]:
         self.result = yield from self._pieces
@@ -173,8 +229,8 @@ def default_pad_to_multiple(model) -> int:
 
 
 class SpeculativeGenerator:
-    """Decode with a draft head, context drafts or both on a base model, losslessly, one sequence at
-    a time.
+    """Decode with a draft head, context drafts or both on a base model, losslessly, one prompt or a
+    batch of prompts of any lengths (each row drafts its own tree; one forward verifies them all).
 
     Args:
         base_model: the HF causal LM the head was trained on (sdpa or eager attention).
@@ -236,6 +292,7 @@ class SpeculativeGenerator:
         self.max_length = getattr(base_model.config, "max_position_embeddings", None)
         self.adaptive = adaptive
         self.cost = cost
+        self.batch_costs: dict[int, CostCurve] = {}  # verify-cost curves by batch size, measured on need
         self.calibration = Calibration()  # adaptive drafting's, carried from one sequence to the next
 
     @property
@@ -258,12 +315,6 @@ class SpeculativeGenerator:
         if self.adaptive:
             drafter = AdaptiveDrafter(drafter, self.cost, self.calibration)
         return drafter
-
-    def _measure_cost(self, cache, root: int) -> None:
-        """The verify-cost curve, once, after the first prompt's prefill (the cache is left as it was)."""
-        largest = padded_size(self.tree.max_nodes, self.pad_to_multiple)
-        sizes = [n for n in COST_SIZES if n < largest] + [largest]
-        self.cost = measure_verify_cost(self.model, cache, root, sizes, repeats=3)
 
     @classmethod
     def from_pretrained(
@@ -306,102 +357,195 @@ class SpeculativeGenerator:
 
     # ---- inputs -------------------------------------------------------------------------------
 
-    def _prompt_ids(self, prompt) -> torch.Tensor:
-        """(1, T) prompt ids from ids (list, (T,) or (1, T) tensor), text, or chat messages."""
-        if isinstance(prompt, (str, list)) and (
-            isinstance(prompt, str) or (prompt and isinstance(prompt[0], dict))
+    def _prompt_ids(self, prompt, where: str = "prompt") -> torch.Tensor:
+        """(T,) prompt ids from ids (a list of ints, a (T,) or (1, T) integer tensor), text, or chat
+        messages; refuses what the model cannot read, naming it."""
+        if isinstance(prompt, str) or (
+            isinstance(prompt, (list, tuple)) and prompt and isinstance(prompt[0], dict)
         ):
             if self.tokenizer is None:
                 raise ValueError(
                     "text or chat-message prompts need a tokenizer: SpeculativeGenerator(..., tokenizer=)"
                 )
             if isinstance(prompt, str):
-                ids = self.tokenizer(prompt, add_special_tokens=True)["input_ids"]
+                prompt = self.tokenizer(prompt, add_special_tokens=True)["input_ids"]
             else:
-                ids = self.tokenizer.apply_chat_template(
-                    prompt, add_generation_prompt=True, return_dict=False
+                prompt = self.tokenizer.apply_chat_template(
+                    list(prompt), add_generation_prompt=True, return_dict=False
                 )
-            prompt = ids
-        ids = torch.as_tensor(prompt, dtype=torch.long)
-        if ids.dim() == 1:
-            ids = ids[None]
-        if ids.dim() != 2 or ids.shape[0] != 1:
+        if isinstance(prompt, torch.Tensor):
+            if prompt.is_floating_point() or prompt.is_complex() or prompt.dtype == torch.bool:
+                raise ValueError(f"{where}: token ids must be integers, got a {prompt.dtype} tensor")
+            ids = prompt.to(torch.long)
+        else:
+            values = list(prompt) if isinstance(prompt, (list, tuple)) else None
+            if values is None or not all(isinstance(v, int) and not isinstance(v, bool) for v in values):
+                bad = next(
+                    (v for v in values or [prompt] if not isinstance(v, int) or isinstance(v, bool)), prompt
+                )
+                raise ValueError(
+                    f"{where}: expected token ids (ints), text or chat messages; got {type(bad).__name__} "
+                    f"{str(bad)[:40]!r}"
+                )
+            ids = torch.tensor(values, dtype=torch.long)
+        if ids.dim() == 2 and ids.shape[0] == 1:
+            ids = ids[0]
+        if ids.dim() != 1:
+            raise ValueError(f"{where}: expected one sequence of token ids, got shape {tuple(ids.shape)}")
+        if ids.numel() == 0:
+            raise ValueError(f"{where}: the prompt is empty")
+        vocab = self.model.get_input_embeddings().num_embeddings
+        outside = ids[(ids < 0) | (ids >= vocab)]
+        if outside.numel():
             raise ValueError(
-                f"speculative decoding runs one sequence at a time; got input_ids of shape {tuple(ids.shape)}"
+                f"{where}: token id {int(outside[0])} is outside the vocabulary (0..{vocab - 1})"
             )
-        if ids.shape[1] == 0:
-            raise ValueError("the prompt is empty")
-        if self.max_length is not None and ids.shape[1] >= self.max_length:
+        if self.max_length is not None and ids.numel() >= self.max_length:
             raise ValueError(
-                f"the prompt has {ids.shape[1]} tokens; the model's context is {self.max_length}"
+                f"{where}: the prompt has {ids.numel()} tokens; the model's context is {self.max_length}"
             )
         return ids.to(self.model.device)
 
+    def _prompts(self, prompt) -> tuple[list[torch.Tensor], bool]:
+        """The prompts as (T_b,) ids, and whether a batch was given: a list of prompts (texts, chats,
+        id lists or tensors) or a (B, T) tensor with B > 1; anything else is one prompt."""
+        if isinstance(prompt, torch.Tensor) and prompt.dim() == 2 and prompt.shape[0] > 1:
+            return [self._prompt_ids(row, f"prompt {b}") for b, row in enumerate(prompt)], True
+        if (
+            isinstance(prompt, (list, tuple))
+            and prompt
+            and isinstance(prompt[0], (str, list, tuple, torch.Tensor))
+        ):
+            return [self._prompt_ids(p, f"prompt {b}") for b, p in enumerate(prompt)], True
+        return [self._prompt_ids(prompt)], False
+
     # ---- the decode loop ----------------------------------------------------------------------
+
+    def _batch_cost(self, batch: int, cache, roots: Sequence[int], lengths: Sequence[int]) -> CostCurve:
+        """The verify-cost curve for ``batch`` rows (``batch_costs``), measured on first need with
+        the live cache (which is left as it was); the constructor's ``cost`` is batch 1's."""
+        if self.cost is not None and batch == 1:
+            return self.cost
+        if batch not in self.batch_costs:
+            largest = padded_size(self.tree.max_nodes, self.pad_to_multiple)
+            sizes = [n for n in COST_SIZES if n < largest] + [largest]
+            self.batch_costs[batch] = measure_verify_cost(
+                self.model, cache, roots[0], sizes, repeats=3, lengths=None if batch == 1 else lengths
+            )
+            if batch == 1:
+                self.cost = self.batch_costs[1]
+        return self.batch_costs[batch]
 
     @torch.no_grad()
     def _decode(
         self,
-        input_ids: torch.Tensor,
+        prompts: list[torch.Tensor],
         max_new_tokens: int,
         params: SamplingParams,
         generator: torch.Generator,
-        tally: _Tally,
-    ) -> Iterator[list[int]]:
-        """Yield the new tokens of each step (prefill, then one chunk per verification forward)."""
+        tallies: list[_Tally],
+        stop: StopRule,
+    ) -> Iterator[list[tuple[int, list[int]]]]:
+        """Decode a batch of prompts (each (T_b,)); yield each step's new tokens as (row, tokens)
+        pairs: after the prefill, then after every verification forward.
+
+        The batch's cache rows hold each sequence left-aligned (prompt, then accepted tokens); a
+        row's slots after its length are stale and masked (``rows_forward``). Each row drafts its
+        own tree; one forward verifies every row's; each row keeps its own accepted path
+        (``keep_accepted_rows``), so rows advance by different amounts; a row that is done leaves
+        the batch and costs nothing more. One row is the plain single-sequence case.
+        """
         model = self.model
         hidden_layers = () if self.head is None else tuple(self.head.feature_layers)
-        prompt_length = input_ids.shape[1]
-        limit = min(self.max_length or 2**62, prompt_length + max_new_tokens)  # final sequence length
+        context = self.max_length or 2**62
+        rows = list(range(len(prompts)))  # the caller's indices of the rows still decoding
+        lengths = [p.numel() for p in prompts]  # valid cache entries per row
+        limits = [min(context, n + max_new_tokens) for n in lengths]  # final sequence lengths
+        emitted: list[list[int]] = [[] for _ in prompts]
 
-        def emit(tokens: list[int]) -> tuple[list[int], bool]:
-            """Cut ``tokens`` at the first EOS (kept) and at the length limits; report if done."""
-            room = limit - prompt_length - tally.new_tokens
-            for index, token in enumerate(tokens):
-                if token in self.eos_ids:
-                    tokens = tokens[: index + 1]
-                    break
-            done = len(tokens) >= room or (bool(tokens) and tokens[-1] in self.eos_ids)
-            tokens = tokens[:room]
-            tally.new_tokens += len(tokens)
+        def emit(row: int, tokens: list[int]) -> tuple[list[int], bool]:
+            room = limits[row] - prompts[row].numel() - len(emitted[row])
+            tokens, done = stop.cut(emitted[row], tokens, room, self.tokenizer)
+            emitted[row].extend(tokens)
+            tallies[row].new_tokens += len(tokens)
+            if done:
+                tallies[row].finish()
             return tokens, done
 
-        cache, output = prefill_forward(model, input_ids, hidden_layers)
-        root = next_token(output.logits[0, -1], params, generator)
-        tokens, done = emit([root])
-        yield tokens
-        if done:
-            return
-        if self.adaptive and self.cost is None:
-            measuring = time.perf_counter()
-            self._measure_cost(cache, root)
-            tally.started += time.perf_counter() - measuring  # a one-time measurement, not decoding
-        drafter = self.new_drafter()
-        drafter.start(output.hidden_states, input_ids, root)
-        past = prompt_length  # cache entries; the root sits at position `past`
+        cache, logits, hidden_states = prefill_rows(model, prompts, hidden_layers)
+        roots, drafters, chunks, finished = [], [], [], []
+        for row in rows:
+            root = next_token(logits[row], params, generator)
+            tokens, done = emit(row, [root])
+            chunks.append((row, tokens))
+            roots.append(root)
+            if done:
+                finished.append(row)
+                drafters.append(None)
+                continue
+            drafter = self.new_drafter()
+            drafter.start(_row_states(hidden_states, row, lengths[row]), prompts[row][None], root)
+            drafters.append(drafter)
+        yield chunks
 
         while True:
-            # Node depth d lands at position past + d; accepting d drafts makes the sequence
-            # past + d + 2 long, which must stay within the context: at its edge, verify the root alone.
-            room = (self.max_length or 2**62) - past - 2
-            draft = drafter.propose(root, past, self.tree.truncated(room)) if room > 0 else root_only(root)
-            tokens_in_tree = draft.padded_tokens  # (N,)
-            output = tree_forward(model, cache, tokens_in_tree, draft.topology, hidden_layers)
-            acceptance = verify_tree(output.logits[0], tokens_in_tree, draft.topology, params, generator)
-            accepted = torch.tensor(acceptance.nodes, device=tokens_in_tree.device)  # (A,)
-            keep_accepted(cache, past, accepted)
-            tally.record_step(acceptance.accepted_drafts)
-            tally.record_sources(draft.sources, acceptance.nodes)
-            drafter.record(draft, acceptance.nodes)
-            new = tokens_in_tree[accepted[1:]].tolist() + [acceptance.next_token]
-            tokens, done = emit(new)
-            yield tokens
-            if done:
-                return
-            features = drafter.select_features(output.hidden_states, accepted.to(model.device))  # (1, A, F)
-            drafter.commit(features, torch.tensor([new], device=input_ids.device), past)  # (1, A) ids
-            past += len(new)
-            root = acceptance.next_token
+            if finished:  # finished rows leave the batch
+                keep = [i for i, row in enumerate(rows) if row not in finished]
+                if not keep:
+                    return
+                rows, roots, drafters = (
+                    [rows[i] for i in keep],
+                    [roots[i] for i in keep],
+                    [drafters[i] for i in keep],
+                )
+                lengths = [lengths[i] for i in keep]
+                select_rows(cache, keep, max(lengths))
+                finished = []
+            if self.adaptive:
+                measuring = time.perf_counter()
+                cost = self._batch_cost(len(rows), cache, roots, lengths)
+                for tally in tallies:  # a one-time measurement, not decoding
+                    tally.started += time.perf_counter() - measuring
+                for drafter in drafters:
+                    drafter.cost, drafter.token_share = cost, 1.0 / len(rows)
+            drafts = []
+            for drafter, root, length in zip(drafters, roots, lengths):
+                # Node depth d lands at position length + d; accepting d drafts makes the sequence
+                # length + d + 2 long, which must stay within the context: at its edge, verify the root alone.
+                room = context - length - 2
+                drafts.append(
+                    drafter.propose(root, length, self.tree.truncated(room)) if room > 0 else root_only(root)
+                )
+            tokens_in_trees = [draft.padded_tokens for draft in drafts]  # (N_b,) each
+            tree_start = cache.get_seq_length()
+            output = rows_forward(
+                model, cache, tokens_in_trees, [d.topology for d in drafts], lengths, hidden_layers
+            )
+            acceptances = [
+                verify_tree(output.logits[b, : tokens.numel()], tokens, draft.topology, params, generator)
+                for b, (tokens, draft) in enumerate(zip(tokens_in_trees, drafts))
+            ]
+            accepted = [torch.tensor(a.nodes, dtype=torch.long) for a in acceptances]  # (A_b,) each
+            new_lengths = keep_accepted_rows(cache, lengths, tree_start, accepted)
+            chunks = []
+            for b, row in enumerate(rows):
+                acceptance, draft, drafter = acceptances[b], drafts[b], drafters[b]
+                tallies[row].record_step(acceptance.accepted_drafts)
+                tallies[row].record_sources(draft.sources, acceptance.nodes)
+                drafter.record(draft, acceptance.nodes)
+                new = tokens_in_trees[b][accepted[b][1:]].tolist() + [acceptance.next_token]
+                tokens, done = emit(row, new)
+                chunks.append((row, tokens))
+                if done:
+                    finished.append(row)
+                    continue
+                index = accepted[b].to(model.device)
+                features = drafter.select_features(_row_states(output.hidden_states, b), index)  # (1, A, F)
+                ids = torch.tensor([new], device=prompts[row].device)  # (1, A)
+                drafter.commit(features, ids, lengths[b])
+                roots[b] = acceptance.next_token
+            lengths = new_lengths
+            yield chunks
 
     # ---- public API ---------------------------------------------------------------------------
 
@@ -415,26 +559,42 @@ class SpeculativeGenerator:
         stream: bool = False,
         seed: int | None = None,
         acceptance: str = "exact",
-    ) -> GenerationResult | TextStream:
-        """Generate up to ``max_new_tokens`` tokens after ``prompt``.
+        stop: str | Sequence[str] | None = None,
+        stop_token_ids: Sequence[int] = (),
+    ) -> GenerationResult | BatchGenerationResult | TextStream:
+        """Generate up to ``max_new_tokens`` tokens after ``prompt`` (or after each of a batch).
 
         Args:
-            prompt: token ids (list, (T,) or (1, T) tensor), a string, or chat messages
-                (``[{"role": "user", "content": ...}]``, formatted with the tokenizer's template).
-            temperature: 0 is greedy (output identical to ``model.generate(do_sample=False)`` in fp32);
-                above 0, the output follows the base model's sampling distribution after top_p/top_k.
-            stream: return a ``TextStream`` yielding text as it is accepted (needs a tokenizer).
+            prompt: one prompt: token ids (a list of ints, a (T,) or (1, T) tensor), a string, or
+                chat messages (``[{"role": "user", "content": ...}]``, formatted with the
+                tokenizer's template); or a batch: a list of prompts (of any lengths) or a (B, T)
+                tensor. A batch decodes in one verification forward per step for all rows.
+            temperature: 0 is greedy (output identical to ``model.generate(do_sample=False)`` in fp32,
+                row by row); above 0, the output follows the base model's sampling distribution
+                after top_p/top_k.
+            stream: return a ``TextStream`` yielding text as it is accepted (needs a tokenizer);
+                for a batch it yields ``(row, text)`` pairs.
             seed: seeds the sampling generator (reproducible sampling).
             acceptance: "exact" (lossless) or "typical" (Medusa's typical acceptance, lossy).
+            stop: a string or strings that end a sequence (the token completing one is kept in the
+                tokens; the text ends before it); needs a tokenizer.
+            stop_token_ids: token ids that end a sequence besides EOS (kept, as EOS is).
         Returns:
-            A ``GenerationResult`` (sequences, text, ``GenerationStats``), or a ``TextStream`` whose
-            ``result`` holds it once exhausted. Generation stops after EOS (included), after
+            A ``GenerationResult`` (sequences, text, ``GenerationStats``) for one prompt, a
+            ``BatchGenerationResult`` for a batch, or a ``TextStream`` whose ``result`` holds it
+            once exhausted. A sequence stops after EOS or a stop token (included), a stop string,
             ``max_new_tokens``, or at the model's context length.
         """
-        if max_new_tokens < 1:
-            raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+        if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be an integer >= 1, got {max_new_tokens!r}")
         params = SamplingParams(temperature=temperature, top_p=top_p, top_k=top_k, acceptance=acceptance)
-        input_ids = self._prompt_ids(prompt)
+        strings = (stop,) if isinstance(stop, str) else tuple(stop or ())
+        if strings and self.tokenizer is None:
+            raise ValueError("stop strings need a tokenizer: SpeculativeGenerator(..., tokenizer=)")
+        if any(isinstance(t, bool) or not isinstance(t, int) for t in stop_token_ids):
+            raise ValueError(f"stop_token_ids must be integers, got {list(stop_token_ids)!r}")
+        rule = StopRule(self.eos_ids | frozenset(stop_token_ids), strings)
+        prompts, batched = self._prompts(prompt)
         generator = torch.Generator()
         if seed is None:
             generator.seed()
@@ -443,33 +603,47 @@ class SpeculativeGenerator:
         if stream:
             if self.tokenizer is None:
                 raise ValueError("stream=True needs a tokenizer to decode text")
-            return TextStream(self._stream(input_ids, max_new_tokens, params, generator))
-        tally = _Tally()
-        new_tokens = [
-            t for chunk in self._decode(input_ids, max_new_tokens, params, generator, tally) for t in chunk
-        ]
-        return self._result(input_ids, new_tokens, tally)
+            return TextStream(self._stream(prompts, batched, max_new_tokens, params, generator, rule))
+        tallies = [_Tally() for _ in prompts]
+        new_tokens: list[list[int]] = [[] for _ in prompts]
+        for chunks in self._decode(prompts, max_new_tokens, params, generator, tallies, rule):
+            for row, tokens in chunks:
+                new_tokens[row].extend(tokens)
+        return self._result(prompts, batched, new_tokens, tallies, rule)
 
-    def _result(self, input_ids: torch.Tensor, new_tokens: list[int], tally: _Tally) -> GenerationResult:
-        sequences = torch.cat([input_ids.cpu(), torch.tensor([new_tokens], dtype=torch.long)], dim=1)
-        text = (
-            self.tokenizer.decode(new_tokens, skip_special_tokens=True)
-            if self.tokenizer is not None
-            else None
-        )
-        return GenerationResult(sequences, input_ids.shape[1], tally.stats(self.tree.name), text)
+    def _result(self, prompts, batched: bool, new_tokens, tallies, rule: StopRule):
+        results = []
+        for ids, tokens, tally in zip(prompts, new_tokens, tallies):
+            sequences = torch.cat([ids.cpu(), torch.tensor(tokens, dtype=torch.long)])[None]
+            text = None
+            if self.tokenizer is not None:
+                text = rule.trim_text(self.tokenizer.decode(tokens, skip_special_tokens=True))
+            results.append(GenerationResult(sequences, ids.numel(), tally.stats(self.tree.name), text))
+        if not batched:
+            return results[0]
+        return BatchGenerationResult(results, batch_stats(results, tallies))
 
-    def _stream(self, input_ids, max_new_tokens, params, generator):
-        """Text pieces as steps are accepted; returns the GenerationResult at the end."""
-        tally = _Tally()
-        new_tokens: list[int] = []
-        printed = ""
-        for chunk in self._decode(input_ids, max_new_tokens, params, generator, tally):
-            new_tokens.extend(chunk)
-            text = self.tokenizer.decode(new_tokens, skip_special_tokens=True)
-            if text.endswith("\ufffd"):  # an incomplete UTF-8 character: wait for its next byte
-                continue
-            if len(text) > len(printed):
-                yield text[len(printed) :]
-            printed = text
-        return self._result(input_ids, new_tokens, tally)
+    def _stream(self, prompts, batched, max_new_tokens, params, generator, rule):
+        """Text pieces as steps are accepted ((row, piece) for a batch); returns the result at the end."""
+        tallies = [_Tally() for _ in prompts]
+        new_tokens: list[list[int]] = [[] for _ in prompts]
+        printed = [""] * len(prompts)
+        for chunks in self._decode(prompts, max_new_tokens, params, generator, tallies, rule):
+            for row, tokens in chunks:
+                new_tokens[row].extend(tokens)
+                text = rule.trim_text(self.tokenizer.decode(new_tokens[row], skip_special_tokens=True))
+                if text.endswith("\ufffd"):  # an incomplete UTF-8 character: wait for its next byte
+                    continue
+                if len(text) > len(printed[row]):
+                    piece = text[len(printed[row]) :]
+                    yield (row, piece) if batched else piece
+                printed[row] = text
+        return self._result(prompts, batched, new_tokens, tallies, rule)
+
+
+def _row_states(hidden_states, row: int, length: int | None = None):
+    """Row ``row`` of a forward's selected ``hidden_states`` (entries (B, T, h), None where not
+    asked for) as a batch of one, its first ``length`` positions."""
+    if hidden_states is None:  # a drafter that reads no features
+        return None
+    return tuple(None if h is None else h[row : row + 1, :length] for h in hidden_states)

@@ -140,6 +140,49 @@ def tree_position_ids(
     return positions[None].expand(batch_size, -1)  # (B, N)
 
 
+def rows_attention_mask(
+    topologies: Sequence[TreeTopology],
+    lengths: Sequence[int],
+    cache_length: int,
+    size: int,
+    dtype: torch.dtype,
+    device: torch.device | str = "cpu",
+) -> torch.Tensor:
+    """The additive float mask (B, 1, size, cache_length + size) for verifying one tree per row of a
+    batch whose cache rows hold ``lengths[b]`` valid entries, left-aligned in ``cache_length`` slots
+    (the slots after a row's length are stale and masked). Row b's tree fills the first
+    ``topologies[b].size`` of ``size`` nodes; the nodes after it are padding: each sees the row's
+    prefix and itself, so no attention row is ever fully masked. One row whose length fills the
+    cache gives exactly ``tree_attention_mask``."""
+    if not dtype.is_floating_point:
+        raise ValueError(f"the tree mask must be a floating dtype (the model's), got {dtype}")
+    if len(topologies) != len(lengths):
+        raise ValueError(f"{len(topologies)} trees for {len(lengths)} rows")
+    blocked = torch.finfo(dtype).min
+    mask = torch.full((len(lengths), size, cache_length + size), blocked, dtype=dtype)  # (B, N, L + N)
+    mask[:, :, cache_length:].diagonal(dim1=1, dim2=2).fill_(0)  # every node sees itself
+    for row, (topology, length) in enumerate(zip(topologies, lengths)):
+        if not 0 <= length <= cache_length or topology.size > size:
+            raise ValueError(
+                f"row {row}: {length} valid entries of {cache_length} and a tree of {topology.size} "
+                f"nodes in {size}"
+            )
+        mask[row, :, :length] = 0
+        n = topology.size
+        mask[row, :n, cache_length : cache_length + n].masked_fill_(topology.ancestor_mask, 0)
+    return mask[:, None].to(device)  # (B, 1, N, L + N)
+
+
+def rows_position_ids(
+    topologies: Sequence[TreeTopology], lengths: Sequence[int], size: int, device: torch.device | str = "cpu"
+) -> torch.Tensor:
+    """(B, size) absolute positions: row b's length + node depth; padding nodes at the row's length."""
+    positions = torch.tensor(lengths, dtype=torch.long)[:, None].repeat(1, size)  # (B, N)
+    for row, topology in enumerate(topologies):
+        positions[row, : topology.size] += topology.depths
+    return positions.to(device)
+
+
 # ---- static trees -------------------------------------------------------------------------------
 
 

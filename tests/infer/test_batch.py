@@ -1,0 +1,276 @@
+"""Batches in the decode loop: every row's greedy output identical to that row's own
+``model.generate``, whatever the head kind, the drafter, the rows' lengths, early EOS and the batch
+size; the ragged cache bookkeeping checked against a direct computation; T=1 sampling per row
+following the base distribution (with a negative control); stop strings and token ids; the
+input guards."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from infer_stubs import SelfDraftStub
+
+from draftheads.heads import Eagle3Config, EagleConfig, MedusaConfig, MtpConfig, build_head
+from draftheads.infer import SpeculativeGenerator
+from draftheads.infer.cache import keep_accepted_rows, select_rows
+from draftheads.infer.cost import CostCurve
+from draftheads.infer.forward import prefill_rows, rows_forward
+from draftheads.infer.stopping import StopRule
+from draftheads.infer.tree import rows_attention_mask, tree_attention_mask, tree_topology
+from tests.conftest import make_tiny_llama
+from tests.infer.test_sampling import TREE, chi_square_p_value, exact_first_two
+
+pytestmark = pytest.mark.usefixtures("single_thread")
+
+HEADS = {
+    "medusa": (MedusaConfig(num_heads=3, num_layers=1), "cpu-8"),
+    "eagle": (EagleConfig(), "dynamic-cpu"),
+    "eagle3": (Eagle3Config(feature_layers=(1, 2, 3), draft_vocab_size=64), "chain-4"),
+    "mtp": (MtpConfig(num_modules=3), "cpu-8"),
+}
+
+
+@pytest.fixture(scope="module")
+def model():
+    return make_tiny_llama()
+
+
+def ragged_prompts(count: int, seed: int) -> list[torch.Tensor]:
+    """Prompts of very different lengths (3 to 60 tokens)."""
+    generator = torch.Generator().manual_seed(seed)
+    lengths = [3, 60, 17, 5, 41, 9, 28, 12][:count]
+    return [torch.randint(3, 256, (n,), generator=generator) for n in lengths]
+
+
+def reference(model, prompt: torch.Tensor, max_new_tokens: int) -> list[int]:
+    return model.generate(prompt[None], max_new_tokens=max_new_tokens, do_sample=False)[0].tolist()
+
+
+def assert_rows_match(model, generator, prompts, max_new_tokens=24, **kwargs):
+    result = generator.generate(prompts, max_new_tokens=max_new_tokens, **kwargs)
+    assert len(result.results) == len(prompts)
+    for row, (prompt, row_result) in enumerate(zip(prompts, result.results)):
+        assert row_result.sequences[0].tolist() == reference(model, prompt, max_new_tokens), f"row {row}"
+    return result
+
+
+@pytest.mark.parametrize("kind", list(HEADS))
+def test_every_head_kind_matches_generate_row_by_row(model, kind):
+    torch.manual_seed(0)
+    config, tree = HEADS[kind]
+    generator = SpeculativeGenerator(model, build_head(model, config), tree=tree)
+    result = assert_rows_match(model, generator, ragged_prompts(5, seed=1))
+    assert result.stats.batch_size == 5
+    assert result.stats.new_tokens == 5 * 24
+    assert result.stats.verification_steps == max(r.stats.verification_steps for r in result.results)
+
+
+@pytest.mark.parametrize("batch_size", [1, 2, 3, 8])
+def test_batch_sizes_with_context_hybrid_and_adaptive_drafting(model, batch_size):
+    torch.manual_seed(0)
+    head = build_head(model, HEADS["eagle3"][0])
+    cost = CostCurve((1, 4, 8, 16), (1.0, 1.3, 1.6, 2.2))
+    generator = SpeculativeGenerator(model, head, tree="chain-4", context=True, adaptive=True, cost=cost)
+    prompts = ragged_prompts(batch_size, seed=batch_size)
+    # repeated text, so that context drafts are accepted too
+    prompts = [torch.cat([p, p]) if row % 2 else p for row, p in enumerate(prompts)]
+    assert_rows_match(model, generator, prompts, max_new_tokens=32)
+
+
+def test_context_drafter_without_head(model):
+    prompts = [torch.cat([p, p, p]) for p in ragged_prompts(4, seed=5)]
+    result = assert_rows_match(model, SpeculativeGenerator(model, None), prompts, max_new_tokens=40)
+    assert result.stats.tau > 1.0  # repeated prompts: the context's drafts are accepted
+
+
+def test_rows_that_stop_early_leave_the_batch(model):
+    torch.manual_seed(0)
+    prompts = ragged_prompts(4, seed=2)
+    eos = reference(model, prompts[1], 6)[-1]  # row 1's 6th new token ends its sequence
+    stopped = make_tiny_llama()
+    stopped.generation_config.eos_token_id = eos
+    generator = SpeculativeGenerator(stopped, build_head(stopped, HEADS["eagle"][0]), tree="dynamic-cpu")
+    result = assert_rows_match(stopped, generator, prompts, max_new_tokens=30)
+    lengths = [r.stats.new_tokens for r in result.results]
+    assert lengths[1] <= 6 and max(lengths) == 30
+    # a stopped row costs no more verification forwards
+    assert result.results[1].stats.verification_steps < result.stats.verification_steps
+
+
+def test_rows_at_the_context_limit(model):
+    small = make_tiny_llama(max_position_embeddings=48)
+    prompts = ragged_prompts(3, seed=4)
+    prompts = [prompts[0], prompts[1][:40], prompts[2]]
+    torch.manual_seed(0)
+    generator = SpeculativeGenerator(small, build_head(small, HEADS["mtp"][0]), tree="cpu-8")
+    result = generator.generate(prompts, max_new_tokens=30)
+    for prompt, row in zip(prompts, result.results):
+        expected = reference(small, prompt, min(30, 48 - prompt.numel()))
+        assert row.sequences[0].tolist() == expected
+
+
+def test_a_two_dimensional_tensor_is_a_batch(model):
+    generator = SpeculativeGenerator(model, build_head(model, HEADS["medusa"][0]), tree="cpu-8")
+    prompts = torch.randint(3, 256, (3, 7), generator=torch.Generator().manual_seed(0))
+    assert_rows_match(model, generator, list(prompts))
+    result = generator.generate(prompts, max_new_tokens=24)
+    assert [r.sequences[0].tolist() for r in result.results] == [reference(model, p, 24) for p in prompts]
+
+
+# ---- the ragged bookkeeping ---------------------------------------------------------------------
+
+
+def test_rows_forward_equals_each_row_alone(model):
+    """Two rows of different lengths verified together give each row's logits verified alone, and
+    the compacted cache then continues exactly as each row's own."""
+    prompts = [torch.arange(3, 14), torch.arange(20, 25)]
+    cache, _, _ = prefill_rows(model, prompts, ())
+    topologies = [tree_topology([-1, 0, 0, 1]), tree_topology([-1, 0, 1])]
+    tokens = [torch.tensor([30, 31, 32, 33]), torch.tensor([40, 41, 42])]
+    lengths = [11, 5]
+    output = rows_forward(model, cache, tokens, topologies, lengths, ())
+    kept = keep_accepted_rows(cache, lengths, 11, [torch.tensor([0, 2]), torch.tensor([0, 1, 2])])
+    assert kept == [13, 8] and cache.get_seq_length() == 13
+    follow = rows_forward(
+        model, cache, [torch.tensor([50]), torch.tensor([51])], [tree_topology([-1])] * 2, kept, ()
+    )
+    for row, prompt in enumerate(prompts):
+        alone, _, _ = prefill_rows(model, [prompt], ())
+        single = rows_forward(model, alone, [tokens[row]], [topologies[row]], [prompt.numel()], ())
+        n = tokens[row].numel()
+        torch.testing.assert_close(output.logits[row, :n], single.logits[0], rtol=1e-4, atol=1e-5)
+        path = [[0, 2], [0, 1, 2]][row]
+        sequence = torch.cat([prompt, tokens[row][path], torch.tensor([[50, 51][row]])])
+        direct = model(sequence[None]).logits[0, -1]
+        torch.testing.assert_close(follow.logits[row, 0], direct, rtol=1e-4, atol=1e-5)
+    select_rows(cache, [1], 8)
+    assert cache.get_seq_length() == 8 and cache.layers[0].keys.shape[0] == 1
+
+
+def test_one_full_row_mask_is_the_single_tree_mask():
+    topology = tree_topology([-1, 0, 0, 1, 2], pad_to_multiple=4)
+    single = tree_attention_mask(topology, 7, torch.float32)
+    rows = rows_attention_mask([topology], [7], 7, topology.size, torch.float32)
+    assert torch.equal(single, rows)
+
+
+def test_stale_slots_and_padding_nodes_are_masked():
+    blocked = torch.finfo(torch.float32).min
+    mask = rows_attention_mask([tree_topology([-1, 0]), tree_topology([-1])], [5, 2], 5, 3, torch.float32)
+    assert mask.shape == (2, 1, 3, 8)
+    assert (mask[1, 0, :, 2:5] == blocked).all()  # row 1's stale slots
+    assert (mask[1, 0, :, :2] == 0).all()
+    assert mask[1, 0, 2, 7] == 0 and mask[1, 0, 2, 5] == blocked  # padding sees itself, not the root
+
+
+# ---- sampling -----------------------------------------------------------------------------------
+
+
+VOCAB = 16
+PROMPT = [1, 5, 7, 9]
+OTHER = [1, 3, 3, 8, 2, 11, 4, 6, 12]  # same first token: the self-drafting stub assumes it
+SAMPLES = 400
+
+
+@pytest.fixture(scope="module")
+def small():
+    model = make_tiny_llama(
+        seed=2,
+        vocab_size=VOCAB,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        max_position_embeddings=64,
+    )
+    model.lm_head.weight.data *= 8
+    model.generation_config.eos_token_id = None
+    return model
+
+
+def batch_first_two(model, seed: int) -> tuple[list[torch.Tensor], float]:
+    """(V, V) counts of the first two tokens of each row of [PROMPT, OTHER, PROMPT], and tau."""
+    generator = SpeculativeGenerator(model, SelfDraftStub(model, first_token=1), tree=TREE)
+    counts = [torch.zeros(VOCAB, VOCAB) for _ in range(3)]
+    taus = []
+    for sample in range(SAMPLES):
+        result = generator.generate(
+            [PROMPT, OTHER, PROMPT], max_new_tokens=2, temperature=1.0, seed=seed + sample
+        )
+        for row, row_result in enumerate(result.results):
+            first, second = row_result.new_tokens
+            counts[row][first, second] += 1
+        taus.append(result.stats.tau)
+    return counts, sum(taus) / len(taus)
+
+
+def test_sampling_per_row_follows_the_base_distribution(small):
+    counts, tau = batch_first_two(small, seed=3000)
+    assert tau > 1.5, "the drafter must get tokens accepted for this test to mean anything"
+    exact = {0: exact_first_two(small, 1.0, 0, 1.0, PROMPT), 1: exact_first_two(small, 1.0, 0, 1.0, OTHER)}
+    for row, prompt_index in enumerate([0, 1, 0]):
+        assert chi_square_p_value(counts[row], exact[prompt_index]) > 1e-3, f"row {row}"
+    # negative control: the same test tells the rows apart (a batch that mixed rows up fails it)
+    assert chi_square_p_value(counts[1], exact[0]) < 1e-6
+
+
+# ---- stopping and input guards ------------------------------------------------------------------
+
+
+class LetterTokenizer:
+    """Token t is the letter chr(97 + t % 26): enough to test stop strings."""
+
+    eos_token_id = None
+
+    def decode(self, ids, skip_special_tokens=True):
+        return "".join(chr(97 + int(t) % 26) for t in ids)
+
+
+def test_stop_rule_cuts_at_tokens_and_strings():
+    assert StopRule(frozenset({7})).cut([], [1, 7, 3], room=10) == ([1, 7], True)
+    rule = StopRule(frozenset({7}), ("cd",))
+    tokens = LetterTokenizer()
+    assert rule.cut([0, 1], [2, 3, 4], room=10, tokenizer=tokens) == ([2, 3], True)  # "ab" + "cd"
+    assert rule.cut([0, 2], [3, 4], room=10, tokenizer=tokens) == ([3], True)  # straddles: "ac" + "d"
+    assert rule.cut([0], [1, 1], room=10, tokenizer=tokens) == ([1, 1], False)
+    assert rule.cut([0], [1, 1, 1], room=2, tokenizer=tokens) == ([1, 1], True)
+    assert rule.trim_text("xxcdyy") == "xx"
+
+
+def test_stop_strings_and_ids_end_rows_like_generate(model):
+    torch.manual_seed(0)
+    prompts = ragged_prompts(3, seed=6)
+    expected = [reference(model, p, 20) for p in prompts]
+    stop_id = expected[0][prompts[0].numel() + 4]  # row 0's 5th new token
+    generator = SpeculativeGenerator(model, build_head(model, HEADS["eagle"][0]), tokenizer=LetterTokenizer())
+    result = generator.generate(prompts, max_new_tokens=20, stop_token_ids=[stop_id])
+    for prompt, full, row in zip(prompts, expected, result.results):
+        new = full[prompt.numel() :]
+        cut = new.index(stop_id) + 1 if stop_id in new else len(new)
+        assert row.new_tokens == new[:cut]
+    text = LetterTokenizer().decode(expected[2][prompts[2].numel() :])
+    stop = text[6:8]
+    result = generator.generate([prompts[2]], max_new_tokens=20, stop=stop)
+    assert result.texts[0] == text[: text.find(stop)]
+    assert LetterTokenizer().decode(result.results[0].new_tokens).endswith(stop)
+
+
+def test_bad_inputs_are_named(model):
+    generator = SpeculativeGenerator(model, build_head(model, HEADS["eagle"][0]))
+    with pytest.raises(ValueError, match="empty"):
+        generator.generate([])
+    with pytest.raises(ValueError, match="need a tokenizer"):
+        generator.generate("hello")
+    with pytest.raises(ValueError, match="need a tokenizer"):
+        generator.generate(["hello", "world"])
+    with pytest.raises(ValueError, match="token id 300 is outside the vocabulary"):
+        generator.generate([5, 300, 7])
+    with pytest.raises(ValueError, match="prompt 1: token id -1"):
+        generator.generate([[5, 6], [-1, 4]])
+    with pytest.raises(ValueError, match="integers, got a torch.float32"):
+        generator.generate(torch.tensor([5.0, 6.5]))
+    with pytest.raises(ValueError, match="expected token ids"):
+        generator.generate([5, 6.5])
+    with pytest.raises(ValueError, match="max_new_tokens must be an integer >= 1, got 2.5"):
+        generator.generate([5, 6], max_new_tokens=2.5)
+    with pytest.raises(ValueError, match="stop strings need a tokenizer"):
+        generator.generate([5, 6], stop="x")
