@@ -44,7 +44,7 @@ from draftheads.train.metrics import EvalResult, base_forward_tokens_per_second,
 from draftheads.train.objective import micro_batch_seed
 from draftheads.train.recipe import Recipe, recipe_for
 from draftheads.train.reporting import Reporter, plot_curves
-from draftheads.train.resume import check_resume, data_segment, run_record
+from draftheads.train.resume import check_resume, data_segment, run_record, unrecorded_settings
 from draftheads.train.schedule import build_scheduler
 
 HEAD_DIR = "head"
@@ -403,6 +403,12 @@ def plan_data_history(
         )
         saved = record
     changes = check_resume(saved, record, allow_changed_data, where=str(resume_from))
+    if unchecked := unrecorded_settings(saved, record):
+        warnings.warn(
+            f"train.resume: {resume_from} does not record {', '.join(unchecked)} (an older draftheads "
+            "wrote it), so they cannot be compared; going on with this run's values",
+            stacklevel=2,
+        )
     history = state.get("data_history") or [data_segment(saved, 0, describe_data(saved, given))]
     if not changes:
         return history, False

@@ -77,18 +77,22 @@ def run_record(config: dict) -> dict[str, Any]:
 
 
 def changed_settings(old: dict, new: dict) -> list[Change]:
-    """Every setting (dotted key) whose value differs between two ``run_record``s, except those
-    in FREE_ON_RESUME; a key present on one side only counts as changed."""
+    """Every setting (dotted key) recorded in both ``run_record``s whose value differs, except
+    those in FREE_ON_RESUME. (A key on one side only is a setting another draftheads version did
+    not have, or another head kind's: ``head.kind`` itself then differs.)"""
     old_flat, new_flat = _flatten(old), _flatten(new)
-    missing = object()
-    changes = []
-    for key in sorted(old_flat.keys() | new_flat.keys()):
-        before, after = old_flat.get(key, missing), new_flat.get(key, missing)
-        if before != after and not _matches(key, FREE_ON_RESUME):
-            changes.append(
-                Change(key, None if before is missing else before, None if after is missing else after)
-            )
-    return changes
+    return [
+        Change(key, old_flat[key], new_flat[key])
+        for key in sorted(old_flat.keys() & new_flat.keys())
+        if old_flat[key] != new_flat[key] and not _matches(key, FREE_ON_RESUME)
+    ]
+
+
+def unrecorded_settings(old: dict, new: dict) -> list[str]:
+    """Settings of ``new`` that ``old`` does not record (it was written by an older draftheads),
+    so a resume cannot check them."""
+    old_flat = _flatten(old)
+    return sorted(key for key in _flatten(new) if key not in old_flat and not _matches(key, FREE_ON_RESUME))
 
 
 def check_resume(old: dict, new: dict, allow_changed_data: bool, where: str) -> list[Change]:

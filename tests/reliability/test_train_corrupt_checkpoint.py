@@ -68,7 +68,13 @@ def test_checkpoints_from_before_manifests_load_unverified(trained, tiny_llama):
         state = json.loads((step_dir / checkpoint.STATE_NAME).read_text())
         del state["run_config"], state["data_history"]
         (step_dir / checkpoint.STATE_NAME).write_text(json.dumps(state))
+    config = json.loads((output_dir / "config.json").read_text())  # ... without a newer setting
+    del config["train"]["loss_token_fraction"]
+    (output_dir / "config.json").write_text(json.dumps(config))
     resumed = short_run(output_dir, "train.resume=true", "train.max_steps=6")
-    with pytest.warns(UserWarning, match=r"step-00000004 has no manifest.json .* cannot be verified"):
+    with (
+        pytest.warns(UserWarning, match=r"step-00000004 has no manifest.json .* cannot be verified"),
+        pytest.warns(UserWarning, match=r"does not record train.loss_token_fraction"),
+    ):
         summary = run_training(resumed, base_model=tiny_llama, datasets=(dataset, dataset))
     assert summary.steps == 6 and len(summary.data_history) == 1

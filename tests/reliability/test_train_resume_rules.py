@@ -11,7 +11,7 @@ import pytest
 
 from draftheads.settings import ConfigError
 from draftheads.train.loop import run_training
-from draftheads.train.resume import FREE_ON_RESUME, changed_settings, run_record
+from draftheads.train.resume import FREE_ON_RESUME, changed_settings, run_record, unrecorded_settings
 from tests.reliability.train_fixtures import patterned_dataset, short_run
 
 pytestmark = pytest.mark.usefixtures("single_thread")
@@ -69,8 +69,10 @@ def test_run_length_logging_and_cadence_may_change(trained, tiny_llama):
     output_dir, dataset = trained
     free = _resume(output_dir, "train.log_every=2", "train.eval_every=3", "train.keep_checkpoints=1")
     assert run_training(free, base_model=tiny_llama, datasets=(dataset, dataset)).steps == 6
-    old, new = run_record({"train": {"max_steps": 4, "seed": 0}}), run_record({"train": {"max_steps": 9}})
+    old = run_record({"train": {"max_steps": 4, "seed": 0, "grad_clip": 0.5}})
+    new = run_record({"train": {"max_steps": 9, "seed": 1, "warmup_steps": 5}})
     assert [change.key for change in changed_settings(old, new)] == ["train.seed"]
+    assert unrecorded_settings(old, new) == ["train.warmup_steps"]
     assert "train.max_steps" in FREE_ON_RESUME
 
 
