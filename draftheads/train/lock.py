@@ -101,6 +101,8 @@ class OutputLock:
         if previous is not None:
             if previous.host != socket.gethostname():
                 state = "it no longer holds the lock"
+            elif previous.pid == os.getpid():
+                state = "this process dropped it without releasing it"
             elif _is_running(previous.pid):
                 state = "it no longer holds the lock (that pid now belongs to another process)"
             else:

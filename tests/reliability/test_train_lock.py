@@ -71,3 +71,10 @@ def test_a_run_that_fails_in_setup_releases_the_lock(tmp_path, tiny_llama):
     with pytest.raises(Exception, match="disagrees with model.dtype"):
         run_training(run, base_model=tiny_llama, datasets=(dataset, dataset))
     OutputLock.acquire(tmp_path / "run").release()
+
+
+def test_a_lock_this_process_dropped_unreleased_is_named_as_its_own(tmp_path):
+    lock = OutputLock.acquire(tmp_path)
+    os.close(lock._descriptor)  # the descriptor closed without release(): the file still names us
+    with pytest.warns(UserWarning, match=rf"pid {os.getpid()} .*this process dropped it"):
+        OutputLock.acquire(tmp_path).release()
