@@ -5,6 +5,10 @@ in machine speed hits all methods alike): plain HF ``generate``, HF prompt-looku
 draftheads speculative decoding with each given head. Times are medians over repeats, warm-up
 excluded. tau is reported as tokens emitted per base-model forward, counting the token the base
 model produces itself (so plain decoding has tau = 1, as EAGLE counts it).
+
+With ``batch_sizes`` the prompts also run in batches of B (consecutive prompts; HF batched
+``generate`` with left padding is the reference): throughput is tokens/s over the batch, and each
+row's time is its batch's time shared evenly among the batch's rows.
 """
 
 from __future__ import annotations
@@ -55,6 +59,7 @@ class BenchSettings:
     pack: bool = True  # prepacked linear layers for every method (``draftheads.infer.packed``)
     seed: int = 0
     out: str = "bench-results"
+    batch_sizes: tuple[int, ...] = (1,)  # run every method at each batch size (prompt lookup: 1 only)
 
 
 @dataclass(frozen=True)
@@ -79,6 +84,7 @@ class Sample:
     agrees: bool | None = None  # identical to plain generate's output (T = 0 only)
     tokens: list[int] = field(default_factory=list)
     accepted_by_source: dict[str, int] = field(default_factory=dict)  # accepted drafts by proposer
+    batch_size: int = 1  # rows decoded together (its seconds are the batch's share for this row)
 
 
 class ForwardCounter:
@@ -117,25 +123,53 @@ class HFMethod:
         self.tokenizer = tokenizer
         self.prompt_lookup = prompt_lookup
 
-    def run(self, prompt: BenchPrompt, max_new_tokens: int, temperature: float, seed: int) -> Sample:
+    def run(
+        self, prompts: list[BenchPrompt], max_new_tokens: int, temperature: float, seed: int
+    ) -> list[Sample]:
+        """Decode the prompts together (left-padded when there are several); one Sample per prompt."""
+        if self.prompt_lookup and len(prompts) > 1:
+            raise BenchError("prompt lookup decodes one prompt at a time in transformers; use batch size 1")
         kwargs = _sampling_kwargs(temperature, seed)
         if self.prompt_lookup:
             kwargs["prompt_lookup_num_tokens"] = self.prompt_lookup
-        ids = prompt.input_ids.to(self.model.device)
+        pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
+        longest = max(p.input_ids.shape[1] for p in prompts)
+        ids = torch.full((len(prompts), longest), pad, dtype=torch.long)
+        attention_mask = torch.zeros_like(ids)
+        for row, prompt in enumerate(prompts):
+            length = prompt.input_ids.shape[1]
+            ids[row, longest - length :] = prompt.input_ids[0]
+            attention_mask[row, longest - length :] = 1
+        ids, attention_mask = ids.to(self.model.device), attention_mask.to(self.model.device)
         with ForwardCounter(self.model) as counter, torch.inference_mode():
             start = time.perf_counter()
             out = self.model.generate(
                 ids,
-                attention_mask=torch.ones_like(ids),
+                attention_mask=attention_mask,
                 max_new_tokens=max_new_tokens,
-                pad_token_id=self.tokenizer.pad_token_id,
+                pad_token_id=pad,
                 **kwargs,
             )
             seconds = time.perf_counter() - start
-        tokens = out[0, ids.shape[1] :].tolist()
-        return Sample(
-            self.name, prompt.id, prompt.category, len(tokens), seconds, counter.count, tokens=tokens
-        )
+        eos = _eos_ids(self.model, self.tokenizer)
+        samples = []
+        for row, prompt in enumerate(prompts):
+            tokens = out[row, longest:].tolist()
+            ends = [i for i, token in enumerate(tokens) if token in eos]
+            tokens = tokens[: ends[0] + 1] if ends else tokens  # a finished row is padded after its EOS
+            samples.append(
+                Sample(
+                    self.name,
+                    prompt.id,
+                    prompt.category,
+                    len(tokens),
+                    seconds / len(prompts),
+                    counter.count,
+                    tokens=tokens,
+                    batch_size=len(prompts),
+                )
+            )
+        return samples
 
 
 class SpeculativeMethod:
@@ -145,31 +179,47 @@ class SpeculativeMethod:
         self.name = name
         self.generator = generator
 
-    def run(self, prompt: BenchPrompt, max_new_tokens: int, temperature: float, seed: int) -> Sample:
+    def run(
+        self, prompts: list[BenchPrompt], max_new_tokens: int, temperature: float, seed: int
+    ) -> list[Sample]:
+        """Decode the prompts together (one batch); one Sample per prompt."""
         result = self.generator.generate(
-            prompt.input_ids, max_new_tokens=max_new_tokens, temperature=temperature, seed=seed
+            [p.input_ids for p in prompts], max_new_tokens=max_new_tokens, temperature=temperature, seed=seed
         )
-        stats = result.stats
-        tokens = result.sequences[0, prompt.input_ids.shape[1] :].tolist()
-        return Sample(
-            self.name,
-            prompt.id,
-            prompt.category,
-            len(tokens),
-            stats.seconds,
-            stats.forward_passes,
-            accepted_per_depth=list(stats.accepted_per_depth),
-            steps=stats.verification_steps,
-            tokens=tokens,
-            accepted_by_source=dict(stats.accepted_by_source),
-        )
+        samples = []
+        for prompt, row in zip(prompts, result.results):
+            stats = row.stats
+            samples.append(
+                Sample(
+                    self.name,
+                    prompt.id,
+                    prompt.category,
+                    stats.new_tokens,
+                    result.stats.seconds / len(prompts),
+                    stats.forward_passes,
+                    accepted_per_depth=list(stats.accepted_per_depth),
+                    steps=stats.verification_steps,
+                    tokens=row.new_tokens,
+                    accepted_by_source=dict(stats.accepted_by_source),
+                    batch_size=len(prompts),
+                )
+            )
+        return samples
 
 
-def _median_run(method, prompt, max_new_tokens, temperature, seed, repeats) -> Sample:
-    runs = [method.run(prompt, max_new_tokens, temperature, seed) for _ in range(repeats)]
-    sample = runs[0]
-    sample.seconds = statistics.median(run.seconds for run in runs)
-    return sample
+def _eos_ids(model, tokenizer) -> set[int]:
+    eos = model.generation_config.eos_token_id
+    if eos is None:
+        eos = getattr(tokenizer, "eos_token_id", None)
+    return set() if eos is None else {eos} if isinstance(eos, int) else set(eos)
+
+
+def _median_run(method, prompts, max_new_tokens, temperature, seed, repeats) -> list[Sample]:
+    runs = [method.run(prompts, max_new_tokens, temperature, seed) for _ in range(repeats)]
+    samples = runs[0]
+    for row, sample in enumerate(samples):
+        sample.seconds = statistics.median(run[row].seconds for run in runs)
+    return samples
 
 
 def run_bench(
@@ -181,24 +231,37 @@ def run_bench(
     seed: int = 0,
     warmup_tokens: int = 16,
     progress: bool = True,
+    batch_size: int = 1,
 ) -> list[Sample]:
-    """Decode every prompt with every method, interleaved; the first method is the reference."""
+    """Decode every prompt with every method, interleaved batch by batch (``batch_size`` consecutive
+    prompts at a time); the first method is the reference."""
     from tqdm.auto import tqdm
 
+    batches = [prompts[i : i + batch_size] for i in range(0, len(prompts), batch_size)]
     for method in methods:  # warm-up: allocator, kernels, caches; not timed
-        method.run(prompts[0], warmup_tokens, temperature, seed)
+        method.run(batches[0], warmup_tokens, temperature, seed)
     samples: list[Sample] = []
-    bar = tqdm(total=len(prompts) * len(methods), desc="bench", unit="run", disable=not progress)
-    for index, prompt in enumerate(prompts):
+    bar = tqdm(
+        total=len(batches) * len(methods),
+        desc=f"bench (batch {batch_size})",
+        unit="run",
+        disable=not progress,
+    )
+    for index, batch in enumerate(batches):
         reference = None
         for method in methods:
-            sample = _median_run(method, prompt, max_new_tokens, temperature, seed + index, repeats)
+            batch_samples = _median_run(method, batch, max_new_tokens, temperature, seed + index, repeats)
+            for sample in batch_samples:  # the batch size asked for (the last batch may be smaller)
+                sample.batch_size = batch_size
             if reference is None:
-                reference = sample
+                reference = batch_samples
             if temperature <= 0:
-                sample.agrees = sample.tokens == reference.tokens
-            samples.append(sample)
-            bar.set_postfix(method=method.name, tok_s=f"{sample.new_tokens / max(sample.seconds, 1e-9):.1f}")
+                for sample, expected in zip(batch_samples, reference):
+                    sample.agrees = sample.tokens == expected.tokens
+            samples.extend(batch_samples)
+            tokens = sum(s.new_tokens for s in batch_samples)
+            seconds = sum(s.seconds for s in batch_samples)
+            bar.set_postfix(method=method.name, tok_s=f"{tokens / max(seconds, 1e-9):.1f}")
             bar.update()
     bar.close()
     return samples
@@ -218,10 +281,12 @@ class Summary:
     acceptance_by_depth: list[float]  # P(draft at depth d accepted) per decoding step
     agreement: float | None  # share of prompts identical to plain generate (T = 0)
     accepted_by_source: dict[str, float] = field(default_factory=dict)  # accepted drafts per step
+    batch_size: int = 1
 
 
 def summarize(samples: list[Sample], reference_method: str) -> list[Summary]:
-    """Per (method, category) and per method overall ('all')."""
+    """Per (method, category) and per method overall ('all'), for samples of one batch size."""
+    batch_size = samples[0].batch_size if samples else 1
     groups: dict[tuple[str, str], list[Sample]] = defaultdict(list)
     for sample in samples:
         groups[(sample.method, sample.category)].append(sample)
@@ -262,6 +327,7 @@ def summarize(samples: list[Sample], reference_method: str) -> list[Summary]:
                 acceptance,
                 agreement,
                 dict(sorted(by_source.items())),
+                batch_size,
             )
         )
     summaries.sort(key=lambda s: (s.category != "all", s.category, s.method))
@@ -269,20 +335,23 @@ def summarize(samples: list[Sample], reference_method: str) -> list[Summary]:
 
 
 def markdown_table(summaries: list[Summary]) -> str:
+    batched = any(s.batch_size > 1 for s in summaries)
+    batch_header, batch_rule = (" batch |", "---:|") if batched else ("", "")
     lines = [
         (
-            "| category | method | tau | tokens/s | speedup | overhead (tau/speedup) "
+            f"| category | method |{batch_header} tau | tokens/s | speedup | overhead (tau/speedup) "
             "| acceptance by depth | accepted per step by source | agreement |"
         ),
-        "|---|---|---:|---:|---:|---:|---|---|---:|",
+        f"|---|---|{batch_rule}---:|---:|---:|---:|---|---|---:|",
     ]
     for s in summaries:
         acceptance = " / ".join(f"{a:.2f}" for a in s.acceptance_by_depth) or "-"
         by_source = ", ".join(f"{source} {rate:.2f}" for source, rate in s.accepted_by_source.items()) or "-"
         agreement = "-" if s.agreement is None else f"{s.agreement:.0%}"
+        batch = f" {s.batch_size} |" if batched else ""
         lines.append(
-            f"| {s.category} | {s.method} | {s.tau:.2f} | {s.tokens_per_second:.1f} | {s.speedup:.2f}x | "
-            f"{s.implied_overhead:.2f} | {acceptance} | {by_source} | {agreement} |"
+            f"| {s.category} | {s.method} |{batch} {s.tau:.2f} | {s.tokens_per_second:.1f} | "
+            f"{s.speedup:.2f}x | {s.implied_overhead:.2f} | {acceptance} | {by_source} | {agreement} |"
         )
     return "\n".join(lines) + "\n"
 
@@ -299,6 +368,9 @@ def plot(summaries: list[Summary], out_dir: Path) -> list[Path]:
     import matplotlib.pyplot as plt
 
     written = []
+    if len({s.batch_size for s in summaries}) > 1:
+        written.append(_plot_batches(plt, summaries, out_dir))
+    summaries = [s for s in summaries if s.batch_size == min(x.batch_size for x in summaries)]
     methods = sorted({s.method for s in summaries} - {REFERENCE})  # the reference is the line at 1.0
     categories = sorted({s.category for s in summaries}, key=lambda c: (c == "all", c))
     width_inches = min(14.0, max(6.0, 0.18 * len(categories) * max(1, len(methods)) + 2.0))
@@ -338,6 +410,29 @@ def plot(summaries: list[Summary], out_dir: Path) -> list[Path]:
     plt.close(fig)
     written.append(path)
     return written
+
+
+def _plot_batches(plt, summaries: list[Summary], out_dir: Path) -> Path:
+    """throughput_by_batch.png: tokens/s over the batch and speedup over batched generate, by batch size."""
+    overall = [s for s in summaries if s.category == "all"]
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
+    for method in sorted({s.method for s in overall}):
+        points = sorted((s.batch_size, s.tokens_per_second, s.speedup) for s in overall if s.method == method)
+        sizes = [p[0] for p in points]
+        left.plot(sizes, [p[1] for p in points], marker="o", label=method)
+        right.plot(sizes, [p[2] for p in points], marker="o", label=method)
+    for axis in (left, right):
+        axis.set_xscale("log", base=2)
+        axis.set_xlabel("batch size")
+    left.set_ylabel("generated tokens/s (whole batch)")
+    right.set_ylabel("speedup over batched generate")
+    right.axhline(1.0, color="grey", linewidth=0.8)
+    left.legend(fontsize=8)
+    fig.tight_layout()
+    path = out_dir / "throughput_by_batch.png"
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
 
 
 def write_results(samples, summaries, info: dict, settings: dict, out_dir: Path) -> list[Path]:
@@ -480,12 +575,14 @@ def speculative_methods(
 
 
 def bench(settings: BenchSettings, progress: bool = True) -> tuple[list[Summary], list[Path]]:
-    """Run every method on the same prompts, interleaved; write bench.json, bench.md and charts to
-    ``settings.out``; return the summaries and the files written."""
+    """Run every method on the same prompts, interleaved, at each of ``settings.batch_sizes``; write
+    bench.json, bench.md and charts to ``settings.out``; return the summaries and the files written."""
     from draftheads.base_model import load_base, resolve_dtype
     from draftheads.heads import resolve_base_model
     from draftheads.infer.packed import packing_supported
 
+    if not settings.batch_sizes or min(settings.batch_sizes) < 1:
+        raise BenchError(f"batch sizes must be >= 1, got {list(settings.batch_sizes)}")
     if settings.base is None and not settings.heads:
         raise BenchError(
             "give a base model (--base) or at least one head directory (--heads) to read it from"
@@ -517,17 +614,24 @@ def bench(settings: BenchSettings, progress: bool = True) -> tuple[list[Summary]
             f"max_new_tokens={settings.max_new_tokens}, "
             f"T={settings.temperature}, {settings.dtype} on {settings.device}"
             f"{', prepacked linear layers' if packed else ''}"
+            + (f", batch sizes {list(settings.batch_sizes)}" if settings.batch_sizes != (1,) else "")
         )
-    samples = run_bench(
-        methods,
-        prompts,
-        settings.max_new_tokens,
-        settings.temperature,
-        settings.repeats,
-        settings.seed,
-        progress=progress,
-    )
-    summaries = summarize(samples, reference_method=REFERENCE)
+    samples, summaries = [], []
+    for batch_size in settings.batch_sizes:
+        # transformers' prompt lookup decodes one sequence at a time
+        batch_methods = [m for m in methods if batch_size == 1 or not getattr(m, "prompt_lookup", None)]
+        batch_samples = run_bench(
+            batch_methods,
+            prompts,
+            settings.max_new_tokens,
+            settings.temperature,
+            settings.repeats,
+            settings.seed,
+            progress=progress,
+            batch_size=batch_size,
+        )
+        samples += batch_samples
+        summaries += summarize(batch_samples, reference_method=REFERENCE)
     record = {**asdict(settings), "base": base_name, "packed_linears": packed}
     info = machine_info(resolve_dtype(settings.dtype, settings.device), settings.device)
     return summaries, write_results(samples, summaries, info, record, Path(settings.out))

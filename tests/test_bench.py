@@ -139,3 +139,28 @@ def test_context_and_hybrid_methods_report_acceptance_by_source(tmp_path, tiny_l
     }
     table = write_results(samples, list(summaries.values()), {}, {}, tmp_path)[1].read_text()
     assert "accepted per step by source" in table
+
+
+def test_batched_bench_agrees_with_batched_generate_and_reports_by_batch(tmp_path, tiny_llama):
+    tokenizer = SimpleNamespace(pad_token_id=0)
+    torch.manual_seed(0)
+    head = build_head(tiny_llama, MedusaConfig(num_heads=2))
+    methods = [
+        HFMethod("generate", tiny_llama, tokenizer),
+        SpeculativeMethod("medusa", SpeculativeGenerator(tiny_llama, head, tree="cpu-8")),
+    ]
+    lengths = [5, 21, 9, 14, 30]  # ragged: HF left-pads, draftheads keeps each row's own length
+    prompts = [BenchPrompt(str(i), "x", torch.randint(3, 256, (1, n))) for i, n in enumerate(lengths)]
+    samples, summaries = [], []
+    for batch_size in (1, 2, 4):
+        batch_samples = run_bench(methods, prompts, 16, 0.0, progress=False, batch_size=batch_size)
+        assert len(batch_samples) == 2 * len(prompts)
+        assert {s.batch_size for s in batch_samples} == {batch_size}
+        assert all(s.agrees for s in batch_samples), batch_size
+        samples += batch_samples
+        summaries += summarize(batch_samples, "generate")
+    overall = [s for s in summaries if s.category == "all" and s.method == "medusa"]
+    assert [s.batch_size for s in overall] == [1, 2, 4]
+    paths = write_results(samples, summaries, {}, {}, tmp_path)
+    assert "throughput_by_batch.png" in {p.name for p in paths}
+    assert "| all | medusa | 4 |" in (tmp_path / "bench.md").read_text()

@@ -58,6 +58,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     add_no_pack_argument(parser)
     parser.add_argument("--seed", type=int, default=defaults.seed)
+    parser.add_argument(
+        "--batch-size",
+        type=positive_int,
+        nargs="+",
+        default=list(defaults.batch_sizes),
+        help="decode B prompts at a time (several values: one run each, e.g. 1 4 8 16); "
+        "prompt lookup runs at 1 only",
+    )
     parser.add_argument("--out", default=defaults.out, help="output directory")
 
 
@@ -82,6 +90,7 @@ def settings_from_args(args: argparse.Namespace) -> BenchSettings:
         pack=not args.no_pack,
         seed=args.seed,
         out=args.out,
+        batch_sizes=tuple(args.batch_size),
     )
 
 
