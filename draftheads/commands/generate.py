@@ -1,12 +1,17 @@
 """``draftheads generate``: stream an answer decoded with a draft head, then print tau and tokens/s.
 
-draftheads generate --heads runs/eagle-smollm2/head --prompt "Explain KV caches." --max-new-tokens 128
+    draftheads generate --heads runs/eagle-smollm2/head --prompt "Explain KV caches." --max-new-tokens 128
+
+Several ``--prompt``s (or ``--prompts-file``, one prompt per line) decode together as one batch:
+each answer is printed under its prompt's number, then each row's and the batch's statistics.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
+from pathlib import Path
 
 from draftheads.arguments import add_no_pack_argument, non_negative_int, positive_int
 from draftheads.base_model import DEFAULT_DTYPE
@@ -27,7 +32,28 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--base", default=None, help="base model (default: the one recorded in the head's config)"
     )
-    parser.add_argument("--prompt", required=True, help="user message, formatted with the chat template")
+    parser.add_argument(
+        "--prompt",
+        action="append",
+        default=None,
+        help="user message, formatted with the chat template; repeat it to decode a batch",
+    )
+    parser.add_argument(
+        "--prompts-file",
+        type=Path,
+        default=None,
+        help="a batch of prompts: a text file with one prompt per line, or JSONL with a 'prompt' field",
+    )
+    parser.add_argument(
+        "--stop", action="append", default=None, help="stop string (repeatable); the answer ends before it"
+    )
+    parser.add_argument(
+        "--stop-token-id",
+        type=non_negative_int,
+        action="append",
+        default=None,
+        help="stop token id (repeatable)",
+    )
     parser.add_argument(
         "--raw", action="store_true", help="use the prompt as plain text, without the chat template"
     )
@@ -67,6 +93,11 @@ def run(args: argparse.Namespace) -> int:
     from draftheads.heads import HeadFormatError
     from draftheads.infer.generate import SpeculativeGenerator
 
+    try:
+        prompts = gather_prompts(args.prompt, args.prompts_file)
+    except ValueError as err:
+        print(f"draftheads generate: {err}", file=sys.stderr)
+        return 2
     if args.heads is None and args.base is None:
         print(
             "draftheads generate: give a head directory (--heads) or, to draft from the context alone, --base"
@@ -92,22 +123,55 @@ def run(args: argparse.Namespace) -> int:
     except HeadFormatError as err:
         print(f"draftheads generate: {err}", file=sys.stderr)
         return 2
-    prompt = args.prompt if args.raw else [{"role": "user", "content": args.prompt}]
-    stream = generator.generate(
-        prompt,
-        max_new_tokens=args.max_new_tokens,
-        temperature=args.temperature,
-        top_p=args.top_p,
-        top_k=args.top_k,
-        seed=args.seed,
-        stream=True,
-    )
-    for piece in stream:
-        print(piece, end="", flush=True)
-    print()
-    stats = stream.result.stats
-    print(
-        f"[{generator.method}, tree {stats.tree}] {stats.summary()}; {stats.forward_passes} base forwards",
-        file=sys.stderr,
-    )
+    inputs = [p if args.raw else [{"role": "user", "content": p}] for p in prompts]
+    options = {
+        "max_new_tokens": args.max_new_tokens,
+        "temperature": args.temperature,
+        "top_p": args.top_p,
+        "top_k": args.top_k,
+        "seed": args.seed,
+        "stop": args.stop,
+        "stop_token_ids": args.stop_token_id or (),
+    }
+    if len(inputs) == 1:
+        stream = generator.generate(inputs[0], stream=True, **options)
+        for piece in stream:
+            print(piece, end="", flush=True)
+        print()
+        stats = stream.result.stats
+        summary = f"{stats.summary()}; {stats.forward_passes} base forwards"
+        print(f"[{generator.method}, tree {stats.tree}] {summary}", file=sys.stderr)
+        return 0
+    result = generator.generate(inputs, **options)
+    for index, row in enumerate(result.results):
+        print(f"--- prompt {index}: {prompts[index][:60]!r}")
+        print(row.text)
+        print(f"[prompt {index}] {row.stats.summary()}", file=sys.stderr)
+    print(f"[{generator.method}, tree {generator.tree.name}] {result.stats.summary()}", file=sys.stderr)
     return 0
+
+
+def gather_prompts(prompts: list[str] | None, prompts_file: Path | None) -> list[str]:
+    """The ``--prompt`` values, then the file's prompts (a text line each, or JSONL 'prompt' fields)."""
+    gathered = list(prompts or [])
+    if prompts_file is not None:
+        if not prompts_file.is_file():
+            raise ValueError(f"--prompts-file {prompts_file}: no such file")
+        jsonl = prompts_file.suffix == ".jsonl"
+        for number, line in enumerate(prompts_file.read_text(encoding="utf-8-sig").splitlines(), start=1):
+            if not line.strip():
+                continue
+            if not jsonl:
+                gathered.append(line)
+                continue
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError as err:
+                raise ValueError(f"{prompts_file} line {number}: not JSON ({err.msg})") from None
+            prompt = record.get("prompt") if isinstance(record, dict) else None
+            if not isinstance(prompt, str) or not prompt:
+                raise ValueError(f"{prompts_file} line {number}: field 'prompt' must be a non-empty string")
+            gathered.append(prompt)
+    if not gathered:
+        raise ValueError("give a prompt: --prompt TEXT (repeatable) or --prompts-file FILE")
+    return gathered

@@ -133,6 +133,54 @@ def test_generate_command_streams(smollm2, tmp_path, capsys):
     assert "tau" in captured.err and "tokens/s" in captured.err
 
 
+@pytest.mark.integration
+@pytest.mark.parametrize("kind,context", [("eagle3", True), ("mtp", False)])
+def test_smollm2_batch_rows_match_generate(smollm2, kind, context):
+    """Chat prompts of different lengths in one batch; one row stops early at EOS."""
+    model, tokenizer = smollm2
+    config, tree = HEAD_CONFIGS[kind]
+    torch.manual_seed(0)
+    generator = SpeculativeGenerator(
+        model, build_head(model, config, BASE), tokenizer, tree=tree, context=context
+    )
+    prompts = [chat_ids(tokenizer, q)[0] for q in (QUESTIONS[0], QUESTIONS[12], QUESTIONS[7])]
+    result = generator.generate(prompts, max_new_tokens=24)
+    for prompt, row in zip(prompts, result.results):
+        expected = model.generate(prompt[None], max_new_tokens=24, do_sample=False)
+        assert row.sequences.tolist() == expected.tolist()
+
+
+@pytest.mark.integration
+def test_generate_command_decodes_a_batch(smollm2, tmp_path, capsys):
+    from draftheads.cli import main
+
+    model, tokenizer = smollm2
+    torch.manual_seed(0)
+    build_head(model, MedusaConfig(num_heads=2), BASE).save_pretrained(tmp_path / "head")
+    questions = QUESTIONS[:2]
+    (tmp_path / "prompts.jsonl").write_text("".join(f'{{"prompt": "{q}"}}\n' for q in questions[1:]))
+    argv = ["generate", "--heads", str(tmp_path / "head"), "--prompt", questions[0]]
+    argv += ["--prompts-file", str(tmp_path / "prompts.jsonl"), "--max-new-tokens", "10"]
+    assert main(argv) == 0
+    captured = capsys.readouterr()
+    for index, question in enumerate(questions):
+        prompt = chat_ids(tokenizer, question)
+        expected = model.generate(prompt, max_new_tokens=10, do_sample=False)
+        text = tokenizer.decode(expected[0, prompt.shape[1] :], skip_special_tokens=True)
+        assert f"--- prompt {index}" in captured.out and text.strip() in captured.out
+    assert "batch of 2" in captured.err
+
+
+def test_generate_command_refuses_a_bad_prompts_file(tmp_path, capsys):
+    from draftheads.cli import main
+
+    (tmp_path / "p.jsonl").write_text('{"prompt": "hi"}\n{"text": "no prompt"}\n')
+    assert main(["generate", "--base", BASE, "--prompts-file", str(tmp_path / "p.jsonl")]) == 2
+    assert "p.jsonl line 2: field 'prompt' must be a non-empty string" in capsys.readouterr().err
+    assert main(["generate", "--base", BASE]) == 2
+    assert "give a prompt" in capsys.readouterr().err
+
+
 if __name__ == "__main__":  # the full check, by hand
     from draftheads.base_model import load_base
 
