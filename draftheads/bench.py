@@ -543,9 +543,11 @@ def speculative_methods(
     with context drafts merged into its trees (``<kind>+context:<label>``); ``adaptive``: each of
     these also with adaptive drafting (``.../adaptive``). ``keep``: which method names to build."""
     from draftheads.heads import load_head_and_base
+    from draftheads.heads.base import resolve_head_dir
     from draftheads.infer import SpeculativeGenerator
     from draftheads.infer.packed import pack_linears
 
+    head_dirs = [resolve_head_dir(d) for d in head_dirs]  # a training run's output directory: its head/
     loaded = [(head_dir, *load_head_and_base(head_dir, model, map_location=device)) for head_dir in head_dirs]
     if pack:
         pack_linears(model, *(module for _, head, head_model in loaded for module in (head, head_model)))

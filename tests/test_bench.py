@@ -121,8 +121,8 @@ def test_context_and_hybrid_methods_report_acceptance_by_source(tmp_path, tiny_l
     head_dir = tmp_path / "runs" / "medusa-run" / "head"
     build_head(tiny_llama, MedusaConfig(num_heads=2)).save_pretrained(head_dir)
     tokenizer = SimpleNamespace(pad_token_id=0)
-    methods = speculative_methods(
-        [str(head_dir)], tiny_llama, None, "cpu-8", "cpu", context_only=True, hybrid=True
+    methods = speculative_methods(  # the run directory stands for its head/
+        [str(head_dir.parent)], tiny_llama, None, "cpu-8", "cpu", context_only=True, hybrid=True
     )
     assert [m.name for m in methods] == ["context", "medusa:medusa-run", "medusa+context:medusa-run"]
     methods = [HFMethod("generate", tiny_llama, tokenizer), *methods]

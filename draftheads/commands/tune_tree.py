@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import time
-from pathlib import Path
 
 from draftheads.arguments import add_no_pack_argument, at_least, non_negative_int, positive_int
 from draftheads.tuning.tune import TuneSettings
@@ -58,13 +57,14 @@ def settings_from_args(args: argparse.Namespace) -> TuneSettings:
 def run(args: argparse.Namespace) -> int:
     from draftheads.base_model import load_base
     from draftheads.heads import HeadFormatError, load_head_and_base, resolve_base_model
+    from draftheads.heads.base import resolve_head_dir
     from draftheads.infer.packed import pack_linears
     from draftheads.tuning.report import describe
     from draftheads.tuning.tune import tune_tree
 
     settings = settings_from_args(args)
-    head_dir = Path(args.heads)
     try:
+        head_dir = resolve_head_dir(args.heads)  # a training run's output directory: its head/
         base = resolve_base_model(head_dir, args.base)
     except HeadFormatError as err:
         print(f"draftheads tune-tree: {err}")

@@ -338,6 +338,7 @@ class SpeculativeGenerator:
         weighing against a verify-cost curve measured at the first call (see the class)."""
         from draftheads.base_model import load_base
         from draftheads.heads import load_head_and_base, resolve_base_model
+        from draftheads.heads.base import resolve_head_dir
 
         if head_dir is None:
             if not base:
@@ -346,6 +347,7 @@ class SpeculativeGenerator:
             if pack:
                 pack_linears(model)
             return cls(model, None, tokenizer, tree=tree, adaptive=adaptive)
+        head_dir = resolve_head_dir(head_dir)  # a training run's output directory: its head/
         model, tokenizer = load_base(resolve_base_model(head_dir, base), dtype=dtype, device=device)
         # A Medusa-2 head drafts for its adapted base: adapt the base loaded here in place.
         head, model = load_head_and_base(head_dir, model, map_location=device, copy_base=False)
