@@ -54,8 +54,9 @@ $(ENGINE_VENVS)/%/.installed: engines/requirements-%.txt
 	$(ENGINE_VENVS)/$*/bin/pip install --quiet --no-deps -r $<
 	touch $@
 
+ENGINE_REPORT ?= docs/results/engines
 engine-check: install engines
-	$(BIN)/python engines/check.py
+	$(BIN)/python engines/check.py --out $(ENGINE_REPORT)
 
 clean:
 	rm -rf $(VENV) $(ENGINE_VENVS) build *.egg-info

@@ -50,6 +50,10 @@ NO_ENGINE_HERE = {
 }
 
 
+# Statuses that fail the check: a mismatch, or an engine that could not load or run an export.
+FAILING = ("fail", "engine-error")
+
+
 @dataclass(frozen=True)
 class CheckSettings:
     """What the check decodes; every default is defined here."""
@@ -230,121 +234,181 @@ def export(head_dir: Path, format_name: str, out: Path, verifier: str, chain: in
     return None if completed.returncode == 0 else (completed.stderr or completed.stdout).strip()
 
 
-# ---- one head ------------------------------------------------------------------------------------
+# ---- heads --------------------------------------------------------------------------------------
+
+# Fresh (untrained, seeded) heads for the kinds no shipped head has, so that every format is loaded
+# by its engine: their acceptance is near zero, but the layout, output and count checks still hold.
+UNTRAINED_HEADS = {
+    "eagle": {"kind": "eagle", "fc_bias": False},  # vLLM's EagleLlamaForCausalLM has no fc bias
+    "medusa": {"kind": "medusa", "num_heads": 3, "shared_lm_head": True},
+    "mtp": {"kind": "mtp"},
+}
+UNTRAINED_SEED = 0
 
 
-def check_head(head_dir: Path, settings: CheckSettings, work: Path) -> list[Outcome]:
-    from draftheads.base_model import load_base, resolve_base_path
+def shipped_heads(root: Path) -> list[Path]:
+    heads = sorted(p for p in root.iterdir() if (p / "config.json").is_file())
+    if not heads:
+        raise SystemExit(f"engines/check.py: no head directories (with config.json) under {root}")
+    return heads
+
+
+def head_kind(head_dir: Path) -> str:
+    return json.loads((head_dir / "config.json").read_text())["head_kind"]
+
+
+def untrained_heads(base_model, base_name: str, kinds: list[str], work: Path) -> list[Path]:
+    """Save a fresh head of each kind in ``kinds`` (``UNTRAINED_HEADS``) under ``work``."""
+    import torch
+
+    from draftheads.heads.base import build_head, head_config_from_dict
+
+    directories = []
+    for kind in kinds:
+        torch.manual_seed(UNTRAINED_SEED)
+        head = build_head(base_model, head_config_from_dict(UNTRAINED_HEADS[kind]), base_name)
+        directories.append(head.save_pretrained(work / f"untrained-{kind}"))
+    return directories
+
+
+# ---- one base, its heads, their formats ----------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class BaseRun:
+    """What every head on one base shares: the base, the prompt ids, vLLM's output without a draft."""
+
+    base_model: object
+    tokenizer: object
+    base_path: str  # the local HF directory every engine loads
+    request: dict  # vLLM request fields common to every run
+    reference: dict  # vLLM without a draft
+    env: dict
+
+
+def vllm_request(run: BaseRun, format_name: str, export_dir: Path, chain: int) -> dict:
+    """vLLM's request for decoding with ``export_dir`` as the draft."""
+    method = VLLM_METHODS[format_name]
+    if method is None:  # speculators: the export is the model; its config names the verifier
+        return {**run.request, "model": str(export_dir), "speculative_config": None}
+    config = {"method": method, "model": str(export_dir), "num_speculative_tokens": chain}
+    return {**run.request, "speculative_config": config}
+
+
+def check_format(
+    head_dir: Path, format_name: str, run: BaseRun, ours: dict | None, settings: CheckSettings, work: Path
+) -> tuple[Outcome, Path | None]:
+    """Export ``head_dir`` as ``format_name``, decode with it in its engine, compare (a) and (b)."""
+    engine = "vllm" if format_name in VLLM_METHODS else "none"
+    outcome = Outcome(head_dir.name, head_kind(head_dir), format_name, engine, status="pass")
+    export_dir = work / f"{head_dir.name}.{format_name}"
+    refusal = export(head_dir, format_name, export_dir, run.base_path, settings.chain)
+    if refusal:
+        outcome.status, outcome.error = "refused", refusal
+        return outcome, None
+    if format_name in NO_ENGINE_HERE:
+        outcome.status, outcome.error = "no-engine", NO_ENGINE_HERE[format_name]
+        return outcome, export_dir
+    if "error" in run.reference:
+        outcome.status, outcome.error = "engine-error", f"vLLM without a draft: {run.reference['error']}"
+        return outcome, export_dir
+    request = vllm_request(run, format_name, export_dir, settings.chain)
+    name = f"{head_dir.name}.{format_name}"
+    result = run_engine("vllm_decode.py", "vllm", request, work, name, run.env, settings.engine_timeout)
+    if "error" in result:
+        outcome.status, outcome.error = "engine-error", result["error"]
+        return outcome, export_dir
+    engine_counts = result["spec_decode"] or {"drafts": 0, "accepted_per_position": []}
+    difference = first_difference(run.reference["outputs"], result["outputs"])
+    outcome.checks = {
+        "output_equals_engine_without_draft": difference is None,
+        "acceptance_equals_ours": acceptance_matches(ours, engine_counts),
+    }
+    outcome.details = {
+        "vllm_version": result["vllm_version"],
+        "engine_acceptance": engine_counts,
+        "our_acceptance": {k: ours[k] for k in ("drafts", "accepted_per_position")},
+        "first_difference": difference,
+        "ours_equal_engine_without_draft": first_difference(run.reference["outputs"], ours["outputs"])
+        is None,
+        "engine_seconds": result["wall_seconds"],
+    }
+    return outcome, export_dir
+
+
+def check_speculators(head_dir: Path, exports: dict[str, Path], run: BaseRun, settings, work) -> Outcome:
+    """(c): speculators loads our speculators export and converts our eagle3 export into it."""
+    outcome = Outcome(head_dir.name, head_kind(head_dir), "speculators", "speculators", status="pass")
+    request = {
+        "speculators_export": str(exports["speculators"]),
+        "eagle3_export": str(exports["eagle3"]),
+        "verifier": run.base_path,
+        "work_dir": str(work / f"{head_dir.name}.speculators-convert"),
+    }
+    name = f"{head_dir.name}.speculators-package"
+    result = run_engine(
+        "speculators_check.py", "speculators", request, work, name, dict(os.environ), settings.engine_timeout
+    )
+    if "error" in result:
+        outcome.status, outcome.error = "engine-error", result["error"]
+        return outcome
+    outcome.checks = speculators_checks(result)
+    outcome.details = {k: v for k, v in result.items() if k in ("speculators_version", "load", "convert")}
+    return outcome
+
+
+def check_head(head_dir: Path, run: BaseRun, settings: CheckSettings, work: Path) -> list[Outcome]:
+    """Every engine format that holds this head's kind, each checked in its engine."""
     from draftheads.export import FORMAT_REGISTRY
-    from draftheads.heads import resolve_base_model
 
-    saved = json.loads((head_dir / "config.json").read_text())
-    kind, head_name = saved["head_kind"], head_dir.name
-    base_name = resolve_base_model(head_dir)
-    base_path = resolve_base_path(base_name)  # the local HF directory every engine loads
+    kind = head_kind(head_dir)
+    formats = [
+        name for name, chosen in FORMAT_REGISTRY.items() if name != "draftheads" and kind in chosen.head_kinds
+    ]
+    ours = None
+    if any(name in VLLM_METHODS for name in formats):
+        ours = decode_ours(run.base_model, run.tokenizer, head_dir, run.request["prompts"], settings)
+    outcomes, exports = [], {}
+    for format_name in formats:
+        outcome, export_dir = check_format(head_dir, format_name, run, ours, settings, work)
+        outcomes.append(outcome)
+        if export_dir is not None:
+            exports[format_name] = export_dir
+    if {"eagle3", "speculators"} <= set(exports):
+        outcomes.append(check_speculators(head_dir, exports, run, settings, work))
+    return outcomes
+
+
+def check_base(base_name: str, head_dirs: list[Path], settings: CheckSettings, work: Path) -> list[Outcome]:
+    """The shipped heads on one base, plus fresh heads of the kinds none of them has."""
+    from draftheads.base_model import load_base, resolve_base_path
+
     base_model, tokenizer = load_base(base_name, dtype="float32")
-    ids = prompt_ids(tokenizer, settings.prompts)
-    ours = decode_ours(base_model, tokenizer, head_dir, ids, settings)
-    env = vllm_environment()
-    common = {
-        "base": base_path,
+    shipped_kinds = {head_kind(d) for d in head_dirs}
+    missing = [k for k in UNTRAINED_HEADS if k not in shipped_kinds]
+    head_dirs = head_dirs + untrained_heads(base_model, base_name, missing, work)
+    request = {
+        "base": resolve_base_path(base_name),
         "dtype": "float32",
-        "prompts": ids,
+        "prompts": prompt_ids(tokenizer, settings.prompts),
         "max_new_tokens": settings.max_new_tokens,
         "max_model_len": settings.max_model_len,
         "enforce_eager": settings.enforce_eager,
     }
+    env = vllm_environment()
     reference = run_engine(
         "vllm_decode.py",
         "vllm",
-        {**common, "speculative_config": None},
+        {**request, "speculative_config": None},
         work,
-        f"{head_name}.vllm-base",
+        "vllm-without-draft",
         env,
         settings.engine_timeout,
     )
+    run = BaseRun(base_model, tokenizer, request["base"], request, reference, env)
     outcomes = []
-    exports = {}
-    for format_name, chosen in FORMAT_REGISTRY.items():
-        if format_name == "draftheads" or kind not in chosen.head_kinds:
-            continue
-        engine = "vllm" if format_name in VLLM_METHODS else "none"
-        outcome = Outcome(head_name, kind, format_name, engine, status="pass")
-        outcomes.append(outcome)
-        out_dir = work / f"{head_name}.{format_name}"
-        refusal = export(head_dir, format_name, out_dir, base_path, settings.chain)
-        if refusal:
-            outcome.status, outcome.error = "refused", refusal
-            continue
-        exports[format_name] = out_dir
-        if format_name in NO_ENGINE_HERE:
-            outcome.status, outcome.error = "no-engine", NO_ENGINE_HERE[format_name]
-            continue
-        if "error" in reference:
-            outcome.status, outcome.error = "engine-error", f"vLLM without a draft: {reference['error']}"
-            continue
-        method = VLLM_METHODS[format_name]
-        request = dict(common)
-        if method is None:
-            request.update(model=str(out_dir), speculative_config=None)
-        else:
-            request["speculative_config"] = {
-                "method": method,
-                "model": str(out_dir),
-                "num_speculative_tokens": settings.chain,
-            }
-        result = run_engine(
-            "vllm_decode.py",
-            "vllm",
-            request,
-            work,
-            f"{head_name}.{format_name}",
-            env,
-            settings.engine_timeout,
-        )
-        if "error" in result:
-            outcome.status, outcome.error = "engine-error", result["error"]
-            continue
-        engine_counts = result["spec_decode"] or {"drafts": 0, "accepted_per_position": []}
-        difference = first_difference(reference["outputs"], result["outputs"])
-        outcome.checks = {
-            "output_equals_engine_without_draft": difference is None,
-            "acceptance_equals_ours": acceptance_matches(ours, engine_counts),
-        }
-        outcome.details = {
-            "vllm_version": result["vllm_version"],
-            "engine_acceptance": engine_counts,
-            "our_acceptance": {k: ours[k] for k in ("drafts", "accepted_per_position")},
-            "first_difference": difference,
-            "ours_equal_engine_without_draft": first_difference(reference["outputs"], ours["outputs"])
-            is None,
-            "engine_seconds": result["wall_seconds"],
-        }
-    if "speculators" in exports and "eagle3" in exports:
-        outcome = Outcome(head_name, kind, "speculators", "speculators", status="pass")
-        outcomes.append(outcome)
-        request = {
-            "speculators_export": str(exports["speculators"]),
-            "eagle3_export": str(exports["eagle3"]),
-            "verifier": base_path,
-            "work_dir": str(work / f"{head_name}.speculators-convert"),
-        }
-        result = run_engine(
-            "speculators_check.py",
-            "speculators",
-            request,
-            work,
-            f"{head_name}.speculators",
-            dict(os.environ),
-            settings.engine_timeout,
-        )
-        if "error" in result:
-            outcome.status, outcome.error = "engine-error", result["error"]
-        else:
-            outcome.checks = speculators_checks(result)
-            outcome.details = {
-                k: v for k, v in result.items() if k in ("speculators_version", "load", "convert")
-            }
+    for head_dir in head_dirs:
+        outcomes += check_head(head_dir, run, settings, work)
     for outcome in outcomes:
         if outcome.status == "pass" and not all(outcome.checks.values()):
             outcome.status = "fail"
@@ -431,19 +495,22 @@ def main(argv: list[str] | None = None) -> int:
     settings = CheckSettings(
         heads_root=args.heads_root, out=args.out, max_new_tokens=args.max_new_tokens, chain=args.chain
     )
-    heads = sorted(p for p in settings.heads_root.iterdir() if (p / "config.json").is_file())
-    if not heads:
-        raise SystemExit(
-            f"engines/check.py: no head directories (with config.json) under {settings.heads_root}"
-        )
+    from draftheads.heads import resolve_base_model
+
+    by_base: dict[str, list[Path]] = {}
+    for head_dir in shipped_heads(settings.heads_root):
+        by_base.setdefault(resolve_base_model(head_dir), []).append(head_dir)
     started = time.perf_counter()
     outcomes: list[Outcome] = []
     with tempfile.TemporaryDirectory(prefix="engine-check-") as work:
-        for head_dir in heads:
-            outcomes += check_head(head_dir, settings, Path(work))
+        for base_name, head_dirs in by_base.items():
+            outcomes += check_base(base_name, head_dirs, settings, Path(work))
     write_report(outcomes, settings, time.perf_counter() - started)
     print((settings.out / "report.md").read_text())
-    return 1 if any(o.status in ("fail", "engine-error") for o in outcomes) else 0
+    failed = [o for o in outcomes if o.status in FAILING]
+    passed = [o for o in outcomes if o.status == "pass"]
+    print(f"engines: {len(passed)} passed, {len(failed)} failed")
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":

@@ -64,6 +64,7 @@ def convert_export(eagle3_dir: str, speculators_dir: str, verifier: str, work_di
     """speculators' EAGLE-3 converter applied to our eagle3 export, compared with our speculators export."""
     import torch
     from speculators.convert.eagle.eagle3_converter import Eagle3Converter
+    from speculators.models.utils import resolve_target_layer_ids
 
     converted_dir = Path(work_dir) / "converted"
     Eagle3Converter().convert(eagle3_dir, converted_dir, verifier, validate=True)
@@ -77,10 +78,18 @@ def convert_export(eagle3_dir: str, speculators_dir: str, verifier: str, work_di
         or not torch.equal(converted[key], ours[key])
     )
     config_differences = {
-        field: {"converted": converted_config.get(field), "ours": ours_config.get(field)}
-        for field in COMPARED_FIELDS + ("eagle_aux_hidden_state_layer_ids",)
-        if converted_config.get(field) != ours_config.get(field)
+        name: {"converted": converted_config.get(name), "ours": ours_config.get(name)}
+        for name in COMPARED_FIELDS
+        if converted_config.get(name) != ours_config.get(name)
     }
+    # The converter leaves the capture layers unset when the source did not name them; both mean
+    # what speculators resolves them to (its default (2, L // 2, L - 3) for an unset list).
+    layers = {
+        side: resolve_target_layer_ids(config.get("eagle_aux_hidden_state_layer_ids"), verifier)
+        for side, config in (("converted", converted_config), ("ours", ours_config))
+    }
+    if layers["converted"] != layers["ours"]:
+        config_differences["eagle_aux_hidden_state_layer_ids (resolved)"] = layers
     return {
         "converted_keys": len(converted),
         "ours_keys": len(ours),
