@@ -1,0 +1,124 @@
+"""The engine check's own logic (engines/check.py), without the engines: its comparisons, the requests
+it sends vLLM, its verdicts and report, and that its fresh heads are ones the engine formats take."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from draftheads.export import write_head
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def check():
+    spec = importlib.util.spec_from_file_location("engine_check", ROOT / "engines" / "check.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses resolve their annotations through it
+    spec.loader.exec_module(module)
+    yield module
+    del sys.modules[spec.name]
+
+
+def test_first_difference_locates_the_first_differing_token(check):
+    reference = [[1, 2, 3], [4, 5, 6, 7]]
+    assert check.first_difference(reference, [[1, 2, 3], [4, 5, 6, 7]]) is None
+    assert check.first_difference(reference, [[1, 2, 3], [4, 5, 9, 7]]) == {
+        "prompt": 1,
+        "token": 2,
+        "expected": [6, 7],
+        "got": [9, 7],
+    }
+    # one output stopping early differs where the shorter ends
+    assert check.first_difference(reference, [[1, 2], [4, 5, 6, 7]])["token"] == 2
+    assert check.first_difference(reference, [[1, 2, 3]]) == {"prompts": [2, 1]}
+
+
+def test_acceptance_matches_needs_the_same_drafts_and_counts_per_position(check):
+    ours = {"drafts": 142, "accepted_per_position": [39, 12, 5]}
+    assert check.acceptance_matches(ours, {"drafts": 142, "accepted_per_position": [39, 12, 5]})
+    assert not check.acceptance_matches(ours, {"drafts": 141, "accepted_per_position": [39, 12, 5]})
+    assert not check.acceptance_matches(ours, {"drafts": 142, "accepted_per_position": [39, 13, 5]})
+    # trailing zeros are the same counts (a position nobody reached)
+    none = {"drafts": 10, "accepted_per_position": [0, 0, 0]}
+    assert check.acceptance_matches(none, {"drafts": 10, "accepted_per_position": []})
+
+
+def test_speculators_verdicts_fail_on_any_key_or_tensor_difference(check):
+    load = {"missing": [], "unexpected": [], "altered": [], "ignored_missing": ["embed_tokens.weight"]}
+    convert = {"only_converted": [], "only_ours": [], "differing": [], "config_differences": {}}
+    assert check.speculators_checks({"load": load, "convert": convert}) == {
+        "speculators_loads": True,
+        "converter_round_trip": True,
+    }
+    for key in ("missing", "unexpected", "altered"):
+        verdict = check.speculators_checks({"load": {**load, key: ["fc.weight"]}, "convert": convert})
+        assert verdict["speculators_loads"] is False, key
+    for key in ("only_converted", "only_ours", "differing"):
+        verdict = check.speculators_checks({"load": load, "convert": {**convert, key: ["d2t"]}})
+        assert verdict["converter_round_trip"] is False, key
+    differs = {**convert, "config_differences": {"draft_vocab_size": {"converted": 8192, "ours": 4096}}}
+    assert check.speculators_checks({"load": load, "convert": differs})["converter_round_trip"] is False
+    errors = check.speculators_checks({"load": {"error": "KeyError: x"}, "convert": {"error": "OSError: y"}})
+    assert errors == {"speculators_loads": False, "converter_round_trip": False}
+
+
+def test_vllm_requests_name_the_method_or_let_a_speculators_export_name_its_verifier(check, tmp_path):
+    run = check.BaseRun(None, None, "/base", {"base": "/base", "prompts": [[1]]}, {}, {})
+    eagle3 = check.vllm_request(run, "eagle3", tmp_path / "e3", chain=3)
+    assert eagle3["speculative_config"] == {
+        "method": "eagle3",
+        "model": str(tmp_path / "e3"),
+        "num_speculative_tokens": 3,
+    }
+    assert "model" not in eagle3
+    medusa = check.vllm_request(run, "medusa-vllm", tmp_path / "m", chain=2)
+    assert medusa["speculative_config"]["method"] == "medusa"
+    speculators = check.vllm_request(run, "speculators", tmp_path / "s", chain=3)
+    assert speculators["model"] == str(tmp_path / "s") and speculators["speculative_config"] is None
+    assert run.request == {"base": "/base", "prompts": [[1]]}  # not modified
+
+
+def test_report_shows_failed_checks_and_the_engines_last_error_line(check):
+    outcomes = [
+        check.Outcome("h", "eagle3", "eagle3", "vllm", "fail", checks={"acceptance_equals_ours": False}),
+        check.Outcome(
+            "h",
+            "mtp",
+            "mtp-deepseek",
+            "none",
+            "refused",
+            error="draftheads export: no\nmtp needs deepseek_v3",
+        ),
+    ]
+    outcomes[0].details = {
+        "engine_acceptance": {"drafts": 3, "accepted_per_position": [1]},
+        "our_acceptance": {"drafts": 3, "accepted_per_position": [2]},
+    }
+    report = {
+        "machine": {"cpu": "cpu", "cores": 2, "cpu_flags": ["avx2"]},
+        "settings": {"prompts": ["a"], "max_new_tokens": 8, "chain": 3},
+        "seconds": 1.0,
+        "outcomes": [json.loads(json.dumps(check.asdict(o))) for o in outcomes],
+    }
+    page = check.report_markdown(report)
+    assert "| h | eagle3 | vllm | fail | acceptance_equals_ours NO | 3: [1] | 3: [2] |" in page
+    assert "`mtp needs deepseek_v3`" in page
+
+
+def test_fresh_heads_fit_the_engine_formats_they_are_made_for(check, tiny_llama, tmp_path):
+    """The fresh EAGLE-1 head exists to reach vLLM's `eagle` layout, which refuses an fc bias."""
+    directories = check.untrained_heads(tiny_llama, "tiny", ["eagle", "medusa"], tmp_path)
+    assert [check.head_kind(d) for d in directories] == ["eagle", "medusa"]
+    from draftheads.heads import load_head
+
+    eagle = load_head(directories[0], tiny_llama)
+    write_head(eagle, tmp_path / "eagle-vllm", "eagle")  # raises FormatError for a head with an fc bias
+    medusa = load_head(directories[1], tiny_llama)
+    write_head(medusa, tmp_path / "medusa-vllm", "medusa-vllm")
+    assert json.loads((tmp_path / "medusa-vllm" / "config.json").read_text())["num_heads"] == 3
