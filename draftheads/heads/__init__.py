@@ -19,6 +19,7 @@ from draftheads.heads.base import (
 )
 
 # Importing the families registers them (``@register_head``); nothing else runs at import time.
+from draftheads.heads.dflash import DFlashConfig, DFlashHead
 from draftheads.heads.eagle import EagleConfig, EagleHead
 from draftheads.heads.eagle3 import Eagle3Config, Eagle3Head
 from draftheads.heads.medusa import MedusaConfig, MedusaHead
@@ -27,6 +28,8 @@ from draftheads.heads.mtp import MtpConfig, MtpHead
 __all__ = [
     "HEAD_REGISTRY",
     "BaseModelSpec",
+    "DFlashConfig",
+    "DFlashHead",
     "DraftHead",
     "Eagle3Config",
     "Eagle3Head",

@@ -175,6 +175,8 @@ def register_drafter(style: str):
 
 def drafter_for(head, pad_to_multiple: int = 1) -> Drafter:
     """The Drafter for ``head``'s drafting style."""
+    import draftheads.infer.block  # noqa: F401  (registers the block drafter; it imports this module)
+
     style = getattr(head, "drafting", None)
     if style not in DRAFTERS:
         raise ValueError(
@@ -200,9 +202,13 @@ class ParallelDrafter(Drafter):
     def commit(self, features, next_ids, position) -> None:
         self.last_features = features[:, -1:]
 
+    def _depth_logits(self) -> torch.Tensor:
+        """(K, V) draft logits of depths 1..K for the next tree."""
+        return self.head.draft_logits(self.last_features)[0, -1]
+
     def _ranked(self, depth: int, count: int) -> tuple[torch.Tensor, torch.Tensor]:
         """(depth, count) base-vocabulary ids, best first, of heads 1..depth, and their probabilities."""
-        logits = self.head.draft_logits(self.last_features)[0, -1, :depth].float()  # (D, V)
+        logits = self._depth_logits()[:depth].float()  # (D, V)
         best = torch.topk(logits, count, dim=-1)
         probabilities = (best.values - torch.logsumexp(logits, dim=-1, keepdim=True)).exp()  # (D, count)
         return self.head.draft_to_target(best.indices), probabilities

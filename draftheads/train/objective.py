@@ -305,3 +305,48 @@ def compute_objective(
         sample_keep(loss_mask.shape, token_fraction, loss_mask.device, generator) if head.training else None
     )
     return OBJECTIVES[head.kind](head, hidden_states, input_ids, loss_mask, attention_mask, keep, generator)
+
+
+# ---- DFlash -----------------------------------------------------------------------------------
+
+
+def dflash_objective(
+    head, hidden_states, input_ids, loss_mask, attention_mask, keep=None, generator=None
+) -> ObjectiveOutput:
+    """DFlash (arXiv 2602.06036, sec. 4): blocks anchored at positions a whose next token is
+    supervised (up to ``anchors_per_sequence`` per sequence: at random in training, from
+    ``generator``; evenly spaced in evaluation; ``keep`` samples anchors), all in one forward; block
+    row k (1..K-1) predicts t_{a+k} with cross-entropy against the data's token, weighted
+    exp(-(k - 1) / loss_decay) and normalised by the total weight of the rows scored. Step k - 1's
+    accuracy is block row k's top-1 against the data token (the base's own output on
+    self-distilled data)."""
+    from draftheads.heads.dflash import block_position_weights, choose_anchors
+
+    features = head.select_features(hidden_states)  # (B, T, F h)
+    length = input_ids.shape[1]
+    supervised = supervised_mask(loss_mask, attention_mask)  # (B, T)
+    candidates = shift_left(supervised, 1)  # (B, T): t_{a+1} is supervised
+    candidates[:, 0] = False  # a block reads the context before its anchor: none at 0
+    if keep is not None:
+        candidates = candidates & keep
+    anchors, valid = choose_anchors(candidates, head.config.anchors_per_sequence, head.training, generator)
+    states = head.training_blocks(features, input_ids, attention_mask, anchors, valid)  # (B, N, K, h)
+    weights = block_position_weights(head.block_size, head.config.loss_decay).tolist()  # (K - 1,)
+
+    accuracy = StepAccuracy()
+    weighted_sum = states.new_zeros((), dtype=torch.float32)
+    total_weight = 0.0
+    for row in range(1, head.block_size):
+        target = anchors + row  # (B, N)
+        scored = valid & (target < length) & supervised.gather(1, target.clamp(max=length - 1))
+        batch, slot = scored.nonzero(as_tuple=True)
+        logits = head.logits(states[batch, slot, row])  # (M, V)
+        targets = input_ids[batch, target[batch, slot]]  # (M,)
+        accuracy.add(logits, targets)
+        losses = torch.nn.functional.cross_entropy(logits.float(), targets, reduction="sum")
+        weighted_sum = weighted_sum + weights[row - 1] * losses
+        total_weight += weights[row - 1] * targets.numel()
+    return accuracy.output(weighted_sum / max(total_weight, 1e-6))
+
+
+OBJECTIVES["dflash"] = dflash_objective
