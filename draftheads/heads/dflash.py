@@ -56,6 +56,11 @@ class DFlashConfig(HeadConfig):
     # blocks of 16, 5 for 10, 4 for 8); an early row's miss ends the accepted chain, so it counts
     # more. None: equal weights.
     loss_decay: float | None = 7.0
+    # Training targets: "data", the paper's (cross-entropy on the data's tokens, which on
+    # self-distilled data are the base's own); "base", the base model's greedy token at each
+    # position given the true prefix (what greedy verification accepts, for data the base did not
+    # write; one extra lm_head projection per scored token).
+    targets: str = "data"
 
     def __post_init__(self):
         if self.num_layers < 1:
@@ -73,6 +78,8 @@ class DFlashConfig(HeadConfig):
             raise ValueError(f"mask_token_id must be >= 0, got {self.mask_token_id}")
         if self.anchors_per_sequence < 1:
             raise ValueError(f"anchors_per_sequence must be >= 1, got {self.anchors_per_sequence}")
+        if self.targets not in ("data", "base"):
+            raise ValueError(f"targets must be 'data' or 'base', got {self.targets!r}")
         if self.loss_decay is not None and self.loss_decay <= 0:
             raise ValueError(f"loss_decay must be > 0 (or null for equal weights), got {self.loss_decay}")
 

@@ -318,8 +318,8 @@ def dflash_objective(
     ``generator``; evenly spaced in evaluation; ``keep`` samples anchors), all in one forward; block
     row k (1..K-1) predicts t_{a+k} with cross-entropy against the data's token, weighted
     exp(-(k - 1) / loss_decay) and normalised by the total weight of the rows scored. Step k - 1's
-    accuracy is block row k's top-1 against the data token (the base's own output on
-    self-distilled data)."""
+    accuracy is block row k's top-1 against the same target. ``head.config.targets == "base"``
+    replaces the data's token by the base model's argmax at the position before it."""
     from draftheads.heads.dflash import block_position_weights, choose_anchors
 
     features = head.select_features(hidden_states)  # (B, T, F h)
@@ -342,6 +342,10 @@ def dflash_objective(
         batch, slot = scored.nonzero(as_tuple=True)
         logits = head.logits(states[batch, slot, row])  # (M, V)
         targets = input_ids[batch, target[batch, slot]]  # (M,)
+        if head.config.targets == "base":
+            last_hidden = hidden_states[head.base_spec.num_hidden_layers]  # (B, T, h), enters lm_head
+            with torch.no_grad():
+                targets = head.base_lm_head(last_hidden[batch, target[batch, slot] - 1]).argmax(-1)  # (M,)
         accuracy.add(logits, targets)
         losses = torch.nn.functional.cross_entropy(logits.float(), targets, reduction="sum")
         weighted_sum = weighted_sum + weights[row - 1] * losses

@@ -225,3 +225,23 @@ def test_save_and_load_round_trip(model, head, tmp_path):
         expected = head.draft_block(head.new_cache(), features[:, :8], 8, input_ids[:, 8])
         actual = loaded.draft_block(loaded.new_cache(), features[:, :8], 8, input_ids[:, 8])
     torch.testing.assert_close(actual, expected)
+
+
+def test_base_targets_score_against_the_base_argmax(model):
+    torch.manual_seed(0)
+    head = build_head(
+        model, DFlashConfig(num_layers=1, block_size=3, feature_layers=(1, 2, 3), targets="base")
+    )
+    input_ids = sequence(12)
+    hidden_states = base_hidden_states(model, input_ids)
+    greedy = model.lm_head(hidden_states[-1]).argmax(-1)  # (1, T): the base's token after each position
+    output = compute_objective(head, hidden_states, input_ids, torch.ones_like(input_ids), None)
+    anchors = torch.arange(1, 11)[None]
+    with torch.no_grad():
+        states = head.training_blocks(
+            head.select_features(hidden_states), input_ids, None, anchors, anchors > 0
+        )
+    predicted = head.logits(states[0, :, 1]).argmax(-1)  # (10,) row 1 predicts position a + 1
+    assert output.top1_correct[0].item() == (predicted == greedy[0, 1:11]).sum().item()
+    with pytest.raises(ValueError, match="targets"):
+        DFlashConfig(targets="teacher")
