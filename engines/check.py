@@ -415,6 +415,26 @@ def check_base(base_name: str, head_dirs: list[Path], settings: CheckSettings, w
     return outcomes
 
 
+def uncovered_formats(outcomes: list[Outcome]) -> list[Outcome]:
+    """A row for each engine format no checked head reached (a new head kind without a shipped head
+    nor an entry in ``UNTRAINED_HEADS``), so that nothing goes unreported."""
+    from draftheads.export import FORMAT_REGISTRY
+
+    reached = {o.format for o in outcomes}
+    return [
+        Outcome(
+            "-",
+            "/".join(chosen.head_kinds),
+            name,
+            "-",
+            "no-head",
+            error=f"no head of kind {' or '.join(chosen.head_kinds)}: none shipped, none in UNTRAINED_HEADS",
+        )
+        for name, chosen in FORMAT_REGISTRY.items()
+        if name != "draftheads" and name not in reached
+    ]
+
+
 # ---- report -------------------------------------------------------------------------------------
 
 
@@ -505,6 +525,7 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="engine-check-") as work:
         for base_name, head_dirs in by_base.items():
             outcomes += check_base(base_name, head_dirs, settings, Path(work))
+    outcomes += uncovered_formats(outcomes)
     write_report(outcomes, settings, time.perf_counter() - started)
     print((settings.out / "report.md").read_text())
     failed = [o for o in outcomes if o.status in FAILING]

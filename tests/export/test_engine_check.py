@@ -122,3 +122,13 @@ def test_fresh_heads_fit_the_engine_formats_they_are_made_for(check, tiny_llama,
     medusa = load_head(directories[1], tiny_llama)
     write_head(medusa, tmp_path / "medusa-vllm", "medusa-vllm")
     assert json.loads((tmp_path / "medusa-vllm" / "config.json").read_text())["num_heads"] == 3
+
+
+def test_every_engine_format_no_head_reached_is_reported(check):
+    from draftheads.export import FORMAT_REGISTRY
+
+    reached = [check.Outcome("h", "eagle3", "eagle3", "vllm", "pass")]
+    rows = check.uncovered_formats(reached)
+    expected = {name for name in FORMAT_REGISTRY if name not in ("draftheads", "eagle3")}
+    assert {row.format for row in rows} == expected
+    assert all(row.status == "no-head" and row.error for row in rows)
