@@ -22,6 +22,7 @@ from draftheads.settings import ConfigError, from_dict, merge, parse_overrides, 
 
 PRECISIONS = ("auto", "fp32", "bf16")  # train.precision
 REPORT_TARGETS = ("none", "wandb")  # train.report_to
+DISTILL_ENGINES = ("auto", "hf", "vllm")  # distill.engine
 
 # ----------------------------------------------------------------------------------------------
 # sections
@@ -73,11 +74,44 @@ class DataConfig:
 
 @dataclass
 class DistillConfig:
-    """Self-distillation: regenerate assistant turns with the base model."""
+    """Self-distillation: regenerate assistant turns with the base model (``draftheads.data.distill``)."""
 
     temperature: float = 0.0  # 0: greedy
     max_new_tokens: int = 512
-    batch_size: int = 8
+    batch_size: int = 32  # hf engine: sequences decoding together (a finished one's slot is refilled)
+    # auto: vllm when a server or a vLLM virtualenv is given, else hf (in-process)
+    engine: str = "auto"
+    server: str | None = None  # vllm engine: a running OpenAI-compatible server's URL
+    vllm_venv: str | None = None  # vllm engine: start `vllm serve` from this virtualenv instead
+    requests_in_flight: int = 64  # vllm engine: completions sent before the first answer is awaited
+
+    def resolved_engine(self) -> str:
+        if self.engine != "auto":
+            return self.engine
+        return "vllm" if self.server or self.vllm_venv else "hf"
+
+    def validate(self) -> None:
+        """Refuse values that cannot work, naming the field and the value (ConfigError)."""
+        if self.temperature < 0:
+            raise ConfigError(f"distill.temperature must be >= 0 (0: greedy), got {self.temperature}")
+        for name in ("max_new_tokens", "batch_size", "requests_in_flight"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"distill.{name} must be >= 1, got {getattr(self, name)}")
+        if self.engine not in DISTILL_ENGINES:
+            raise ConfigError(f"distill.engine must be one of {DISTILL_ENGINES}, got '{self.engine}'")
+        if self.server and self.vllm_venv:
+            raise ConfigError(
+                f"distill.server ('{self.server}') and distill.vllm_venv ('{self.vllm_venv}'): give one "
+                "(a running server, or a virtualenv to start one from)"
+            )
+        engine = self.resolved_engine()
+        if engine == "vllm" and not (self.server or self.vllm_venv):
+            raise ConfigError("distill.engine 'vllm' needs distill.server (a URL) or distill.vllm_venv")
+        if engine == "hf" and (self.server or self.vllm_venv):
+            given = f"server '{self.server}'" if self.server else f"vllm_venv '{self.vllm_venv}'"
+            raise ConfigError(
+                f"distill.engine 'hf' runs in process, without distill.{given} (that is for 'vllm')"
+            )
 
 
 @dataclass
@@ -216,6 +250,7 @@ class RunConfig:
 
     def __post_init__(self):
         self.data.validate()
+        self.distill.validate()
         self.train.validate()
         self.joint.validate()
 

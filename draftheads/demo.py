@@ -108,8 +108,8 @@ def distill_stage(model, tokenizer, settings: DemoSettings, out_dir: Path) -> Pa
     )
     counts = distill(model, tokenizer, conversations, path, config, max_length=settings.max_length)
     print(
-        f"wrote {counts['written']} ({counts['skipped_existing']} already there, "
-        f"{counts['cut_at_length']} skipped: prompt + answer would exceed {settings.max_length} tokens)"
+        f"wrote {counts.written} ({counts.skipped_existing} already there, "
+        f"{counts.cut_at_length} skipped: prompt + answer would exceed {settings.max_length} tokens)"
     )
     if not written_ids(path):
         raise ValueError(
