@@ -231,7 +231,8 @@ class SpeculatorsReader(Eagle3Reader):
     base_name_field = "speculators_config.verifier.name_or_path"
 
     def recognises(self, saved):
-        return "speculators_model_type" in saved
+        # dflash speculators checkpoints have their own reader (draftheads.export.dflash).
+        return "speculators_model_type" in saved and saved["speculators_model_type"] != "dflash"
 
     def recognises_layout(self, tensors):
         return False

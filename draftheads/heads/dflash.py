@@ -41,6 +41,10 @@ class DFlashConfig(HeadConfig):
     kind: ClassVar[str] = "dflash"
     # Draft decoder layers. The DFlash releases use 5 on 8B targets; one keeps a CPU drafter cheap.
     num_layers: int = 1
+    # Whose decoder layer: None, the base architecture's own; "qwen3", Qwen3 layers (q/k norms) with
+    # the base's geometry, the layer the DFlash releases, speculators and vLLM build for any target
+    # (needed by the engine formats, ``draftheads.export.dflash``).
+    layer_architecture: str | None = None
     # Tokens per block, the root included: one forward drafts block_size - 1 depths (paper: 16).
     block_size: int = 16
     # Indices into HF hidden_states (0 = embedding output). None: ``default_feature_layers``.
@@ -65,6 +69,8 @@ class DFlashConfig(HeadConfig):
     def __post_init__(self):
         if self.num_layers < 1:
             raise ValueError(f"num_layers must be >= 1, got {self.num_layers}")
+        if self.layer_architecture not in (None, "qwen3"):
+            raise ValueError(f"layer_architecture must be null or 'qwen3', got {self.layer_architecture!r}")
         if self.block_size < 2:
             raise ValueError(
                 f"block_size must be >= 2 (the root and one drafted token), got {self.block_size}"
@@ -107,6 +113,30 @@ def resolve_feature_layers(config: DFlashConfig, num_hidden_layers: int) -> tupl
     if len(set(layers)) != len(layers):
         raise ConfigError(f"head.feature_layers={list(layers)}: duplicate index{hint}")
     return tuple(layers)
+
+
+def layer_config(base_config, architecture: str | None):
+    """The config the draft layers are built from: the base's, or a Qwen3 config of its geometry."""
+    if architecture is None or architecture == base_config.model_type:
+        return base_config
+    from transformers import Qwen3Config
+
+    return Qwen3Config(
+        vocab_size=base_config.vocab_size,
+        hidden_size=base_config.hidden_size,
+        intermediate_size=base_config.intermediate_size,
+        num_hidden_layers=base_config.num_hidden_layers,
+        num_attention_heads=base_config.num_attention_heads,
+        num_key_value_heads=base_config.num_key_value_heads,
+        head_dim=getattr(base_config, "head_dim", None)
+        or base_config.hidden_size // base_config.num_attention_heads,
+        hidden_act=base_config.hidden_act,
+        max_position_embeddings=base_config.max_position_embeddings,
+        rms_norm_eps=base_config.rms_norm_eps,
+        rope_parameters=dict(base_config.rope_parameters),
+        attention_bias=False,
+        tie_word_embeddings=False,
+    )
 
 
 def block_position_weights(block_size: int, decay: float | None) -> torch.Tensor:
@@ -200,12 +230,13 @@ class DFlashHead(DraftHead):
                 f"head.mask_token_id={self.mask_token_id} is outside the base vocab (size {vocab_size})"
             )
         self.fc = nn.Linear(len(self._feature_layers) * hidden_size, hidden_size, bias=False)
-        self.hidden_norm = build_rms_norm(base_config)
+        self.layer_config = layer_config(base_config, config.layer_architecture)
+        self.hidden_norm = build_rms_norm(self.layer_config)
         self.layers = nn.ModuleList(
-            build_decoder_layer(base_config, layer_idx=i) for i in range(config.num_layers)
+            build_decoder_layer(self.layer_config, layer_idx=i) for i in range(config.num_layers)
         )
-        self.norm = build_rms_norm(base_config)
-        self.rotary_emb = build_rotary_embedding(base_config)  # buffers only, not saved
+        self.norm = build_rms_norm(self.layer_config)
+        self.rotary_emb = build_rotary_embedding(self.layer_config)  # buffers only, not saved
 
     @property
     def block_size(self) -> int:

@@ -332,6 +332,18 @@ def dflash_objective(
     anchors, valid = choose_anchors(candidates, head.config.anchors_per_sequence, head.training, generator)
     states = head.training_blocks(features, input_ids, attention_mask, anchors, valid)  # (B, N, K, h)
     weights = block_position_weights(head.block_size, head.config.loss_decay).tolist()  # (K - 1,)
+    targets_at = input_ids  # (B, T): what block row k at anchor a is scored against, at a + k
+    if head.config.targets == "base":  # the base's greedy token, once per position any block scores
+        needed = torch.zeros_like(supervised)
+        for row in range(1, head.block_size):
+            batch, slot = (valid & (anchors + row < length)).nonzero(as_tuple=True)
+            needed[batch, anchors[batch, slot] + row] = True
+        needed = needed & supervised
+        batch, position = needed.nonzero(as_tuple=True)
+        last_hidden = hidden_states[head.base_spec.num_hidden_layers]  # (B, T, h), enters lm_head
+        targets_at = input_ids.clone()
+        with torch.no_grad():
+            targets_at[batch, position] = head.base_lm_head(last_hidden[batch, position - 1]).argmax(-1)
 
     accuracy = StepAccuracy()
     weighted_sum = states.new_zeros((), dtype=torch.float32)
@@ -341,11 +353,7 @@ def dflash_objective(
         scored = valid & (target < length) & supervised.gather(1, target.clamp(max=length - 1))
         batch, slot = scored.nonzero(as_tuple=True)
         logits = head.logits(states[batch, slot, row])  # (M, V)
-        targets = input_ids[batch, target[batch, slot]]  # (M,)
-        if head.config.targets == "base":
-            last_hidden = hidden_states[head.base_spec.num_hidden_layers]  # (B, T, h), enters lm_head
-            with torch.no_grad():
-                targets = head.base_lm_head(last_hidden[batch, target[batch, slot] - 1]).argmax(-1)  # (M,)
+        targets = targets_at[batch, target[batch, slot]]  # (M,)
         accuracy.add(logits, targets)
         losses = torch.nn.functional.cross_entropy(logits.float(), targets, reduction="sum")
         weighted_sum = weighted_sum + weights[row - 1] * losses

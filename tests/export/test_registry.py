@@ -32,9 +32,19 @@ def test_every_format_and_reader_is_registered_in_order():
         "eagle-sglang",
         "medusa-vllm",
         "mtp-deepseek",
+        "dflash",
+        "dflash-speculators",
     ]
-    assert list(READER_REGISTRY) == ["eagle3", "speculators", "eagle", "medusa-vllm"]
+    assert list(READER_REGISTRY) == [
+        "eagle3",
+        "speculators",
+        "eagle",
+        "medusa-vllm",
+        "dflash",
+        "dflash-speculators",
+    ]
     assert formats_for("eagle3") == ["draftheads", "eagle3", "speculators"]
+    assert formats_for("dflash") == ["draftheads", "dflash", "dflash-speculators"]
 
 
 def test_format_that_cannot_hold_the_head_is_refused_with_alternatives(tiny_llama, tmp_path):

@@ -45,6 +45,7 @@ def sequence(length: int = 16, seed: int = 1) -> torch.Tensor:
         ("mask_token_id", -1, "mask_token_id"),
         ("anchors_per_sequence", 0, "anchors_per_sequence"),
         ("loss_decay", 0.0, "loss_decay"),
+        ("layer_architecture", "mistral", "layer_architecture"),
     ],
 )
 def test_bad_config_values_are_named(field, value, message):
@@ -100,9 +101,17 @@ def test_evaluation_anchors_are_deterministic_and_evenly_spaced():
 # ---- the block ----------------------------------------------------------------------------------
 
 
-def test_training_blocks_equal_drafting_blocks(model, head):
+@pytest.mark.parametrize("layer_architecture", [None, "qwen3"])
+def test_training_blocks_equal_drafting_blocks(model, layer_architecture):
     """Row k of a training block at anchor a gives the logits the drafter gets at root position a
-    from a cache filled over several calls."""
+    from a cache filled over several calls (base Llama layers, and Qwen3 layers on a Llama base)."""
+    torch.manual_seed(0)
+    config = DFlashConfig(
+        num_layers=2, block_size=4, feature_layers=(1, 2, 3), layer_architecture=layer_architecture
+    )
+    head = build_head(model, config).eval()
+    if layer_architecture == "qwen3":
+        assert "layers.0.self_attn.q_norm.weight" in head.head_state_dict()
     input_ids = sequence()
     features = head.select_features(base_hidden_states(model, input_ids))
     anchors, valid = torch.tensor([[5, 9, 12]]), torch.ones(1, 3, dtype=torch.bool)
