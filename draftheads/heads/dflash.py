@@ -238,6 +238,14 @@ class DFlashHead(DraftHead):
         self.norm = build_rms_norm(self.layer_config)
         self.rotary_emb = build_rotary_embedding(self.layer_config)  # buffers only, not saved
 
+    def init_from_base(self, base_model) -> None:
+        """Start ``norm`` at the base's final norm: block states then enter the shared lm_head at
+        the scale it was trained for (a unit norm gives a SmolLM2 head an initial loss of ~25)."""
+        final_norm = getattr(base_model.base_model, "norm", None)
+        if final_norm is not None and final_norm.weight.shape == self.norm.weight.shape:
+            with torch.no_grad():
+                self.norm.weight.copy_(final_norm.weight)
+
     @property
     def block_size(self) -> int:
         return self.config.block_size

@@ -254,3 +254,10 @@ def test_base_targets_score_against_the_base_argmax(model):
     assert output.top1_correct[0].item() == (predicted == greedy[0, 1:11]).sum().item()
     with pytest.raises(ValueError, match="targets"):
         DFlashConfig(targets="teacher")
+
+
+def test_the_final_norm_starts_at_the_bases(model):
+    with torch.no_grad():
+        model.model.norm.weight.mul_(3.0)
+    head = build_head(model, CONFIG)
+    torch.testing.assert_close(head.norm.weight, model.model.norm.weight)
