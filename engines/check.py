@@ -46,7 +46,9 @@ PROMPTS = (
 VLLM_METHODS = {"eagle3": "eagle3", "eagle": "eagle", "medusa-vllm": "medusa", "speculators": None}
 # Formats this check has no engine for, and why (reported, not skipped silently).
 NO_ENGINE_HERE = {
-    "eagle-sglang": "SGLang publishes no CPU build on PyPI, so this check cannot load SGLang layouts",
+    # docs.sglang.io, "CPU Servers": built from source or Docker, for Intel Xeons with AMX
+    "eagle-sglang": "SGLang's PyPI wheels are CUDA builds and its CPU backend is built from source "
+    "(for Intel Xeons with AMX); this check installs its engines from PyPI",
 }
 
 
