@@ -232,7 +232,7 @@ def _free_port() -> int:
         return probe.getsockname()[1]
 
 
-def test_the_exported_heads_of_both_world_sizes_load(workspace):
+def test_two_ranks_write_one_head_and_one_set_of_checkpoints(workspace):
     """The 2-rank head is an ordinary saved head (rank 0 wrote it once, not once per rank)."""
     two = workspace.two_ranks("eagle3", 2)
     files = sorted(path.name for path in (two / "head").iterdir())
