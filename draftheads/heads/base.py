@@ -95,6 +95,9 @@ class DraftHead(nn.Module):
     kind: ClassVar[str] = ""
     config_class: ClassVar[type[HeadConfig]] = HeadConfig
     drafting: ClassVar[str] = ""  # "parallel" | "autoregressive" | "module-per-depth"
+    # Its draft caches hold key/value entries only, so a batch's rows can be stacked into one
+    # draft_step (draftheads.infer.batch_draft); a head keeping other per-sequence state there says no.
+    batch_drafting: ClassVar[bool] = True
 
     def __init__(self, config: HeadConfig, base_config, base_name: str | None = None):
         super().__init__()

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 import torch
 
 from draftheads.infer.cost import CostCurve
-from draftheads.infer.draft import Draft, Drafter, root_only
+from draftheads.infer.draft import Draft, Drafter, DraftSteps, root_only, run_steps
 from draftheads.infer.hybrid import HybridTree
 from draftheads.infer.tree import ROOT_PARENT, padded_size, tree_topology
 
@@ -155,14 +155,12 @@ class HeadGate:
     def _average(self, old: float, new: float, first: bool) -> float:
         return new if first else old + self.smoothing * (new - old)
 
-    def head_drafts(self, token_share: float = 1.0) -> bool:
-        """Whether the head drafts this step. ``token_share``: this sequence's share of the tokens a
-        step emits (1 alone; about 1/B in a batch of B, where a step's time is every row's)."""
+    def head_drafts(self) -> bool:
         if self.steps_with < self.warmup_steps or self.step_seconds <= 0:
             return True
         if self.steps_out >= self.probe_every:
             return True
-        share_of_tokens = token_share * self.accepted / max(self.tokens, 1e-9)
+        share_of_tokens = self.accepted / max(self.tokens, 1e-9)
         share_of_time = max(self.seconds_with - self.seconds_without, 0.0) / self.step_seconds
         return share_of_tokens > share_of_time
 
@@ -220,7 +218,6 @@ class AdaptiveDrafter(Drafter):
         self._last: tuple[bool, float, float] | None = None  # (head drafted, propose seconds, started)
         self._step_seconds: float | None = None  # between the last two proposals
         self._expected = (0.0, 1.0)  # tokens the last tree was expected to add: the head's alone, all
-        self.token_share = 1.0  # this sequence's share of a step's tokens (the decode loop sets it)
 
     @property
     def source(self) -> str:
@@ -256,12 +253,15 @@ class AdaptiveDrafter(Drafter):
         self.inner.flush()
 
     def propose(self, root, position, tree) -> Draft:
+        return run_steps(self.propose_steps(root, position, tree))
+
+    def propose_steps(self, root, position, tree) -> DraftSteps:
         started = time.perf_counter()
-        head_drafts = self.gate is None or self.gate.head_drafts(self.token_share)
+        head_drafts = self.gate is None or self.gate.head_drafts()
         if head_drafts:
-            draft = self.inner.propose(root, position, tree)
+            draft = yield from self.inner.propose_steps(root, position, tree)
         elif isinstance(tree, HybridTree):
-            draft = self.inner.propose(root, position, tree.without_head())
+            draft = yield from self.inner.propose_steps(root, position, tree.without_head())
         else:
             draft = root_only(root)
         parents = list(draft.topology.parents[: draft.topology.num_nodes])

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import copy
 import functools
+from collections.abc import Generator
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -72,6 +73,52 @@ def root_only(root: int) -> Draft:
 def static_topology(tree: StaticTree, pad_to_multiple: int) -> TreeTopology:
     """A static tree's topology, built once per (tree, padding)."""
     return tree.topology(pad_to_multiple)
+
+
+@dataclass(frozen=True)
+class Expansion:
+    """One ``draft_step`` a drafter needs: ``nodes`` tree nodes expanded at ``depth`` on the drafter's
+    own cache (``cache``, from ``head.new_cache()``, holding ``keys`` entries: its accepted prefix
+    and what this tree wrote so far). ``visible`` (n, keys + n) says which cache entries and which of
+    the new nodes each node sees."""
+
+    head: object
+    cache: object
+    cache_index: int  # which of ``head.draft_caches(cache)`` the step reads and extends
+    depth: int
+    parent_states: torch.Tensor  # (n, h)
+    token_ids: torch.Tensor  # (n,)
+    position_ids: torch.Tensor  # (n,)
+    visible: torch.Tensor  # (n, keys + n) bool
+
+    def run(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The expansion alone: ``draft_step`` on its own cache; (n, h) states and (n, V) logits."""
+        dtype = self.parent_states.dtype
+        mask = torch.zeros(self.visible.shape, dtype=dtype).masked_fill_(
+            ~self.visible, torch.finfo(dtype).min
+        )
+        states, logits = self.head.draft_step(
+            self.cache,
+            self.depth,
+            self.parent_states[None],
+            self.token_ids[None],
+            self.position_ids[None],
+            mask[None, None].to(self.parent_states.device),
+        )
+        return states[0], logits[0]
+
+
+DraftSteps = Generator[Expansion, tuple[torch.Tensor, torch.Tensor], "Draft"]
+
+
+def run_steps(steps: Generator[Expansion, tuple[torch.Tensor, torch.Tensor], object]):
+    """Drive a drafting generator alone: run each expansion it yields; return what it returns."""
+    try:
+        expansion = next(steps)
+        while True:
+            expansion = steps.send(expansion.run())
+    except StopIteration as done:
+        return done.value
 
 
 # ---- the interface ------------------------------------------------------------------------------
@@ -151,6 +198,13 @@ class Drafter:
     def propose(self, root: int, position: int, tree: StaticTree | DynamicTree) -> Draft:
         """A candidate tree after the committed prefix, ``root`` (node 0) at ``position``."""
         raise NotImplementedError
+
+    def propose_steps(self, root: int, position: int, tree: StaticTree | DynamicTree) -> DraftSteps:
+        """``propose`` as a generator that yields each ``Expansion`` (one head forward) it needs and
+        is sent back its result, so that a batch's drafters can share one forward per depth
+        (``draftheads.infer.batch_draft``). Drafters with no forward of their own yield nothing."""
+        return self.propose(root, position, tree)
+        yield  # a generator that returns at once
 
     def path_candidates(self, root: int, position: int, path: torch.Tensor, top_k: int) -> torch.Tensor:
         """(len(path) + 1, top_k) base-vocabulary candidates: row d - 1 holds the drafter's best
@@ -264,11 +318,11 @@ class _Proposals:
         return False
 
 
-def _drafter_mask(
-    proposals: _Proposals, nodes: list[int], prefix_length: int, attends_ancestors: bool, dtype, device
+def _drafter_visible(
+    proposals: _Proposals, nodes: list[int], prefix_length: int, attends_ancestors: bool
 ) -> torch.Tensor:
-    """(1, 1, n, prefix + written + n) additive mask for expanding ``nodes``: the cache prefix, the
-    nodes' own ancestors among the entries written while drafting (EAGLE only), and themselves."""
+    """(n, prefix + written + n) bool: what expanding ``nodes`` sees: the cache prefix, the nodes' own
+    ancestors among the entries written while drafting (EAGLE only), and themselves."""
     written = proposals.cached if attends_ancestors else []
     visible = torch.zeros(len(nodes), prefix_length + len(written) + len(nodes), dtype=torch.bool)
     visible[:, :prefix_length] = True
@@ -276,8 +330,7 @@ def _drafter_mask(
         for column, entry in enumerate(written):
             visible[row, prefix_length + column] = proposals.is_ancestor_or_self(entry, node)
         visible[row, prefix_length + len(written) + row] = True
-    mask = torch.zeros(visible.shape, dtype=dtype).masked_fill_(~visible, torch.finfo(dtype).min)
-    return mask[None, None].to(device)  # (1, 1, n, K)
+    return visible
 
 
 def _children(head, log_probabilities: torch.Tensor, count: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -356,41 +409,54 @@ class AutoregressiveDrafter(Drafter):
     def _position(self, root_position: int, depth: int) -> int:
         return root_position + depth - 1
 
-    def _expand(
-        self, proposals: _Proposals, nodes: list[int], depth: int, root_position: int
-    ) -> torch.Tensor:
-        """Run ``draft_step`` on ``nodes`` (all at ``depth``); return (n, V_draft) log-probabilities
-        of their children and record their drafter states."""
-        head, root_state = self.head, self.state[0]
-        device, dtype = root_state.device, root_state.dtype
-        lengths = cache_lengths(head.draft_caches(self.cache))
+    def _cache_index(self, depth: int) -> int:
+        """Which of the head's draft caches a depth-d expansion reads and extends."""
+        return 0
+
+    def _expand(self, proposals: _Proposals, nodes: list[int], depth: int, root_position: int):
+        """Generator: yield the ``Expansion`` of ``nodes`` (all at ``depth``), get its (n, h) states and
+        (n, V_draft) logits back; record the states and return the children's log-probabilities."""
+        root_state = self.state[0]
+        lengths = cache_lengths(self.head.draft_caches(self.cache))
         prefix_length = self._prefix_length(lengths, len(proposals.cached), depth)
         parent_states = torch.stack(
             [
                 root_state if proposals.parents[n] == ROOT_PARENT else proposals.states[proposals.parents[n]]
                 for n in nodes
             ]
-        )[None]  # (1, n, h)
-        token_ids = torch.stack([proposals.tokens[n] for n in nodes])[None]  # (1, n)
-        position_ids = torch.full_like(token_ids, self._position(root_position, depth))  # (1, n)
-        mask = _drafter_mask(proposals, nodes, prefix_length, self.attends_ancestors, dtype, device)
-        states, logits = head.draft_step(self.cache, depth, parent_states, token_ids, position_ids, mask)
+        )  # (n, h)
+        token_ids = torch.stack([proposals.tokens[n] for n in nodes])  # (n,)
+        position_ids = torch.full_like(token_ids, self._position(root_position, depth))  # (n,)
+        visible = _drafter_visible(proposals, nodes, prefix_length, self.attends_ancestors)
+        states, logits = yield Expansion(
+            self.head,
+            self.cache,
+            self._cache_index(depth),
+            depth,
+            parent_states,
+            token_ids,
+            position_ids,
+            visible,
+        )
         if self.attends_ancestors:
             proposals.cached.extend(nodes)
-        for node, state in zip(nodes, states[0]):
+        for node, state in zip(nodes, states):
             proposals.states[node] = state
-        return torch.log_softmax(logits[0].float(), dim=-1)  # (n, V_draft)
+        return torch.log_softmax(logits.float(), dim=-1)  # (n, V_draft)
 
     def propose(self, root, position, tree) -> Draft:
+        return run_steps(self.propose_steps(root, position, tree))
+
+    def propose_steps(self, root, position, tree) -> DraftSteps:
         self.check_tree(tree)
         self.flush()
         caches = self.head.draft_caches(self.cache)
         lengths = cache_lengths(caches)
         root_token = torch.tensor(root, dtype=torch.long, device=self.state.device)
         if isinstance(tree, StaticTree):
-            proposals, kept = self._static(tree, position)
+            proposals, kept = yield from self._static(tree, position)
         else:
-            proposals, kept = self._dynamic(tree, position)
+            proposals, kept = yield from self._dynamic(tree, position)
         crop_to_lengths(caches, lengths)  # drafted entries are rebuilt from real features on commit
         return _finish(proposals, kept, root_token, self.pad_to_multiple, self.source)
 
@@ -416,7 +482,7 @@ class AutoregressiveDrafter(Drafter):
                 )[0]
             expanding = [n for n in layer if n in set(tree.parents)]
             if expanding:
-                rows = self._expand(proposals, [by_node[n] for n in expanding], depth, position)
+                rows = yield from self._expand(proposals, [by_node[n] for n in expanding], depth, position)
                 log_probabilities.update(zip(expanding, rows))
         return proposals, list(range(len(proposals.tokens)))
 
@@ -428,7 +494,7 @@ class AutoregressiveDrafter(Drafter):
         ids, scores = _children(self.head, root_log_probabilities, tree.top_k)  # (1, k)
         frontier = proposals.add(ROOT_PARENT, ids[0], scores[0])
         for depth in range(1, tree.depth):
-            rows = self._expand(proposals, frontier, depth, position)  # (k, V_draft)
+            rows = yield from self._expand(proposals, frontier, depth, position)  # (k, V_draft)
             ids, scores = _children(self.head, rows, tree.top_k)  # (k, k)
             frontier_scores = torch.stack([proposals.scores[n] for n in frontier])  # (k,)
             cumulative = frontier_scores[:, None] + scores  # (k, k)
@@ -450,7 +516,7 @@ class AutoregressiveDrafter(Drafter):
         parent = ROOT_PARENT
         for depth, token in enumerate(path.tolist(), start=1):  # expand the true depth-d node
             node = proposals.add(parent, torch.tensor([token], device=self.state.device), torch.zeros(1))[0]
-            log_probabilities = self._expand(proposals, [node], depth, position)  # (1, V_draft)
+            log_probabilities = run_steps(self._expand(proposals, [node], depth, position))  # (1, V_draft)
             rows.append(_children(self.head, log_probabilities, top_k)[0][0])
             parent = node
         crop_to_lengths(caches, lengths)
@@ -463,6 +529,9 @@ class ModulePerDepthDrafter(AutoregressiveDrafter):
 
     def _prefix_length(self, lengths, written, depth) -> int:
         return lengths[depth]  # module depth + 1 sees its own cache and itself
+
+    def _cache_index(self, depth: int) -> int:
+        return depth  # module d + 1 drafts depth d, on its own cache
 
     def _position(self, root_position, depth) -> int:
         return root_position - 1  # every module acts at the last accepted position

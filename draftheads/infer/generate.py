@@ -25,10 +25,11 @@ import torch
 
 from draftheads.base_model import DEFAULT_DTYPE
 from draftheads.infer.adaptive import AdaptiveDrafter, Calibration
+from draftheads.infer.batch_draft import propose_rows
 from draftheads.infer.cache import keep_accepted_rows, select_rows
 from draftheads.infer.context import ContextDrafter, ContextTree
 from draftheads.infer.cost import CostCurve, measure_verify_cost
-from draftheads.infer.draft import Drafter, drafter_for, root_only
+from draftheads.infer.draft import Drafter, drafter_for
 from draftheads.infer.forward import SUPPORTED_ATTENTION, TreeInputError, prefill_rows, rows_forward
 from draftheads.infer.hybrid import HybridDrafter, HybridTree
 from draftheads.infer.packed import has_packed_linears, pack_linears
@@ -509,15 +510,11 @@ class SpeculativeGenerator:
                 for tally in tallies:  # a one-time measurement, not decoding
                     tally.started += time.perf_counter() - measuring
                 for drafter in drafters:
-                    drafter.cost, drafter.token_share = cost, 1.0 / len(rows)
-            drafts = []
-            for drafter, root, length in zip(drafters, roots, lengths):
-                # Node depth d lands at position length + d; accepting d drafts makes the sequence
-                # length + d + 2 long, which must stay within the context: at its edge, verify the root alone.
-                room = context - length - 2
-                drafts.append(
-                    drafter.propose(root, length, self.tree.truncated(room)) if room > 0 else root_only(root)
-                )
+                    drafter.cost = cost
+            # Node depth d lands at position length + d; accepting d drafts makes the sequence
+            # length + d + 2 long, which must stay within the context: at its edge, verify the root alone.
+            trees = [self.tree.truncated(context - n - 2) if context - n - 2 > 0 else None for n in lengths]
+            drafts = propose_rows(drafters, roots, lengths, trees)
             tokens_in_trees = [draft.padded_tokens for draft in drafts]  # (N_b,) each
             tree_start = cache.get_seq_length()
             output = rows_forward(

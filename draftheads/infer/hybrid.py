@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import torch
 
 from draftheads.infer.context import ContextDrafter, ContextTree
-from draftheads.infer.draft import Draft, Drafter, DynamicTree, StaticTree
+from draftheads.infer.draft import Draft, Drafter, DraftSteps, DynamicTree, StaticTree, run_steps
 from draftheads.infer.tree import tree_topology
 
 BOTH = "+"  # joins the sources of a node proposed by more than one
@@ -127,11 +127,14 @@ class HybridDrafter(Drafter):
         self.head_drafter.flush()
 
     def propose(self, root, position, tree) -> Draft:
+        return run_steps(self.propose_steps(root, position, tree))
+
+    def propose_steps(self, root, position, tree) -> DraftSteps:
         self.check_tree(tree)
         context_draft = self.context_drafter.propose(root, position, tree.context)
         if tree.head is None:  # the head sits this step out (adaptive drafting)
             return context_draft
-        head_draft = self.head_drafter.propose(root, position, tree.head)
+        head_draft = yield from self.head_drafter.propose_steps(root, position, tree.head)
         return merge_drafts(head_draft, context_draft, self.pad_to_multiple)
 
     def path_candidates(self, root, position, path, top_k) -> torch.Tensor:

@@ -50,6 +50,7 @@ def stub_logits(
 
 class _StubHead(DraftHead):
     config_class = HeadConfig
+    batch_drafting = False  # their caches carry per-sequence bookkeeping besides key/value entries
 
     def __init__(self, model, reference: torch.Tensor, right: bool):
         super().__init__(HeadConfig(), model.config)

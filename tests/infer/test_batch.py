@@ -274,3 +274,41 @@ def test_bad_inputs_are_named(model):
         generator.generate([5, 6], max_new_tokens=2.5)
     with pytest.raises(ValueError, match="stop strings need a tokenizer"):
         generator.generate([5, 6], stop="x")
+
+
+# ---- batched drafting ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("kind", ["eagle", "eagle3", "mtp"])
+def test_batched_drafting_proposes_what_each_row_proposes_alone(model, kind):
+    """One draft_step per depth for all rows gives every row the tree it drafts alone, and leaves
+    each row's draft cache as drafting alone does."""
+    from draftheads.infer.batch_draft import propose_rows
+    from draftheads.infer.cache import cache_lengths
+    from draftheads.infer.draft import drafter_for
+    from draftheads.infer.forward import prefill_forward
+    from draftheads.infer.tree import resolve_tree
+
+    torch.manual_seed(0)
+    config, tree = HEADS[kind]
+    head = build_head(model, config).attach(model).eval()
+    tree = resolve_tree("dynamic-cpu" if kind != "mtp" else "cpu-8").truncated(head.num_draft_steps)
+    drafters, roots, positions = [], [], []
+    for prompt in ragged_prompts(4, seed=9):
+        _, output = prefill_forward(model, prompt[None], tuple(head.feature_layers))
+        root = int(output.logits[0, -1].argmax())
+        drafter = drafter_for(head)
+        drafter.start(output.hidden_states, prompt[None], root)
+        drafters.append(drafter)
+        roots.append(root)
+        positions.append(prompt.numel())
+    alone = [d.fork().propose(r, p, tree) for d, r, p in zip(drafters, roots, positions)]
+    for drafter in drafters:
+        drafter.flush()
+    before = [cache_lengths(head.draft_caches(d.cache)) for d in drafters]
+    together = propose_rows(drafters, roots, positions, [tree] * 4)
+    for row, (single, batched) in enumerate(zip(alone, together)):
+        assert batched.tokens.tolist() == single.tokens.tolist(), row
+        assert batched.topology.parents == single.topology.parents, row
+        assert batched.scores == pytest.approx(single.scores, rel=1e-4, abs=1e-6)
+    assert [cache_lengths(head.draft_caches(d.cache)) for d in drafters] == before
