@@ -545,6 +545,7 @@ def speculative_methods(
     from draftheads.heads import load_head_and_base
     from draftheads.heads.base import resolve_head_dir
     from draftheads.infer import SpeculativeGenerator
+    from draftheads.infer.cost import load_tuned_costs
     from draftheads.infer.packed import pack_linears
 
     head_dirs = [resolve_head_dir(d) for d in head_dirs]  # a training run's output directory: its head/
@@ -561,6 +562,7 @@ def speculative_methods(
     for head_dir, head, head_model in loaded:
         for with_context in (False, True) if hybrid else (False,):
             for is_adaptive in variants:
+                costs = load_tuned_costs(head_dir, head_model.dtype, head_model.device) if is_adaptive else {}
                 generator = SpeculativeGenerator(
                     head_model,
                     head,
@@ -568,7 +570,9 @@ def speculative_methods(
                     tree=bench_tree(tree, head_dir, head_model),
                     context=with_context,
                     adaptive=is_adaptive,
+                    cost=costs.get(1),
                 )
+                generator.batch_costs.update(costs)  # tune-tree's curves, when measured on this machine
                 if keep(generator.method):
                     methods.append(
                         SpeculativeMethod(method_name(generator.method, head_dir, methods), generator)

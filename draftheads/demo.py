@@ -200,6 +200,7 @@ def tune_stage(model, head, tokenizer, settings: DemoSettings, head_dir: Path) -
         max_new_tokens=settings.tune_max_new_tokens,
         max_nodes=settings.tune_max_nodes,
         repeats=settings.tune_repeats,
+        batch_sizes=(),  # the demo decodes one prompt at a time
     )
     print(describe(tune_tree(model, head, tokenizer, head_dir, tune_settings)))
     return False

@@ -32,6 +32,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--prefix-tokens", type=positive_int, default=defaults.prefix_tokens)
     parser.add_argument("--repeats", type=positive_int, default=defaults.repeats)
+    parser.add_argument(
+        "--batch-sizes",
+        type=positive_int,
+        nargs="*",
+        default=list(defaults.batch_sizes),
+        help="batch sizes whose verify cost is measured too (for batch decoding); none: skip",
+    )
     parser.add_argument("--dtype", default=defaults.dtype, help="float32 | bfloat16 (costs differ by dtype)")
     parser.add_argument("--device", default=defaults.device)
     add_no_pack_argument(parser)
@@ -49,6 +56,7 @@ def settings_from_args(args: argparse.Namespace) -> TuneSettings:
         max_nodes=args.max_nodes,
         prefix_tokens=args.prefix_tokens,
         repeats=args.repeats,
+        batch_sizes=tuple(args.batch_sizes),
         dtype=args.dtype,
         device=args.device,
     )

@@ -18,7 +18,7 @@ import torch
 
 from draftheads.infer.cache import crop_to_lengths, keep_accepted_rows
 from draftheads.infer.forward import rows_forward
-from draftheads.infer.tree import tree_topology
+from draftheads.infer.tree import read_tuned_entry, tree_topology, tuned_tree_key
 
 
 def isotonic(values: Sequence[float]) -> list[float]:
@@ -122,3 +122,45 @@ def measure_verify_cost(
             bar.update()
     bar.close()
     return CostCurve(tuple(sizes), tuple(statistics.median(samples[n]) for n in sizes))
+
+
+# ---- curves measured by ``draftheads tune-tree``, saved with the head ----------------------------
+
+
+def costs_to_dict(costs: dict[int, CostCurve]) -> dict:
+    """``{batch: {"sizes", "seconds"}}`` (JSON keys are strings)."""
+    return {str(b): {"sizes": list(c.sizes), "seconds": list(c.seconds)} for b, c in sorted(costs.items())}
+
+
+def same_machine(recorded: dict) -> bool:
+    """Whether a recorded ``machine_info`` is this machine as far as speed goes: the CPU model, its
+    vector extensions and the thread count (a curve from another machine would mislead)."""
+    from draftheads.machine import cpu_flags, cpu_name
+
+    return (
+        recorded.get("cpu") == cpu_name()
+        and recorded.get("cpu_flags") == cpu_flags()
+        and recorded.get("cpu_threads") == torch.get_num_threads()
+    )
+
+
+def load_tuned_costs(path, dtype, device) -> dict[int, CostCurve]:
+    """The verify-cost curves by batch size that ``draftheads tune-tree`` measured for this device
+    and dtype, if it measured them on this machine (``same_machine``); else none (adaptive drafting
+    then measures at the first call)."""
+    found = read_tuned_entry(path, dtype, device)
+    if found is None:
+        return {}
+    path, entry = found
+    if "verify_costs" not in entry or not same_machine(entry.get("machine", {})):
+        return {}
+    where = f"{path}: trees.{tuned_tree_key(dtype, device)}.verify_costs"
+    costs = {}
+    for batch, curve in entry["verify_costs"].items():
+        try:
+            costs[int(batch)] = CostCurve(
+                tuple(int(n) for n in curve["sizes"]), tuple(float(t) for t in curve["seconds"])
+            )
+        except (KeyError, TypeError, ValueError) as err:
+            raise ValueError(f"{where}.{batch}: {err!r}") from err
+    return costs

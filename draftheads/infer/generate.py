@@ -28,7 +28,7 @@ from draftheads.infer.adaptive import AdaptiveDrafter, Calibration
 from draftheads.infer.batch_draft import propose_rows
 from draftheads.infer.cache import keep_accepted_rows, select_rows
 from draftheads.infer.context import ContextDrafter, ContextTree
-from draftheads.infer.cost import CostCurve, measure_verify_cost
+from draftheads.infer.cost import CostCurve, load_tuned_costs, measure_verify_cost
 from draftheads.infer.draft import Drafter, drafter_for
 from draftheads.infer.forward import SUPPORTED_ATTENTION, TreeInputError, prefill_rows, rows_forward
 from draftheads.infer.hybrid import HybridDrafter, HybridTree
@@ -336,7 +336,8 @@ class SpeculativeGenerator:
         ``pack``: run the base model's and the head's linear layers through prepacked oneDNN
         weights where that applies (fp32 on an x86 CPU; ``draftheads.infer.packed``). ``context``:
         merge context drafts into the head's trees; ``adaptive``: adaptive drafting,
-        weighing against a verify-cost curve measured at the first call (see the class)."""
+        weighing against the verify-cost curves ``tune-tree`` measured on this machine (saved in
+        the head's ``tree.json``), else curves measured at the first call (see the class)."""
         from draftheads.base_model import load_base
         from draftheads.heads import load_head_and_base, resolve_base_model
         from draftheads.heads.base import resolve_head_dir
@@ -356,7 +357,12 @@ class SpeculativeGenerator:
             pack_linears(model, head)
         if tree is None:  # the tree `draftheads tune-tree` chose for this device and dtype, if any
             tree = load_tuned_tree(head_dir, model.dtype, model.device)
-        return cls(model, head, tokenizer, tree=tree, context=context, adaptive=adaptive)
+        costs = load_tuned_costs(head_dir, model.dtype, model.device)  # measured here by tune-tree
+        generator = cls(
+            model, head, tokenizer, tree=tree, context=context, adaptive=adaptive, cost=costs.get(1)
+        )
+        generator.batch_costs.update(costs)
+        return generator
 
     # ---- inputs -------------------------------------------------------------------------------
 
@@ -425,10 +431,15 @@ class SpeculativeGenerator:
     # ---- the decode loop ----------------------------------------------------------------------
 
     def _batch_cost(self, batch: int, cache, roots: Sequence[int], lengths: Sequence[int]) -> CostCurve:
-        """The verify-cost curve for ``batch`` rows (``batch_costs``), measured on first need with
-        the live cache (which is left as it was); the constructor's ``cost`` is batch 1's."""
+        """The verify-cost curve for ``batch`` rows: the constructor's ``cost`` for one row, else the
+        one in ``batch_costs`` (from ``tune-tree``, or measured before) for the smallest batch at
+        least this large, else measured now with the live cache (which is left as it was)."""
         if self.cost is not None and batch == 1:
             return self.cost
+        # a curve tuned for a batch at least this large bounds this batch's costs from above
+        larger = [b for b in self.batch_costs if b >= batch]
+        if larger:
+            return self.batch_costs[min(larger)]
         if batch not in self.batch_costs:
             largest = padded_size(self.tree.max_nodes, self.pad_to_multiple)
             sizes = [n for n in COST_SIZES if n < largest] + [largest]

@@ -395,11 +395,10 @@ def tree_from_dict(data: dict, where: str) -> StaticTree | DynamicTree:
         raise ValueError(f"{where}: {err}") from err
 
 
-def load_tuned_tree(
-    path, dtype: torch.dtype | str, device: torch.device | str = "cpu"
-) -> StaticTree | DynamicTree | None:
-    """The tree ``draftheads tune-tree`` chose for this device and dtype, or None if it has not been
-    tuned for them. ``path`` is a head directory (reads its ``tree.json``) or a tuned-tree file."""
+def read_tuned_entry(path, dtype: torch.dtype | str, device: torch.device | str = "cpu"):
+    """``(file, entry)``: what ``draftheads tune-tree`` saved for this device and dtype (its tree,
+    verify-cost curves and machine), or None if it has not been tuned for them. ``path`` is a head
+    directory (reads its ``tree.json``) or a tuned-tree file."""
     import json
     from pathlib import Path
 
@@ -414,8 +413,17 @@ def load_tuned_tree(
         raise ValueError(f"{path}: invalid JSON: {err}") from err
     if not isinstance(saved, dict) or saved.get("format") != TUNED_TREE_FORMAT:
         raise ValueError(f"{path}: 'format' must be '{TUNED_TREE_FORMAT}'")
-    key = tuned_tree_key(dtype, device)
-    entry = saved.get("trees", {}).get(key)
-    if entry is None:
+    entry = saved.get("trees", {}).get(tuned_tree_key(dtype, device))
+    return None if entry is None else (path, entry)
+
+
+def load_tuned_tree(
+    path, dtype: torch.dtype | str, device: torch.device | str = "cpu"
+) -> StaticTree | DynamicTree | None:
+    """The tree ``draftheads tune-tree`` chose for this device and dtype, or None if it has not been
+    tuned for them. ``path`` is a head directory (reads its ``tree.json``) or a tuned-tree file."""
+    found = read_tuned_entry(path, dtype, device)
+    if found is None:
         return None
-    return tree_from_dict(entry.get("tree"), f"{path}: trees.{key}.tree")
+    path, entry = found
+    return tree_from_dict(entry.get("tree"), f"{path}: trees.{tuned_tree_key(dtype, device)}.tree")

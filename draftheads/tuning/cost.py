@@ -15,7 +15,7 @@ import torch
 
 from draftheads.infer.cost import CostCurve, isotonic, measure_verify_cost, synchronize
 from draftheads.infer.draft import drafter_for
-from draftheads.infer.forward import prefill_forward
+from draftheads.infer.forward import prefill_forward, prefill_rows
 from draftheads.infer.tree import DynamicTree, StaticTree
 
 __all__ = ["CostCurve", "DecodingBench", "cost_sizes", "isotonic"]
@@ -43,6 +43,7 @@ class DecodingBench:
         self.device = model.device
         self.drafter = drafter_for(head, pad_to_multiple)
         ids = prefix[None].to(self.device)  # (1, T)
+        self.prefix = ids[0]
         self.cache, output = prefill_forward(model, ids, self.drafter.feature_layers)
         self.past = ids.shape[1]
         self.root = int(output.logits[0, -1].argmax())
@@ -76,6 +77,16 @@ class DecodingBench:
             synchronize(self.device)
             times.append(time.perf_counter() - started)
         return statistics.median(times[1:])
+
+    @torch.no_grad()
+    def batch_verify_cost(self, batch: int, sizes: Sequence[int], progress: bool = True) -> CostCurve:
+        """Median seconds of one batched step with ``batch`` rows (the prefix in every row), each
+        verifying N tokens: what the decode loop weighs trees against at that batch size."""
+        rows = [self.prefix] * batch
+        cache, _, _ = prefill_rows(self.model, rows, ())
+        return measure_verify_cost(
+            self.model, cache, self.root, sizes, self.repeats, progress=progress, lengths=[self.past] * batch
+        )
 
     def verify_cost(self, sizes: Sequence[int], progress: bool = True) -> CostCurve:
         """Median seconds of verifying N tokens (forward + cache compaction), sizes interleaved."""

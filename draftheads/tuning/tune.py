@@ -17,6 +17,7 @@ from pathlib import Path
 import torch
 
 from draftheads.base_model import DEFAULT_DTYPE
+from draftheads.infer.cost import CostCurve, costs_to_dict
 from draftheads.infer.tree import TUNED_TREE_FILE, TUNED_TREE_FORMAT, tree_to_dict, tuned_tree_key
 from draftheads.tuning.acceptance import head_vocab_size, measure_acceptance, measured_depth
 from draftheads.tuning.cost import DecodingBench, cost_sizes
@@ -43,11 +44,15 @@ class TuneSettings:
     max_nodes: int = 64  # largest tree considered (root included)
     prefix_tokens: int = 200  # context before the timed tree forwards
     repeats: int = 5  # timed repeats (median)
+    batch_sizes: tuple[int, ...] = (2, 4, 8, 16)  # batched verify costs measured for batch decoding
+    batch_max_nodes: int = 32  # largest per-row tree timed at those batch sizes
     dtype: str = DEFAULT_DTYPE
     device: str = "cpu"
 
 
-def save_tuned_tree(head_dir: Path, key: str, best: Candidate, record: dict) -> list[Path]:
+def save_tuned_tree(
+    head_dir: Path, key: str, best: Candidate, record: dict, costs: dict[int, CostCurve]
+) -> list[Path]:
     """Merge the choice for ``key`` into ``tree.json``; write the curves and a chart next to it."""
     tree_path = head_dir / TUNED_TREE_FILE
     saved = {"format": TUNED_TREE_FORMAT, "trees": {}}
@@ -60,6 +65,7 @@ def save_tuned_tree(head_dir: Path, key: str, best: Candidate, record: dict) -> 
         "expected_tokens_per_step": best.expected_tokens,
         "expected_speedup": best.expected_speedup,
         "machine": record["machine"],
+        "verify_costs": costs_to_dict(costs),  # by batch size; adaptive drafting weighs trees with them
     }
     tree_path.write_text(json.dumps(saved, indent=2) + "\n")
     stem = "tune-" + key.replace("/", "-")
@@ -91,6 +97,8 @@ def tune_tree(
     bench = DecodingBench(model, head, prefix, pad, settings.repeats)
     curve = bench.verify_cost(cost_sizes(settings.max_nodes, pad), progress)
     one_step = curve.seconds[curve.sizes.index(1)]
+    batch_sizes = cost_sizes(min(settings.batch_max_nodes, settings.max_nodes), pad)
+    costs = {1: curve} | {b: bench.batch_verify_cost(b, batch_sizes, progress) for b in settings.batch_sizes}
 
     def draft_cost(tree) -> float:
         return bench.draft_seconds(tree) / one_step
@@ -123,10 +131,18 @@ def tune_tree(
                 "at_tau": [curve.speedup_bound(tau) for tau in (2, 3, 4)],
             },
         },
+        "verify_cost_by_batch": {
+            str(b): {
+                "sizes": list(c.sizes),
+                "seconds": list(c.seconds),
+                "relative": [c.relative(n) for n in c.sizes],
+            }
+            for b, c in sorted(costs.items())
+        },
         "chosen": _candidate_dict(best),
         "candidates": [_candidate_dict(c) for c in candidates],
     }
-    record["paths"] = [str(p) for p in save_tuned_tree(head_dir, key, best, record)]
+    record["paths"] = [str(p) for p in save_tuned_tree(head_dir, key, best, record, costs)]
     return record
 
 

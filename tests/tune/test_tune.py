@@ -11,8 +11,10 @@ import pytest
 import torch
 
 from draftheads.heads import Eagle3Config, MedusaConfig, MtpConfig, build_head
+from draftheads.infer.cost import load_tuned_costs
 from draftheads.infer.packed import packing_supported
 from draftheads.infer.tree import DynamicTree, StaticTree, load_tuned_tree, padded_size, tuned_tree_key
+from draftheads.machine import machine_info
 from draftheads.tuning.acceptance import AcceptanceModel, acceptance_from_ranks, judgeable, measure_acceptance
 from draftheads.tuning.cost import CostCurve, DecodingBench, isotonic
 from draftheads.tuning.report import describe
@@ -261,13 +263,21 @@ def test_saved_tree_loads_back_per_device_and_dtype(tmp_path):
         "chosen": {"nodes": 4, "tree": {"name": "tuned-4"}},
         "candidates": [{"nodes": 4, "expected_speedup": 1.75}],
     }
-    save_tuned_tree(tmp_path, tuned_tree_key(torch.float32, "cpu"), static, record)
-    save_tuned_tree(tmp_path, tuned_tree_key(torch.bfloat16, "cpu"), dynamic, record)
+    costs = {1: CostCurve((1, 4), (0.1, 0.12)), 4: CostCurve((1, 4), (0.2, 0.5))}
+    save_tuned_tree(tmp_path, tuned_tree_key(torch.float32, "cpu"), static, record, costs)
+    save_tuned_tree(tmp_path, tuned_tree_key(torch.bfloat16, "cpu"), dynamic, record, {})
     assert load_tuned_tree(tmp_path, torch.float32, "cpu") == static.tree
     assert load_tuned_tree(tmp_path, torch.bfloat16, "cpu") == dynamic.tree
     assert load_tuned_tree(tmp_path, torch.float32, "cuda") is None  # never tuned there
     assert load_tuned_tree(tmp_path / "elsewhere", torch.float32, "cpu") is None
     assert (tmp_path / "tune-cpu-float32.png").stat().st_size > 0
+    # verify costs are used only on the machine that measured them
+    assert load_tuned_costs(tmp_path, torch.float32, "cpu") == {}  # "cpu": "test" is not this machine
+    here = json.loads((tmp_path / "tree.json").read_text())
+    here["trees"]["cpu/float32"]["machine"] = machine_info(torch.float32, "cpu")
+    (tmp_path / "tree.json").write_text(json.dumps(here))
+    assert load_tuned_costs(tmp_path, torch.float32, "cpu") == costs
+    assert load_tuned_costs(tmp_path, torch.bfloat16, "cpu") == {}  # none measured
     saved = json.loads((tmp_path / "tree.json").read_text())
     saved["trees"]["cpu/float32"]["tree"] = {"type": "static", "choices": [[0, 0]]}  # no parent path
     (tmp_path / "tree.json").write_text(json.dumps(saved))
@@ -324,6 +334,10 @@ def test_tune_tree_saves_a_tree_the_generator_and_bench_use(tmp_path, tiny_base_
     assert isinstance(tuned, StaticTree) and tuned.name == record["chosen"]["tree"]["name"]
     loaded = SpeculativeGenerator.from_pretrained(head_dir, dtype="float32", context=False)
     assert loaded.tree == tuned.truncated(2)
+    # the verify costs tune-tree measured (one row and batches) are what adaptive drafting weighs
+    assert sorted(record["verify_cost_by_batch"]) == ["1", "16", "2", "4", "8"]
+    assert loaded.cost is not None and sorted(loaded.batch_costs) == [1, 2, 4, 8, 16]
+    assert loaded.batch_costs[4].seconds == tuple(record["verify_cost_by_batch"]["4"]["seconds"])
     assert SpeculativeGenerator.from_pretrained(head_dir, dtype="float32").tree.head == tuned.truncated(2)
     assert (
         SpeculativeGenerator.from_pretrained(head_dir, dtype="float32", tree="chain-2").tree.head.name

@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from draftheads.heads import Eagle3Config, build_head
+from draftheads.infer.cost import load_tuned_costs
 from draftheads.infer.tree import DynamicTree, load_tuned_tree
 from draftheads.tuning.tune import TuneSettings, tune_tree
 
@@ -25,6 +26,7 @@ def test_tune_tree_on_smollm2(smollm2, tmp_path):
         max_nodes=8,
         prefix_tokens=32,
         repeats=1,
+        batch_sizes=(2,),
     )
     record = tune_tree(model, head, tokenizer, tmp_path, settings, progress=False)
     acceptance = record["acceptance"]
@@ -33,6 +35,9 @@ def test_tune_tree_on_smollm2(smollm2, tmp_path):
     cost = record["verify_cost"]
     assert cost["sizes"] == [1, 4, 8] and cost["relative"][0] == 1.0  # fp32 on CPU pads to 4
     assert cost["relative"][-1] >= cost["relative"][1] > 1.0  # verifying more tokens is never free here
+    costs = load_tuned_costs(tmp_path, torch.float32, "cpu")  # measured here: used here
+    assert sorted(costs) == [1, 2] and costs[2].sizes == (1, 4, 8)
+    assert costs[2].seconds[0] > costs[1].seconds[0]  # two rows cost more than one
     tuned = load_tuned_tree(tmp_path, torch.float32, "cpu")
     assert isinstance(tuned, DynamicTree) and tuned.name == record["chosen"]["tree"]["name"]
     assert tuned.total_tokens <= 8 and tuned.depth <= 3
