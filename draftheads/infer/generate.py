@@ -515,6 +515,7 @@ class SpeculativeGenerator:
                 lengths = [lengths[i] for i in keep]
                 select_rows(cache, keep, max(lengths))
                 finished = []
+            drafting = True
             if self.adaptive:
                 measuring = time.perf_counter()
                 cost = self._batch_cost(len(rows), cache, roots, lengths)
@@ -522,9 +523,15 @@ class SpeculativeGenerator:
                     tally.started += time.perf_counter() - measuring
                 for drafter in drafters:
                     drafter.cost = cost
+                # Where even a tree whose every node is accepted would not pay (the batch is
+                # compute-bound), the rows do not draft at all: plain batched decoding steps.
+                drafting = cost.ceiling()[0] > 1.0
             # Node depth d lands at position length + d; accepting d drafts makes the sequence
             # length + d + 2 long, which must stay within the context: at its edge, verify the root alone.
-            trees = [self.tree.truncated(context - n - 2) if context - n - 2 > 0 else None for n in lengths]
+            trees = [
+                self.tree.truncated(context - n - 2) if drafting and context - n - 2 > 0 else None
+                for n in lengths
+            ]
             drafts = propose_rows(drafters, roots, lengths, trees)
             tokens_in_trees = [draft.padded_tokens for draft in drafts]  # (N_b,) each
             tree_start = cache.get_seq_length()

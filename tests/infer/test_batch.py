@@ -312,3 +312,16 @@ def test_batched_drafting_proposes_what_each_row_proposes_alone(model, kind):
         assert batched.topology.parents == single.topology.parents, row
         assert batched.scores == pytest.approx(single.scores, rel=1e-4, abs=1e-6)
     assert [cache_lengths(head.draft_caches(d.cache)) for d in drafters] == before
+
+
+def test_a_batch_where_drafting_cannot_pay_decodes_plainly(model):
+    """Where the batch's cost curve says no tree could pay (ceiling <= 1), no row drafts: every step
+    is a plain batched decoding step (tau 1), and the output is still each row's own."""
+    torch.manual_seed(0)
+    head = build_head(model, HEADS["eagle3"][0])
+    generator = SpeculativeGenerator(model, head, tree="chain-4", context=True, adaptive=True)
+    generator.batch_costs[4] = CostCurve((1, 2, 4), (1.0, 2.5, 5.0))  # N tokens cost >= N plain steps
+    prompts = [torch.cat([p, p]) for p in ragged_prompts(4, seed=11)]  # repeats: context would draft
+    result = assert_rows_match(model, generator, prompts, max_new_tokens=16)
+    assert result.stats.tau == 1.0
+    assert all(r.stats.proposed_by_source == {} for r in result.results)
