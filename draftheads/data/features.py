@@ -256,8 +256,6 @@ def _new_index(identity: CacheIdentity, settings: dict, base_model, splits: dict
 def _with_progress(index: dict, directory: Path, splits: dict, examples_per_shard: int) -> dict:
     """``index`` with ``complete_shards`` (the leading run of shard files present: readers need
     every shard up to the split's last) and their token counts."""
-    from safetensors import safe_open
-
     complete, shard_tokens = {}, {}
     for name, dataset in splits.items():
         counts = []
@@ -265,10 +263,23 @@ def _with_progress(index: dict, directory: Path, splits: dict, examples_per_shar
             path = shard_path(directory, name, shard)
             if not path.is_file():
                 break
-            with safe_open(str(path), framework="pt") as handle:
+            with _open_shard(path) as handle:
                 counts.append(int(handle.get_slice("offsets")[-1:].tolist()[0]))
         complete[name], shard_tokens[name] = len(counts), counts
     return {**index, "complete_shards": complete, "shard_tokens": shard_tokens}
+
+
+def _open_shard(path: Path):
+    """A safetensors handle on a shard; a damaged file is named (safetensors' own error names none)."""
+    from safetensors import SafetensorError, safe_open
+
+    try:
+        return safe_open(str(path), framework="pt")
+    except SafetensorError as err:
+        raise FeatureCacheError(
+            f"feature cache shard {path} is damaged ({err}); delete it and run `draftheads cache-features` "
+            "again to rewrite it"
+        ) from err
 
 
 @torch.no_grad()
@@ -529,13 +540,11 @@ class FeatureCache:
         check_readable(self.identity, expected, f"feature cache {self.directory}")
 
     def _handle(self, split: str, shard: int):
-        from safetensors import safe_open
-
         path = shard_path(self.directory, split, shard)
         if path not in self._handles:
             if not path.is_file():
                 raise FeatureCacheError(f"feature cache shard missing: {path}")
-            self._handles[path] = safe_open(str(path), framework="pt")
+            self._handles[path] = _open_shard(path)
         return self._handles[path]
 
     def row(

@@ -36,6 +36,7 @@ import draftheads
 from draftheads.base_model import DTYPES, load_base, resolve_dtype
 from draftheads.config import RunConfig, TrainConfig
 from draftheads.distributed import distributed_timeout
+from draftheads.heads.base import RUN_HEAD_DIR
 from draftheads.settings import ConfigError, to_dict
 from draftheads.train import checkpoint
 from draftheads.train.batching import BatchStream, fixed_batches
@@ -47,7 +48,7 @@ from draftheads.train.reporting import Reporter, plot_curves
 from draftheads.train.resume import check_resume, data_segment, run_record, unrecorded_settings
 from draftheads.train.schedule import build_scheduler
 
-HEAD_DIR = "head"
+HEAD_DIR = RUN_HEAD_DIR  # the final head, under the output directory (what --heads <run dir> finds)
 # DeepSpeed keys that TrainConfig owns (key -> the run-config field to set instead).
 OWNED_DEEPSPEED_KEYS = {
     "train_batch_size": "train.micro_batch_size and train.gradient_accumulation_steps",
