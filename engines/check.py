@@ -153,7 +153,9 @@ def decode_ours(base_model, tokenizer, head_dir: Path, ids: list[list[int]], set
     from draftheads.infer.tree import chain_choices
 
     head = load_head(head_dir, base_model)
-    generator = SpeculativeGenerator(base_model, head, tokenizer, tree=chain_choices(settings.chain))
+    chain = chain_choices(settings.chain)
+    # The head alone, as the engines draft: no context drafts merged in, no adaptive pruning.
+    generator = SpeculativeGenerator(base_model, head, tokenizer, tree=chain, context=False, adaptive=False)
     outputs, drafts, per_position = [], 0, [0] * settings.chain
     for prompt in ids:
         result = generator.generate(prompt, max_new_tokens=settings.max_new_tokens)
