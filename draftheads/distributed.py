@@ -41,15 +41,19 @@ def launched_world_size() -> int:
     return int(os.environ.get("WORLD_SIZE", "1"))
 
 
+def local_device() -> torch.device:
+    """This process's device: the GPU of its LOCAL_RANK (made current) where CUDA is, else the CPU."""
+    if not torch.cuda.is_available():
+        return torch.device("cpu")
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    torch.cuda.set_device(local_rank)
+    return torch.device("cuda", local_rank)
+
+
 def join_process_group() -> tuple[int, int, torch.device]:
     """(rank, world size, device) of this process. Under a launcher with WORLD_SIZE > 1 it joins
     the group (nccl on CUDA, gloo on CPU); alone it is rank 0 of 1 and joins nothing."""
-    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-    if torch.cuda.is_available():
-        torch.cuda.set_device(local_rank)
-        device = torch.device("cuda", local_rank)
-    else:
-        device = torch.device("cpu")
+    device = local_device()
     if launched_world_size() == 1:
         return 0, 1, device
     if not torch.distributed.is_initialized():

@@ -35,7 +35,7 @@ import torch
 import draftheads
 from draftheads.base_model import DTYPES, load_base, resolve_dtype
 from draftheads.config import RunConfig, TrainConfig
-from draftheads.distributed import distributed_timeout
+from draftheads.distributed import distributed_timeout, local_device
 from draftheads.heads.base import RUN_HEAD_DIR
 from draftheads.settings import ConfigError, to_dict
 from draftheads.train import checkpoint
@@ -147,12 +147,7 @@ def init_distributed() -> tuple[int, int, torch.device]:
         os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0")
         os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
         os.environ.setdefault("MASTER_PORT", str(_free_port()))
-    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-    if torch.cuda.is_available():
-        torch.cuda.set_device(local_rank)
-        device = torch.device("cuda", local_rank)
-    else:
-        device = torch.device("cpu")
+    device = local_device()
     deepspeed.init_distributed(
         dist_backend="nccl" if device.type == "cuda" else "gloo", timeout=distributed_timeout()
     )

@@ -18,7 +18,7 @@ from draftheads.infer.forward import prefill_rows, rows_forward
 from draftheads.infer.stopping import StopRule
 from draftheads.infer.tree import rows_attention_mask, tree_attention_mask, tree_topology
 from tests.conftest import make_tiny_llama
-from tests.infer.test_sampling import TREE, chi_square_p_value, exact_first_two
+from tests.infer.test_sampling import TREE, chi_square_p_value, exact_first_two, sampling_model
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
@@ -174,17 +174,7 @@ SAMPLES = 400
 
 @pytest.fixture(scope="module")
 def small():
-    model = make_tiny_llama(
-        seed=2,
-        vocab_size=VOCAB,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        max_position_embeddings=64,
-    )
-    model.lm_head.weight.data *= 8
-    model.generation_config.eos_token_id = None
-    return model
+    return sampling_model()
 
 
 def batch_first_two(model, seed: int) -> tuple[list[torch.Tensor], float]:

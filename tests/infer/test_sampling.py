@@ -37,8 +37,9 @@ CONTROL_SAMPLES = 600  # the negative control gives p ~ 1e-19 at 600 (~1e-5 at 3
 TREE = DynamicTree("sampling-test", top_k=3, depth=3, total_tokens=8)
 
 
-@pytest.fixture(scope="module")
-def model():
+def sampling_model():
+    """A tiny model with a 16-token vocabulary whose next-token distributions are sharp enough that
+    acceptance and truncation (top-k/top-p) matter."""
     model = make_tiny_llama(
         seed=2,
         vocab_size=VOCAB,
@@ -52,6 +53,11 @@ def model():
     model.lm_head.weight.data *= 8
     model.generation_config.eos_token_id = None
     return model
+
+
+@pytest.fixture(scope="module")
+def model():
+    return sampling_model()
 
 
 def exact_first_two(model, temperature: float, top_k: int, top_p: float, prompt=PROMPT) -> torch.Tensor:
