@@ -1,0 +1,81 @@
+"""The vLLM server helper's lifecycle, with a stand-in for vLLM's server module: started with the
+CPU settings on a free localhost port, ready once /v1/models answers, stopped at the end; a server
+that dies while starting is reported with its log."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import urllib.request
+
+import pytest
+
+from draftheads.data.vllm_server import ServerError, serve_command, vllm_environment, vllm_server
+
+STAND_IN = """
+import json, os, sys
+from http.server import BaseHTTPRequestHandler, HTTPServer
+arguments = sys.argv[1:]
+if os.environ.get("STAND_IN_FAIL"):
+    print("engine core failed to start"); sys.exit(3)
+port = int(arguments[arguments.index("--port") + 1])
+settings = {k: os.environ.get(k) for k in ("VLLM_CPU_OMP_THREADS_BIND", "VLLM_CPU_NUM_OF_RESERVED_CPU")}
+class Handler(BaseHTTPRequestHandler):
+    def do_GET(self):
+        body = json.dumps({"data": [{"id": arguments[arguments.index("--model") + 1]}],
+                           "argv": arguments, "env": settings}).encode()
+        self.send_response(200); self.send_header("Content-Length", str(len(body))); self.end_headers()
+        self.wfile.write(body)
+HTTPServer(("127.0.0.1", port), Handler).serve_forever()
+"""
+
+
+@pytest.fixture
+def venv(tmp_path):
+    """A directory shaped like a virtualenv whose python runs the stand-in, whatever module is asked."""
+    (tmp_path / "venv" / "bin").mkdir(parents=True)
+    (tmp_path / "stand_in.py").write_text(STAND_IN)
+    python = tmp_path / "venv" / "bin" / "python"
+    python.write_text(f'#!/bin/sh\nshift 2\nexec {sys.executable} {tmp_path / "stand_in.py"} "$@"\n')
+    python.chmod(0o755)
+    return tmp_path / "venv"
+
+
+def test_server_starts_answers_and_stops(venv, tmp_path):
+    with vllm_server(venv, "/models/base", tmp_path / "log", max_model_len=192, timeout=60) as url:
+        with urllib.request.urlopen(f"{url}/v1/models", timeout=10) as response:
+            served = json.load(response)
+        assert url.startswith("http://127.0.0.1:")
+    assert served["data"][0]["id"] == "/models/base"
+    argv = served["argv"]
+    assert argv[argv.index("--max-model-len") + 1] == "192" and argv[argv.index("--dtype") + 1] == "float32"
+    assert argv[argv.index("--generation-config") + 1] == "vllm"
+    cores = ",".join(str(c) for c in sorted(os.sched_getaffinity(0)))
+    assert served["env"] == {"VLLM_CPU_OMP_THREADS_BIND": cores, "VLLM_CPU_NUM_OF_RESERVED_CPU": "0"}
+    with pytest.raises(OSError):  # stopped: nothing listens any more
+        urllib.request.urlopen(f"{url}/v1/models", timeout=5)
+
+
+def test_a_server_that_dies_while_starting_names_its_log(venv, tmp_path, monkeypatch):
+    monkeypatch.setenv("STAND_IN_FAIL", "1")
+    log = tmp_path / "server.log"
+    with (
+        pytest.raises(ServerError, match=f"exited with status 3 while starting; see {log}"),
+        vllm_server(venv, "/models/base", log, timeout=60),
+    ):
+        pass
+    assert "engine core failed to start" in log.read_text()
+
+
+def test_a_missing_virtualenv_is_named(tmp_path):
+    with pytest.raises(ServerError, match=f"{tmp_path / 'nowhere' / 'bin' / 'python'} not found"):
+        serve_command(tmp_path / "nowhere", "m", 8000, "float32", 2048)
+
+
+def test_environment_preloads_only_files_that_exist(tmp_path):
+    (tmp_path / "lib").mkdir()
+    (tmp_path / "lib" / "libiomp5.so").write_bytes(b"")
+    env = vllm_environment(tmp_path)
+    assert str(tmp_path / "lib" / "libiomp5.so") in env["LD_PRELOAD"].split(":")
+    assert all(os.path.exists(path) for path in env["LD_PRELOAD"].split(":"))
