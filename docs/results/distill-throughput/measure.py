@@ -5,12 +5,15 @@ batches), read from a copy of that file:
     git show 55a5992:draftheads/data/distill.py > /tmp/old_distill.py
     OMP_NUM_THREADS=1 taskset -c 0 python docs/results/distill-throughput/measure.py OUT_DIR old spec hf vllm
 
+LIMIT (conversations, 64) and SLOTS (the hf engine's slot counts, "32,64") come from the environment.
+
 tokens/s counts the answer tokens written (re-tokenized, so every engine is counted alike) over
 the wall time of the distillation, model loading and server start excluded.
 """
 
 import importlib.util
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -22,7 +25,9 @@ from draftheads.config import DistillConfig
 from draftheads.data.distill import context_limit, distill
 from draftheads.data.sources import read_conversations
 
-BASE, LIMIT, NEW, MAX_LENGTH, BATCH = "smollm2-135m-instruct", 64, 112, 192, 32
+BASE, NEW, MAX_LENGTH, BATCH = "smollm2-135m-instruct", 112, 192, 32
+LIMIT = int(os.environ.get("LIMIT", "64"))  # conversations
+SLOTS = [int(n) for n in os.environ.get("SLOTS", "32,64").split(",")]  # hf engine slot counts tried
 
 
 def main(out_dir: Path, which: list[str]) -> None:
@@ -89,7 +94,7 @@ def main(out_dir: Path, which: list[str]) -> None:
             lambda p: distill(model, tokenizer, conversations, p, config, MAX_LENGTH, False, spec_engine),
         )
     if "hf" in which:
-        for slots in (32, 64):
+        for slots in SLOTS:
             slotted = DistillConfig(max_new_tokens=NEW, batch_size=slots)
             timed(
                 f"hf{slots}",
