@@ -239,8 +239,9 @@ class DFlashHead(DraftHead):
         self.rotary_emb = build_rotary_embedding(self.layer_config)  # buffers only, not saved
 
     def init_from_base(self, base_model) -> None:
-        """Start ``norm`` at the base's final norm: block states then enter the shared lm_head at
-        the scale it was trained for (a unit norm gives a SmolLM2 head an initial loss of ~25)."""
+        """Start ``norm`` at the base's final norm, the scale the shared lm_head reads its input
+        at. Not shown to help: on SmolLM2 it makes the untrained head's loss higher (99 vs 66 with
+        a unit norm on one 40-token sample), and both fall to ~10 within 20 steps (docs/training.md)."""
         final_norm = getattr(base_model.base_model, "norm", None)
         if final_norm is not None and final_norm.weight.shape == self.norm.weight.shape:
             with torch.no_grad():
