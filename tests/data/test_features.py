@@ -199,7 +199,7 @@ def test_no_index_is_a_clear_error(tmp_path):
 def test_a_damaged_shard_is_named(tmp_path, tiny_llama, splits):
     identity = _identity(tiny_llama, MedusaConfig(num_heads=2), splits)
     write_feature_cache(tiny_llama, splits, tmp_path, identity, progress=False)
-    shard = sorted(tmp_path.glob("**/*.safetensors"))[0]
+    shard = min(tmp_path.glob("**/*.safetensors"))
     shard.write_bytes(shard.read_bytes()[:40])  # cut short: the header promises more
     with pytest.raises(FeatureCacheError, match=f"shard {shard}.* is damaged"):
         FeatureCache(tmp_path).row(shard.parent.name, 0)  # shards live in <split>/
