@@ -62,6 +62,7 @@ def main(out_dir: Path, which: list[str]) -> None:
     if "old" in which:
         spec = importlib.util.spec_from_file_location("old_distill", "/tmp/old_distill.py")
         old = importlib.util.module_from_spec(spec)
+        sys.modules["old_distill"] = old  # dataclasses look their module up there
         spec.loader.exec_module(old)
         timed(
             "today",
