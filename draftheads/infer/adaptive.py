@@ -129,6 +129,35 @@ def prune_draft(draft: Draft, kept: Sequence[int], pad_to_multiple: int = 1) -> 
     )
 
 
+def common_tree_size(
+    probabilities: Sequence[Sequence[float]], relative_cost: Callable[[int], float], pad_to_multiple: int = 1
+) -> int:
+    """One tree size for every row of a batch step (rows' trees are padded to the largest, so one
+    row's big tree costs every row): the N maximising the batch's expected tokens, each row keeping
+    its N - 1 likeliest nodes, over ``relative_cost`` of a batched step with N tokens per row.
+
+    ``probabilities``: per row, the path probabilities of its non-root nodes. Ties: the smaller N."""
+    ranked = [sorted(row, reverse=True) for row in probabilities]
+    largest = 1 + max((len(row) for row in ranked), default=0)
+    best_score, best_size, expected = -1.0, 1, float(len(ranked))
+    for size in range(1, largest + 1):
+        if size > 1:
+            expected += sum(row[size - 2] for row in ranked if len(row) >= size - 1)
+        score = expected / relative_cost(padded_size(size, pad_to_multiple))
+        if score > best_score + 1e-12:
+            best_score, best_size = score, size
+    return best_size
+
+
+def keep_likeliest(
+    draft: Draft, probabilities: Sequence[float], size: int, pad_to_multiple: int = 1
+) -> Draft:
+    """``draft`` cut to its root and its ``size - 1`` likeliest nodes (``probabilities``: path
+    probabilities of every node, root first, never above a parent's: a closed subtree)."""
+    order = sorted(range(1, len(probabilities)), key=lambda n: (-probabilities[n], n))
+    return prune_draft(draft, [0, *sorted(order[: size - 1])], pad_to_multiple)
+
+
 # ---- whether the head drafts --------------------------------------------------------------------
 
 
@@ -284,6 +313,18 @@ class AdaptiveDrafter(Drafter):
         self._last = (head_drafts, time.perf_counter() - started, started)
         self._step_seconds = started - previous[2] if previous is not None else None
         return pruned
+
+    def path_probabilities(self, draft: Draft) -> list[float]:
+        """Calibrated path probabilities of ``draft``'s real nodes (root first, 1.0)."""
+        parents = list(draft.topology.parents[: draft.topology.num_nodes])
+        return monotone(
+            parents,
+            [1.0]
+            + [
+                self.calibration.probability(draft.sources[n], draft.scores[n])
+                for n in range(1, len(parents))
+            ],
+        )
 
     def record(self, draft: Draft, accepted_nodes: tuple[int, ...]) -> None:
         self.calibration.record(draft.sources, draft.scores, accepted_nodes)

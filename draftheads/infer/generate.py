@@ -24,7 +24,7 @@ from pathlib import Path
 import torch
 
 from draftheads.base_model import DEFAULT_DTYPE
-from draftheads.infer.adaptive import AdaptiveDrafter, Calibration
+from draftheads.infer.adaptive import AdaptiveDrafter, Calibration, common_tree_size, keep_likeliest
 from draftheads.infer.batch_draft import propose_rows
 from draftheads.infer.cache import keep_accepted_rows, select_rows
 from draftheads.infer.context import ContextDrafter, ContextTree
@@ -533,6 +533,12 @@ class SpeculativeGenerator:
                 for n in lengths
             ]
             drafts = propose_rows(drafters, roots, lengths, trees)
+            if self.adaptive and len(rows) > 1:  # one tree size for the batch: see common_tree_size
+                probabilities = [d.path_probabilities(x) for d, x in zip(drafters, drafts)]
+                size = common_tree_size([p[1:] for p in probabilities], cost.relative, self.pad_to_multiple)
+                drafts = [
+                    keep_likeliest(x, p, size, self.pad_to_multiple) for x, p in zip(drafts, probabilities)
+                ]
             tokens_in_trees = [draft.padded_tokens for draft in drafts]  # (N_b,) each
             tree_start = cache.get_seq_length()
             output = rows_forward(

@@ -315,3 +315,19 @@ def test_a_batch_where_drafting_cannot_pay_decodes_plainly(model):
     result = assert_rows_match(model, generator, prompts, max_new_tokens=16)
     assert result.stats.tau == 1.0
     assert all(r.stats.proposed_by_source == {} for r in result.results)
+
+
+def test_one_tree_size_for_the_batch():
+    """Rows' trees are padded to the largest, so the batch picks one size for all rows."""
+    from draftheads.infer.adaptive import common_tree_size, keep_likeliest
+    from draftheads.infer.draft import Draft
+
+    cheap = {1: 1.0, 2: 1.05, 3: 1.1}
+    assert common_tree_size([[0.9, 0.8], []], cheap.__getitem__) == 3  # (2 + 0.9 + 0.8) / 1.1
+    assert common_tree_size([[0.9, 0.8], []], float) == 1  # every token costs a plain step: none pays
+    assert common_tree_size([[0.3], [0.2]], {1: 1.0, 2: 1.2}.__getitem__) == 2  # 2.5 / 1.2 > 2
+    draft = Draft(
+        torch.tensor([5, 6, 7, 8]), tree_topology([-1, 0, 0, 1]), ("", "a", "a", "a"), (1.0, 0.9, 0.4, 0.5)
+    )
+    kept = keep_likeliest(draft, [1.0, 0.9, 0.4, 0.5], 3)
+    assert kept.tokens.tolist() == [5, 6, 8] and kept.topology.parents == (-1, 0, 1)
