@@ -26,7 +26,7 @@ import torch
 
 from draftheads.base_model import hub_name
 from draftheads.export.checkpoint import DRAFTHEADS_KEY, dtype_name, head_metadata, save_tensors, write_config
-from draftheads.export.draft_layer import LAYER_GEOMETRY, rope_fields
+from draftheads.export.draft_layer import LAYER_GEOMETRY, engine_layer_config
 from draftheads.export.registry import (
     EngineReader,
     ExportOptions,
@@ -51,18 +51,9 @@ def require_qwen3_layers(head: DraftHead, format_name: str) -> None:
 
 def layer_config_dict(head: DraftHead, architecture: str) -> dict[str, Any]:
     """The draft layers' Qwen3 config: the base geometry, ``num_hidden_layers`` = draft layers."""
-    config = head.layer_config.to_dict()
-    for key in ("_name_or_path", "transformers_version", "id2label", "label2id", "dtype", "torch_dtype"):
-        config.pop(key, None)
-    config.update(rope_fields(head.layer_config))
-    config.update(
-        architectures=[architecture],
-        model_type="qwen3",
-        num_hidden_layers=head.config.num_layers,
-        tie_word_embeddings=False,
-        torch_dtype=dtype_name(head),
+    return engine_layer_config(
+        head.layer_config, head, architecture, model_type="qwen3", num_hidden_layers=head.config.num_layers
     )
-    return config
 
 
 def head_tensors(head: DraftHead) -> dict[str, torch.Tensor]:

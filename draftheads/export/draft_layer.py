@@ -58,22 +58,26 @@ def rope_fields(base_config) -> dict[str, Any]:
     return fields
 
 
+def engine_layer_config(config, head: DraftHead, architecture: str, **fields) -> dict[str, Any]:
+    """``config`` (a transformers config) as engines read a drafter's: HF bookkeeping keys dropped,
+    RoPE fields spelt out, the architecture and the head's dtype set, then ``fields``. The draft's
+    lm_head is its own: SGLang uses embed_tokens as lm_head when ``tie_word_embeddings`` is true
+    (llama_eagle3.py, llama_eagle.py)."""
+    out = config.to_dict()
+    for key in ("_name_or_path", "transformers_version", "id2label", "label2id", "dtype", "torch_dtype"):
+        out.pop(key, None)
+    out.update(rope_fields(config))
+    out.update(
+        architectures=[architecture], tie_word_embeddings=False, torch_dtype=dtype_name(head), **fields
+    )
+    return out
+
+
 def draft_layer_config(head: DraftHead, architecture: str) -> dict[str, Any]:
     """The base Llama config with one decoder layer: the geometry engines build the drafter from."""
-    config = head.base_config.to_dict()
-    for key in ("_name_or_path", "transformers_version", "id2label", "label2id", "dtype", "torch_dtype"):
-        config.pop(key, None)
-    config.update(rope_fields(head.base_config))
-    config.update(
-        architectures=[architecture],
-        model_type=head.base_config.model_type,
-        num_hidden_layers=1,
-        # SGLang uses embed_tokens as lm_head when this is true (llama_eagle3.py, llama_eagle.py):
-        # the draft's own lm_head would be ignored.
-        tie_word_embeddings=False,
-        torch_dtype=dtype_name(head),
+    return engine_layer_config(
+        head.base_config, head, architecture, model_type=head.base_config.model_type, num_hidden_layers=1
     )
-    return config
 
 
 def require_llama(head: DraftHead, format_name: str) -> None:

@@ -294,14 +294,7 @@ class AdaptiveDrafter(Drafter):
         else:
             draft = root_only(root)
         parents = list(draft.topology.parents[: draft.topology.num_nodes])
-        probabilities = monotone(
-            parents,
-            [1.0]
-            + [
-                self.calibration.probability(draft.sources[n], draft.scores[n])
-                for n in range(1, len(parents))
-            ],
-        )
+        probabilities = self.path_probabilities(draft)
         kept = select_nodes(parents, probabilities, self.cost.relative, self.pad_to_multiple)
         pruned = prune_draft(draft, kept, self.pad_to_multiple)
         own = self.gate.source if self.gate is not None else None

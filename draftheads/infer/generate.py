@@ -440,14 +440,13 @@ class SpeculativeGenerator:
         larger = [b for b in self.batch_costs if b >= batch]
         if larger:
             return self.batch_costs[min(larger)]
-        if batch not in self.batch_costs:
-            largest = padded_size(self.tree.max_nodes, self.pad_to_multiple)
-            sizes = [n for n in COST_SIZES if n < largest] + [largest]
-            self.batch_costs[batch] = measure_verify_cost(
-                self.model, cache, roots[0], sizes, repeats=3, lengths=None if batch == 1 else lengths
-            )
-            if batch == 1:
-                self.cost = self.batch_costs[1]
+        largest = padded_size(self.tree.max_nodes, self.pad_to_multiple)
+        sizes = [n for n in COST_SIZES if n < largest] + [largest]
+        self.batch_costs[batch] = measure_verify_cost(
+            self.model, cache, roots[0], sizes, repeats=3, lengths=None if batch == 1 else lengths
+        )
+        if batch == 1:
+            self.cost = self.batch_costs[1]
         return self.batch_costs[batch]
 
     @torch.no_grad()

@@ -2,23 +2,15 @@
 
 from __future__ import annotations
 
-import datasets
-
 from draftheads.config import load_run_config
+from tests.train.tiny_runs import patterned_dataset as tiny_rows
 
 MEDUSA = ["head.kind=medusa", "head.num_heads=2"]
 
 
 def patterned_dataset(rows: int = 8, length: int = 16):
-    """Rows that count up by a per-row stride: every next token is predictable from the context."""
-    ids, masks = [], []
-    for row in range(rows):
-        stride, start = 1 + row % 3, 3 + 7 * row
-        ids.append([3 + (start + stride * j) % 60 for j in range(length)])
-        masks.append([0] * 4 + [1] * (length - 4))
-    return datasets.Dataset.from_dict(
-        {"input_ids": ids, "loss_mask": masks, "length": [length] * rows, "id": [str(i) for i in range(rows)]}
-    )
+    """The training tests' predictable rows (``tiny_runs.patterned_dataset``), shorter by default."""
+    return tiny_rows(rows, length)
 
 
 def short_run(output_dir, *overrides, head=MEDUSA):

@@ -17,6 +17,7 @@ import torch
 from safetensors.torch import load_file
 
 from draftheads.base_model import load_tokenizer
+from tests.train.tiny_runs import HEAD_OVERRIDES as TINY_HEADS
 
 ROOT = Path(__file__).resolve().parents[2]
 DRAFTHEADS = Path(sys.executable).with_name("draftheads")  # the console script of this environment
@@ -36,15 +37,7 @@ LAUNCHER_VARIABLES = (
 )
 
 HEAD_OVERRIDES = {
-    "medusa": ["head.kind=medusa", "head.num_heads=2"],
-    "eagle": ["head.kind=eagle"],
-    "eagle3": [
-        "head.kind=eagle3",
-        "head.feature_layers=[1,2,3]",
-        "head.draft_vocab_size=64",
-        "head.ttt_steps=2",
-    ],
-    "mtp": ["head.kind=mtp", "head.num_modules=2"],
+    **TINY_HEADS,
     "medusa2": [
         "head.kind=medusa",
         "head.num_heads=2",

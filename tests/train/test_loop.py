@@ -2,7 +2,6 @@
 
 import json
 
-import datasets
 import pytest
 import torch
 from safetensors.torch import load_file
@@ -13,31 +12,7 @@ from draftheads.settings import ConfigError
 from draftheads.train import checkpoint
 from draftheads.train.loop import run_training
 from draftheads.train.reporting import read_metrics
-
-HEAD_OVERRIDES = {
-    "medusa": ["head.kind=medusa", "head.num_heads=2"],
-    "eagle": ["head.kind=eagle"],
-    "eagle3": [
-        "head.kind=eagle3",
-        "head.feature_layers=[1,2,3]",
-        "head.draft_vocab_size=64",
-        "head.ttt_steps=2",
-    ],
-    "mtp": ["head.kind=mtp", "head.num_modules=2"],
-}
-
-
-def _patterned_dataset(rows=8, length=24):
-    """Rows that count up by a per-row stride: every next token is predictable from the context."""
-    ids, masks = [], []
-    for row in range(rows):
-        stride = 1 + row % 3
-        start = 3 + 7 * row
-        ids.append([3 + (start + stride * j) % 60 for j in range(length)])
-        masks.append([0] * 4 + [1] * (length - 4))
-    return datasets.Dataset.from_dict(
-        {"input_ids": ids, "loss_mask": masks, "length": [length] * rows, "id": [str(i) for i in range(rows)]}
-    )
+from tests.train.tiny_runs import HEAD_OVERRIDES, patterned_dataset
 
 
 def _config(tmp_path, kind, *overrides):
@@ -72,7 +47,7 @@ def confident_llama(tiny_llama):
 @pytest.mark.parametrize("kind", sorted(HEAD_OVERRIDES))
 def test_overfitting_a_fixed_dataset_lowers_the_loss(tmp_path, confident_llama, kind):
     tiny_llama = confident_llama
-    dataset = _patterned_dataset()
+    dataset = patterned_dataset()
     summary = run_training(_config(tmp_path, kind), base_model=tiny_llama, datasets=(dataset, dataset))
     records = read_metrics(tmp_path / kind)
     losses = [r["loss"] for r in records if "loss" in r]
@@ -96,7 +71,7 @@ def test_overfitting_a_fixed_dataset_lowers_the_loss(tmp_path, confident_llama, 
 
 @pytest.mark.parametrize("kind", ["eagle", "medusa"])  # eagle draws feature noise: RNG must resume too
 def test_a_resumed_run_ends_with_the_same_weights(tmp_path, tiny_llama, kind):
-    dataset = _patterned_dataset()
+    dataset = patterned_dataset()
     options = [
         "train.max_steps=8",
         "train.save_every=4",
@@ -137,7 +112,7 @@ def test_a_resumed_run_ends_with_the_same_weights(tmp_path, tiny_llama, kind):
     ],
 )
 def test_config_errors_name_the_field(tmp_path, tiny_llama, overrides, message):
-    dataset = _patterned_dataset(4)
+    dataset = patterned_dataset(4)
     with pytest.raises(ConfigError, match=message):
         run_training(
             _config(tmp_path, "medusa", *overrides), base_model=tiny_llama, datasets=(dataset, dataset)
@@ -145,7 +120,7 @@ def test_config_errors_name_the_field(tmp_path, tiny_llama, overrides, message):
 
 
 def test_eagle3_layer_beyond_the_base_depth_is_a_config_error(tmp_path, tiny_llama):
-    dataset = _patterned_dataset(4)
+    dataset = patterned_dataset(4)
     run = _config(tmp_path, "eagle3", "head.feature_layers=[1,2,9]")
     with pytest.raises(ConfigError, match="feature_layers"):
         run_training(run, base_model=tiny_llama, datasets=(dataset, dataset))
@@ -154,7 +129,7 @@ def test_eagle3_layer_beyond_the_base_depth_is_a_config_error(tmp_path, tiny_lla
 def test_deepspeed_json_may_not_own_train_fields(tmp_path, tiny_llama):
     path = tmp_path / "ds.json"
     path.write_text(json.dumps({"zero_optimization": {"stage": 0}, "gradient_clipping": 1.0}))
-    dataset = _patterned_dataset(4)
+    dataset = patterned_dataset(4)
     with pytest.raises(ConfigError, match="'gradient_clipping' is set from train.grad_clip"):
         run_training(
             _config(tmp_path, "medusa", f"train.deepspeed_config={path}"),
@@ -164,7 +139,7 @@ def test_deepspeed_json_may_not_own_train_fields(tmp_path, tiny_llama):
 
 
 def test_existing_checkpoints_need_resume(tmp_path, tiny_llama):
-    dataset = _patterned_dataset(4)
+    dataset = patterned_dataset(4)
     run = _config(tmp_path, "medusa", "train.max_steps=2", "train.save_every=0", "train.eval_every=0")
     run_training(run, base_model=tiny_llama, datasets=(dataset, dataset))
     with pytest.raises(ConfigError, match="already holds checkpoints; set train.resume=true"):
@@ -174,7 +149,7 @@ def test_existing_checkpoints_need_resume(tmp_path, tiny_llama):
 def test_wandb_offline_and_zero2(tmp_path, tiny_llama, monkeypatch):
     monkeypatch.setenv("WANDB_MODE", "offline")
     monkeypatch.setenv("WANDB_SILENT", "true")
-    dataset = _patterned_dataset(4)
+    dataset = patterned_dataset(4)
     run = _config(
         tmp_path,
         "medusa",
@@ -189,7 +164,7 @@ def test_wandb_offline_and_zero2(tmp_path, tiny_llama, monkeypatch):
 
 def test_bf16_training_on_cpu(tmp_path, tiny_llama):
     base = tiny_llama.to(torch.bfloat16)
-    dataset = _patterned_dataset()
+    dataset = patterned_dataset()
     run = _config(
         tmp_path,
         "medusa",
@@ -207,7 +182,7 @@ def test_bf16_training_on_cpu(tmp_path, tiny_llama):
 def test_init_head_continues_from_a_saved_head_and_refuses_a_different_one(tmp_path, confident_llama):
     """train.init_head starts from a finished run's head (weights and EAGLE-3's vocabulary maps):
     its first evaluation already scores what the saved head scored; other settings are refused."""
-    dataset = _patterned_dataset()
+    dataset = patterned_dataset()
     first = run_training(_config(tmp_path, "eagle3"), base_model=confident_llama, datasets=(dataset, dataset))
     saved_dir = tmp_path / "eagle3" / "head"
     saved = load_head(saved_dir)

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import math
 
-import datasets
 import pytest
 import torch
 from peft import PeftModel
@@ -21,18 +20,7 @@ from draftheads.train.joint import JointRecipe, add_lora_adapter, head_loss_weig
 from draftheads.train.loop import run_training
 from draftheads.train.reporting import read_metrics
 from tests.conftest import make_tiny_llama
-
-
-def _patterned_dataset(rows=8, length=24):
-    """Rows that count up by a per-row stride: every next token is predictable from the context."""
-    ids, masks = [], []
-    for row in range(rows):
-        stride, start = 1 + row % 3, 3 + 7 * row
-        ids.append([3 + (start + stride * j) % 60 for j in range(length)])
-        masks.append([0] * 4 + [1] * (length - 4))
-    return datasets.Dataset.from_dict(
-        {"input_ids": ids, "loss_mask": masks, "length": [length] * rows, "id": [str(i) for i in range(rows)]}
-    )
+from tests.train.tiny_runs import patterned_dataset
 
 
 def _config(output_dir, *overrides):
@@ -64,7 +52,7 @@ def _logits(model, input_ids):
 
 
 def _trained_lm_run(tmp_path):
-    dataset = _patterned_dataset()
+    dataset = patterned_dataset()
     run = _config(
         tmp_path / "run", "joint.base_loss=lm", "joint.lambda0=0.2", "joint.lambda0_warmup_ratio=0.5"
     )
@@ -152,7 +140,7 @@ def test_the_adapter_disabled_teacher_is_the_original_base():
 
 
 def test_self_distillation_keeps_the_base_close_and_trains_the_heads(tmp_path):
-    dataset = _patterned_dataset()
+    dataset = patterned_dataset()
     summary = run_training(
         _config(tmp_path / "run"), base_model=make_tiny_llama(), datasets=(dataset, dataset)
     )
@@ -164,7 +152,7 @@ def test_self_distillation_keeps_the_base_close_and_trains_the_heads(tmp_path):
 
 
 def test_a_resumed_joint_run_ends_with_the_same_heads_and_adapter(tmp_path):
-    dataset = _patterned_dataset()
+    dataset = patterned_dataset()
     options = ["train.max_steps=6", "train.save_every=3", "train.eval_every=3", "joint.base_loss=lm"]
     run_training(
         _config(tmp_path / "whole", *options), base_model=make_tiny_llama(), datasets=(dataset, dataset)
@@ -203,7 +191,7 @@ def test_head_loss_weight_ramps_as_a_quarter_sine():
     ],
 )
 def test_joint_config_errors_name_the_field(tmp_path, overrides, message):
-    dataset = _patterned_dataset(4)
+    dataset = patterned_dataset(4)
     with pytest.raises(ConfigError, match=message):
         run_training(
             _config(tmp_path / "run", *overrides), base_model=make_tiny_llama(), datasets=(dataset, dataset)
