@@ -36,6 +36,24 @@ def distributed_timeout() -> timedelta:
     return timedelta(seconds=seconds)
 
 
+def apply_timeout_to_every_group(timeout: timedelta) -> None:
+    """Make ``timeout`` the default of every process group created from now on in this process.
+
+    ``init_process_group(timeout=...)`` sets the world group's timeout only. DeepSpeed runs its
+    gradient all-reduce and ZeRO partitioning on groups of its own (a clone of the world group,
+    made by ``torch.distributed.new_group(ranks)`` with no timeout), and torch gives such groups
+    its module default (30 minutes), so a hung rank would hold the others there for half an hour.
+    torch reads that default from ``distributed_c10d.default_pg_timeout`` (gloo) or
+    ``default_pg_nccl_timeout`` (nccl) each time a group is made.
+    """
+    if timeout <= timedelta(0):
+        raise ValueError(f"timeout must be positive, got {timeout}")
+    c10d = torch.distributed.distributed_c10d
+    c10d.default_pg_timeout = timeout
+    if c10d.default_pg_nccl_timeout is not None:
+        c10d.default_pg_nccl_timeout = timeout
+
+
 def launched_world_size() -> int:
     """WORLD_SIZE set by a launcher (1 without one)."""
     return int(os.environ.get("WORLD_SIZE", "1"))
@@ -57,8 +75,10 @@ def join_process_group() -> tuple[int, int, torch.device]:
     if launched_world_size() == 1:
         return 0, 1, device
     if not torch.distributed.is_initialized():
+        timeout = distributed_timeout()
+        apply_timeout_to_every_group(timeout)
         torch.distributed.init_process_group(
-            backend="nccl" if device.type == "cuda" else "gloo", timeout=distributed_timeout()
+            backend="nccl" if device.type == "cuda" else "gloo", timeout=timeout
         )
     return torch.distributed.get_rank(), torch.distributed.get_world_size(), device
 

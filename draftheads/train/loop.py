@@ -35,7 +35,7 @@ import torch
 import draftheads
 from draftheads.base_model import DTYPES, load_base, resolve_dtype
 from draftheads.config import RunConfig, TrainConfig
-from draftheads.distributed import distributed_timeout, local_device
+from draftheads.distributed import apply_timeout_to_every_group, distributed_timeout, local_device
 from draftheads.heads.base import RUN_HEAD_DIR
 from draftheads.settings import ConfigError, to_dict
 from draftheads.train import checkpoint
@@ -138,7 +138,8 @@ def init_distributed() -> tuple[int, int, torch.device]:
 
     The ``deepspeed`` launcher (or ``torchrun``) sets RANK/WORLD_SIZE/LOCAL_RANK/MASTER_*; a plain
     ``draftheads train`` becomes rank 0 of 1 on a free local port. Collectives fail after
-    ``draftheads.distributed.distributed_timeout()``. The group lives until the process exits:
+    ``draftheads.distributed.distributed_timeout()``, on the world group and on the groups
+    DeepSpeed makes for gradients and ZeRO alike. The group lives until the process exits:
     DeepSpeed caches its groups, so it cannot be torn down and rebuilt in-process.
     """
     import deepspeed
@@ -148,9 +149,9 @@ def init_distributed() -> tuple[int, int, torch.device]:
         os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
         os.environ.setdefault("MASTER_PORT", str(_free_port()))
     device = local_device()
-    deepspeed.init_distributed(
-        dist_backend="nccl" if device.type == "cuda" else "gloo", timeout=distributed_timeout()
-    )
+    timeout = distributed_timeout()
+    apply_timeout_to_every_group(timeout)  # DeepSpeed's own groups, made later, too
+    deepspeed.init_distributed(dist_backend="nccl" if device.type == "cuda" else "gloo", timeout=timeout)
     return torch.distributed.get_rank(), torch.distributed.get_world_size(), device
 
 
