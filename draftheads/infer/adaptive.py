@@ -244,7 +244,8 @@ class AdaptiveDrafter(Drafter):
         self.cost = cost
         self.calibration = calibration or Calibration()
         self.gate = gate if gate is not None else (HeadGate(inner.source) if inner.head is not None else None)
-        self._last: tuple[bool, float, float] | None = None  # (head drafted, propose seconds, started)
+        self._last: tuple[bool, float] | None = None  # the unrecorded proposal: head drafted, seconds
+        self._last_started: float | None = None  # when the previous proposal began
         self._step_seconds: float | None = None  # between the last two proposals
         self._expected = (0.0, 1.0)  # tokens the last tree was expected to add: the head's alone, all
 
@@ -273,7 +274,7 @@ class AdaptiveDrafter(Drafter):
 
     def prefill(self, features, next_ids) -> None:
         self.inner.prefill(features, next_ids)
-        self._last = None
+        self._last = self._last_started = None
 
     def commit(self, features, next_ids, position) -> None:
         self.inner.commit(features, next_ids, position)
@@ -302,9 +303,9 @@ class AdaptiveDrafter(Drafter):
             sum(probabilities[n] for n in kept[1:] if draft.sources[n] == own),  # the head's alone
             1.0 + sum(probabilities[n] for n in kept[1:]),
         )
-        previous = self._last
-        self._last = (head_drafts, time.perf_counter() - started, started)
-        self._step_seconds = started - previous[2] if previous is not None else None
+        self._last = (head_drafts, time.perf_counter() - started)
+        previous, self._last_started = self._last_started, started
+        self._step_seconds = started - previous if previous is not None else None
         return pruned
 
     def path_probabilities(self, draft: Draft) -> list[float]:
@@ -321,9 +322,13 @@ class AdaptiveDrafter(Drafter):
 
     def record(self, draft: Draft, accepted_nodes: tuple[int, ...]) -> None:
         self.calibration.record(draft.sources, draft.scores, accepted_nodes)
-        if self.gate is None or self._last is None:
+        if self.gate is None:
             return
-        head_drafted, propose_seconds, _ = self._last
+        if self._last is None:  # a plain step: nothing proposed; the next gap between proposals spans it
+            self._last_started = None
+            return
+        head_drafted, propose_seconds = self._last
+        self._last = None
         self.gate.record(head_drafted, propose_seconds, self._step_seconds, *self._expected)
 
     def path_candidates(self, root, position, path, top_k) -> torch.Tensor:

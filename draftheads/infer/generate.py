@@ -33,6 +33,7 @@ from draftheads.infer.draft import Drafter, drafter_for
 from draftheads.infer.forward import SUPPORTED_ATTENTION, TreeInputError, prefill_rows, rows_forward
 from draftheads.infer.hybrid import HybridDrafter, HybridTree
 from draftheads.infer.packed import has_packed_linears, pack_linears
+from draftheads.infer.step_gate import StepGate
 from draftheads.infer.stopping import StopRule
 from draftheads.infer.tree import load_tuned_tree, padded_size, resolve_tree
 from draftheads.infer.verify import SamplingParams, next_token, verify_tree
@@ -247,7 +248,9 @@ class SpeculativeGenerator:
         context: also draft continuations from the context and merge them into the head's tree
             (``draftheads.infer.hybrid``): True for the default ``ContextTree()``, or a ContextTree.
         adaptive: prune every step's tree to the nodes whose calibrated acceptance pays for their
-            verification, and let a head that does not pay sit steps out (``draftheads.infer.adaptive``).
+            verification, let a head that does not pay sit steps out (``draftheads.infer.adaptive``),
+            and step plainly while drafting emits fewer tokens per second than plain steps would
+            (``draftheads.infer.step_gate``).
         cost: the verify-cost curve adaptive drafting weighs against (``draftheads.infer.cost``);
             default: measured on this machine at the first ``generate`` call.
     """
@@ -295,6 +298,7 @@ class SpeculativeGenerator:
         self.cost = cost
         self.batch_costs: dict[int, CostCurve] = {}  # verify-cost curves by batch size, measured on need
         self.calibration = Calibration()  # adaptive drafting's, carried from one sequence to the next
+        self.step_gate = StepGate()  # adaptive: whether steps draft at all, per batch size; carried too
 
     @property
     def method(self) -> str:
@@ -523,8 +527,10 @@ class SpeculativeGenerator:
                 for drafter in drafters:
                     drafter.cost = cost
                 # Where even a tree whose every node is accepted would not pay (the batch is
-                # compute-bound), the rows do not draft at all: plain batched decoding steps.
-                drafting = cost.ceiling()[0] > 1.0
+                # compute-bound), the rows do not draft at all: plain batched decoding steps. Else
+                # the step gate keeps whichever kind of step has emitted more tokens per second.
+                drafting = cost.ceiling()[0] > 1.0 and self.step_gate.drafts(len(rows))
+            step_started = time.perf_counter()
             # Node depth d lands at position length + d; accepting d drafts makes the sequence
             # length + d + 2 long, which must stay within the context: at its edge, verify the root alone.
             trees = [
@@ -549,9 +555,10 @@ class SpeculativeGenerator:
             ]
             accepted = [torch.tensor(a.nodes, dtype=torch.long) for a in acceptances]  # (A_b,) each
             new_lengths = keep_accepted_rows(cache, lengths, tree_start, accepted)
-            chunks = []
+            chunks, step_tokens = [], 0
             for b, row in enumerate(rows):
                 acceptance, draft, drafter = acceptances[b], drafts[b], drafters[b]
+                step_tokens += acceptance.accepted_drafts + 1
                 tallies[row].record_step(acceptance.accepted_drafts)
                 tallies[row].record_sources(draft.sources, acceptance.nodes)
                 drafter.record(draft, acceptance.nodes)
@@ -567,6 +574,8 @@ class SpeculativeGenerator:
                 drafter.commit(features, ids, lengths[b])
                 roots[b] = acceptance.next_token
             lengths = new_lengths
+            if self.adaptive and cost.ceiling()[0] > 1.0:
+                self.step_gate.record(len(rows), drafting, step_tokens, time.perf_counter() - step_started)
             yield chunks
 
     # ---- public API ---------------------------------------------------------------------------

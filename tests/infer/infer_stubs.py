@@ -19,6 +19,7 @@ import torch
 from transformers import DynamicCache
 
 from draftheads.heads.base import DraftHead, HeadConfig
+from draftheads.infer.step_gate import StepGate
 
 CONFIDENT = 30.0  # logit gap of a stub's choice
 
@@ -211,3 +212,13 @@ class SelfDraftStub(_StubHead):
         paths[:, depth - 1] = token_ids[0].float()
         sequences = [cache.tokens + [int(t) for t in path[:depth]] for path in paths]
         return paths[None], self._base_logits(sequences)[None]  # (1, N, L), (1, N, V)
+
+
+def gate_that_measured(drafting_pays: bool, batch: int = 1) -> StepGate:
+    """A step gate that has measured ``batch``-row steps: drafting emitting twice the tokens per
+    second of plain steps, or a quarter; it never probes the other kind. Tests that need every
+    step to draft (or none) on a tiny model, whose wall-clock would make the choice, set it."""
+    gate = StepGate(probe_every=10**9, warmup_steps=1)
+    gate.record(batch, True, tokens=2, seconds=1.0 if drafting_pays else 8.0)
+    gate.record(batch, False, tokens=1, seconds=1.0)
+    return gate

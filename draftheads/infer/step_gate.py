@@ -1,0 +1,99 @@
+"""Whether a decoding step drafts at all: the wall-clock check that keeps speculation from ever
+costing more than it wins.
+
+Adaptive drafting (``adaptive.py``) prunes each tree against the measured cost of verifying it, but
+that cost curve leaves out what drafting itself costs: the head's forwards, its catching up on the
+accepted tokens, the trees' bookkeeping. With one row those are small next to a verification
+forward; with a batch they are not (the batch's forward is spread over its rows, the drafting
+work grows with them) and once the batch saturates the machine's compute, speculation only adds
+work (every token of a tree costs about what a row's plain step costs).
+
+``StepGate`` therefore measures the outcome directly: tokens emitted per second of decoding step,
+for steps that drafted and for plain steps (the root alone, every row), per batch size, as
+exponential moving averages. It keeps the faster of the two and tries the other every
+``probe_every`` steps, so it follows the text (repetitive passages make drafting pay, then stop)
+and the batch (it shrinks as rows finish; each size has its own measurements). A plain step is what
+the base model's own decoding does, so a gated loop costs at most the probes over plain decoding.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class Throughput:
+    """Exponential moving averages of the tokens and seconds of one kind of step."""
+
+    tokens: float = 0.0
+    seconds: float = 0.0
+    steps: int = 0
+
+    def record(self, tokens: float, seconds: float, smoothing: float) -> None:
+        if self.steps == 0:
+            self.tokens, self.seconds = tokens, seconds
+        else:
+            self.tokens += smoothing * (tokens - self.tokens)
+            self.seconds += smoothing * (seconds - self.seconds)
+        self.steps += 1
+
+    @property
+    def rate(self) -> float:
+        """Tokens per second."""
+        return self.tokens / self.seconds if self.seconds > 0 else float("inf")
+
+
+@dataclass
+class StepGate:
+    """Decides, per step and batch size, whether the rows draft (True) or verify their roots alone.
+
+    Each batch size first drafts for ``warmup_steps`` steps, then steps plainly as long, then keeps
+    whichever emitted more tokens per second, and runs one step of the other every ``probe_every``
+    steps to keep its estimate fresh.
+    """
+
+    probe_every: int = 12
+    warmup_steps: int = 3
+    smoothing: float = 0.2
+    measured: dict[tuple[int, bool], Throughput] = field(default_factory=dict)  # (batch, drafted) ->
+    since_probe: dict[int, int] = field(default_factory=dict)  # batch -> steps since the last probe
+
+    def _arm(self, batch: int, drafted: bool) -> Throughput:
+        return self.measured.setdefault((batch, drafted), Throughput())
+
+    def drafts(self, batch: int) -> bool:
+        """Whether a step of a ``batch``-row batch drafts."""
+        drafting, plain = self._arm(batch, True), self._arm(batch, False)
+        if drafting.steps < self.warmup_steps:
+            return True
+        if plain.steps < self.warmup_steps:
+            return False
+        better = drafting.rate > plain.rate
+        if self.since_probe.get(batch, 0) >= self.probe_every:
+            return not better
+        return better
+
+    def record(self, batch: int, drafted: bool, tokens: int, seconds: float) -> None:
+        """One step of a ``batch``-row batch: whether it drafted, the tokens it emitted over all
+        rows, and the seconds it took from drafting to the last row's bookkeeping."""
+        if seconds < 0 or tokens < 0:
+            raise ValueError(f"a step emits tokens >= 0 in seconds >= 0, got {tokens} in {seconds}")
+        drafting, plain = self._arm(batch, True), self._arm(batch, False)
+        warmed = drafting.steps >= self.warmup_steps and plain.steps >= self.warmup_steps
+        preferred = drafting.rate > plain.rate
+        self._arm(batch, drafted).record(tokens, seconds, self.smoothing)
+        if warmed and drafted != preferred:  # a probe of the other kind of step
+            self.since_probe[batch] = 0
+        else:
+            self.since_probe[batch] = self.since_probe.get(batch, 0) + 1
+
+    def summary(self) -> str:
+        """The measured rates, one line per batch size (for logs and bench reports)."""
+        lines = []
+        for batch in sorted({b for b, _ in self.measured}):
+            drafting, plain = self._arm(batch, True), self._arm(batch, False)
+            lines.append(
+                f"batch {batch}: drafting {drafting.rate:.1f} tokens/s over {drafting.steps} steps, "
+                f"plain {plain.rate:.1f} tokens/s over {plain.steps} steps"
+            )
+        return "\n".join(lines)
