@@ -98,6 +98,9 @@ class DraftHead(nn.Module):
     # Its draft caches hold key/value entries only, so a batch's rows can be stacked into one
     # draft_step (draftheads.infer.batch_draft); a head keeping other per-sequence state there says no.
     batch_drafting: ClassVar[bool] = True
+    # Its catch_up takes an ``attention_mask`` (B, 1, T, past + T), so a batch's rows catch up in
+    # one forward (left-padded to the longest: each row's last position is its real last one).
+    batch_catch_up: ClassVar[bool] = False
 
     def __init__(self, config: HeadConfig, base_config, base_name: str | None = None):
         super().__init__()
@@ -186,7 +189,7 @@ class DraftHead(nn.Module):
         (``draftheads.infer.cache.crop_to_lengths``)."""
         return (cache,)
 
-    def catch_up(self, cache, features, next_token_ids, position_ids):
+    def catch_up(self, cache, features, next_token_ids, position_ids, attention_mask=None):
         """Autoregressive heads: extend the draft cache over newly accepted positions.
 
         Args:
@@ -195,6 +198,8 @@ class DraftHead(nn.Module):
             next_token_ids: (B, T) the accepted token at position i + 1 for each new position i
                 (the last one is the token the base model just produced).
             position_ids: (B, T) absolute positions i.
+            attention_mask: (B, 1, T, past + T) additive, for heads with ``batch_catch_up``;
+                default: every row sees the whole cache and the new positions causally.
         Returns:
             ``(hidden, logits)`` at the last new position: (B, h) drafter state to feed the first
             draft step, and (B, V_draft) logits for the token after ``next_token_ids[:, -1]``.

@@ -52,6 +52,7 @@ class EagleHead(DraftHead):
     kind = "eagle"
     config_class = EagleConfig
     drafting = "autoregressive"
+    batch_catch_up = True
 
     def __init__(self, config: EagleConfig, base_config, base_name: str | None = None):
         super().__init__(config, base_config, base_name)
@@ -90,11 +91,13 @@ class EagleHead(DraftHead):
     def new_cache(self) -> DynamicCache:
         return DynamicCache()
 
-    def catch_up(self, cache, features, next_token_ids, position_ids):
+    def catch_up(self, cache, features, next_token_ids, position_ids, attention_mask=None):
         """See ``DraftHead.catch_up``. ``cache`` must hold exactly the accepted rows before
         ``position_ids[:, 0]``: crop rows written by ``draft_step`` first."""
         batch, length, _ = features.shape
-        mask = prefix_causal_mask(batch, cache.get_seq_length(), length, features.dtype, features.device)
+        mask = attention_mask
+        if mask is None:
+            mask = prefix_causal_mask(batch, cache.get_seq_length(), length, features.dtype, features.device)
         predicted = self.predict_features(features, next_token_ids, position_ids, mask, cache)  # (B, T, h)
         hidden = predicted[:, -1]  # (B, h)
         return hidden, self.base_lm_head(hidden)  # (B, h), (B, V)

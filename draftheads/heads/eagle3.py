@@ -141,6 +141,7 @@ class Eagle3Head(DraftHead):
     kind = "eagle3"
     config_class = Eagle3Config
     drafting = "autoregressive"
+    batch_catch_up = True
 
     def __init__(self, config: Eagle3Config, base_config, base_name: str | None = None):
         super().__init__(config, base_config, base_name)
@@ -275,12 +276,14 @@ class Eagle3Head(DraftHead):
     def new_cache(self) -> DynamicCache:
         return DynamicCache()
 
-    def catch_up(self, cache, features, next_token_ids, position_ids):
+    def catch_up(self, cache, features, next_token_ids, position_ids, attention_mask=None):
         """See ``DraftHead.catch_up``; ``features`` are (B, T, 3h). ``cache`` must hold exactly the
         accepted rows before ``position_ids[:, 0]``: crop rows written by ``draft_step`` first."""
         hidden = self.fuse(features)  # (B, T, h)
         batch, length, _ = hidden.shape
-        mask = prefix_causal_mask(batch, cache.get_seq_length(), length, hidden.dtype, hidden.device)
+        mask = attention_mask
+        if mask is None:
+            mask = prefix_causal_mask(batch, cache.get_seq_length(), length, hidden.dtype, hidden.device)
         hidden = self.step(hidden, next_token_ids, position_ids, mask, cache)[:, -1]  # (B, h)
         return hidden, self.logits(hidden)  # (B, h), (B, N)
 

@@ -10,8 +10,10 @@ drafter, a head sitting a step out) finishes at once. Each row's result depends 
 inputs, so the trees are what each row would have drafted alone, up to floating-point rounding of
 the batched kernels; verification decides what is accepted either way.
 
-What stays per row: catching up on the accepted tokens (``catch_up``, one short forward per row and
-step) and the Python bookkeeping of each tree.
+Catching up on the accepted tokens (a ``CatchUp``) is batched the same way for heads whose
+``catch_up`` takes a mask (``batch_catch_up``): the rows' new positions are left-padded to the
+longest, so each row's last position, whose state drafting starts from, is its real last one. What
+stays per row is the Python bookkeeping of each tree.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from collections.abc import Sequence
 
 import torch
 
-from draftheads.infer.draft import Draft, Drafter, Expansion, root_only
+from draftheads.infer.draft import CatchUp, Draft, Drafter, Expansion, root_only
 
 
 def propose_rows(
@@ -36,7 +38,7 @@ def propose_rows(
             drafts[row] = root_only(root)
         else:
             steps[row] = drafter.propose_steps(root, position, tree)
-    pending: dict[int, Expansion] = {}
+    pending: dict[int, Expansion | CatchUp] = {}
 
     def advance(row: int, result) -> None:
         try:
@@ -48,14 +50,83 @@ def propose_rows(
         advance(row, None)
     while pending:
         groups: dict[tuple, list[int]] = defaultdict(list)
-        for row, expansion in pending.items():
-            groups[(id(expansion.head), expansion.depth, expansion.cache_index)].append(row)
+        for row, request in pending.items():
+            if isinstance(request, CatchUp):
+                groups[(id(request.head), "catch-up")].append(row)
+            else:
+                groups[(id(request.head), request.depth, request.cache_index)].append(row)
         requests, pending = pending, {}
         for rows in groups.values():
-            results = run_together([requests[row] for row in rows])
+            group = [requests[row] for row in rows]
+            results = catch_up_together(group) if isinstance(group[0], CatchUp) else run_together(group)
             for row, result in zip(rows, results):
                 advance(row, result)
     return drafts
+
+
+def _stack_caches(head, caches, index: int, longest: int):
+    """A new draft cache of ``head`` whose ``index``-th cache holds the rows' ``caches`` (each a
+    batch of one) stacked, left-aligned and zero-padded to ``longest`` entries."""
+    batched = head.new_cache()
+    target = head.draft_caches(batched)[index]
+    for layer in range(len(caches[0].layers)):
+        stacked = []
+        for name in ("keys", "values"):
+            rows = [getattr(cache.layers[layer], name) for cache in caches]  # (1, H, keys_b, D) each
+            padded = rows[0].new_zeros(len(rows), *rows[0].shape[1:2], longest, rows[0].shape[-1])
+            for row, tensor in enumerate(rows):
+                padded[row, :, : tensor.shape[2]] = tensor[0]
+            stacked.append(padded)
+        target.update(*stacked, layer)
+    return batched, target
+
+
+def _append_rows(target, caches, slots) -> None:
+    """Append to each row's own cache its new entries from the stacked ``target``: row b's are the
+    slots ``slots[b]`` (a slice)."""
+    for row, (cache, where) in enumerate(zip(caches, slots)):
+        for layer in range(len(target.layers)):
+            new = [
+                getattr(target.layers[layer], name)[row : row + 1, :, where] for name in ("keys", "values")
+            ]
+            cache.update(*new, layer)
+
+
+def catch_up_together(requests: Sequence[CatchUp]) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Run rows' catch-ups (one head, each row on its own draft cache) as one ``catch_up``; return
+    each one's (1, h) state and (1, V) logits and append its new entries to its own cache, as
+    ``CatchUp.run`` does for one. Row b's n_b new positions sit at the end of the padded width
+    (left padding); a padding position sees only itself and nothing sees it."""
+    head = requests[0].head
+    caches = [head.draft_caches(r.cache)[0] for r in requests]
+    if len(requests) == 1 or not head.batch_catch_up or len({len(c.layers) for c in caches}) > 1:
+        # (a cache with no layers yet beside others that have some: nothing to stack it by)
+        return [request.run() for request in requests]
+    keys = [cache.get_seq_length() for cache in caches]
+    counts = [r.next_ids.shape[1] for r in requests]
+    longest, widest = max(keys), max(counts)
+    batched, target = _stack_caches(head, caches, 0, longest)
+    visible = torch.zeros(len(requests), widest, longest + widest, dtype=torch.bool)
+    visible[:, :, longest:].diagonal(dim1=1, dim2=2).fill_(True)  # every position sees itself
+    features, next_ids, position_ids = [], [], []
+    for row, (request, seen, count) in enumerate(zip(requests, keys, counts)):
+        pad = widest - count
+        visible[row, pad:, :seen] = True
+        visible[row, pad:, longest + pad :] = torch.ones(count, count, dtype=torch.bool).tril()
+        features.append(torch.cat([request.features[0, :1].expand(pad, -1), request.features[0]]))
+        next_ids.append(torch.cat([request.next_ids[0, :1].expand(pad), request.next_ids[0]]))
+        position_ids.append(torch.cat([request.position_ids[0, :1].expand(pad), request.position_ids[0]]))
+    dtype, device = requests[0].features.dtype, requests[0].features.device
+    mask = torch.zeros(visible.shape, dtype=dtype).masked_fill_(~visible, torch.finfo(dtype).min)
+    states, logits = head.catch_up(
+        batched,
+        torch.stack(features),  # (B, widest, F)
+        torch.stack(next_ids),  # (B, widest)
+        torch.stack(position_ids),  # (B, widest)
+        attention_mask=mask[:, None].to(device),  # (B, 1, widest, longest + widest)
+    )
+    _append_rows(target, caches, [slice(longest + widest - count, longest + widest) for count in counts])
+    return [(states[row : row + 1], logits[row : row + 1]) for row in range(len(requests))]
 
 
 def run_together(expansions: Sequence[Expansion]) -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -72,18 +143,7 @@ def run_together(expansions: Sequence[Expansion]) -> list[tuple[torch.Tensor, to
     first = expansions[0].parent_states
     dtype, device = first.dtype, first.device
 
-    batched = head.new_cache()
-    target = head.draft_caches(batched)[index]
-    for layer in range(len(caches[0].layers)):
-        stacked = []
-        for name in ("keys", "values"):
-            rows = [getattr(cache.layers[layer], name) for cache in caches]  # (1, H, keys_b, D) each
-            padded = rows[0].new_zeros(len(rows), *rows[0].shape[1:2], longest, rows[0].shape[-1])
-            for row, tensor in enumerate(rows):
-                padded[row, :, : tensor.shape[2]] = tensor[0]
-            stacked.append(padded)
-        target.update(*stacked, layer)
-
+    batched, target = _stack_caches(head, caches, index, longest)
     visible = torch.zeros(len(expansions), widest, longest + widest, dtype=torch.bool)
     visible[:, :, longest:].diagonal(dim1=1, dim2=2).fill_(True)  # padding nodes see themselves
     states, token_ids, position_ids = [], [], []
@@ -103,13 +163,5 @@ def run_together(expansions: Sequence[Expansion]) -> list[tuple[torch.Tensor, to
         torch.stack(position_ids),  # (B, n)
         mask[:, None].to(device),  # (B, 1, n, longest + n)
     )
-    results = []
-    for row, (cache, count) in enumerate(zip(caches, counts)):
-        for layer in range(len(target.layers)):
-            new = [
-                getattr(target.layers[layer], name)[row : row + 1, :, longest : longest + count]
-                for name in ("keys", "values")
-            ]
-            cache.update(*new, layer)
-        results.append((out_states[row, :count], out_logits[row, :count]))
-    return results
+    _append_rows(target, caches, [slice(longest, longest + count) for count in counts])
+    return [(out_states[row, :count], out_logits[row, :count]) for row, count in enumerate(counts)]

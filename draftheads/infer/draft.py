@@ -108,11 +108,29 @@ class Expansion:
         return states[0], logits[0]
 
 
-DraftSteps = Generator[Expansion, tuple[torch.Tensor, torch.Tensor], "Draft"]
+@dataclass(frozen=True)
+class CatchUp:
+    """The forward a drafter owes before it drafts: ``head.catch_up`` on its own ``cache`` over the
+    accepted positions it has not seen yet (features (1, n, F), next_ids (1, n), position_ids (1, n))."""
+
+    head: object
+    cache: object
+    features: torch.Tensor
+    next_ids: torch.Tensor
+    position_ids: torch.Tensor
+
+    def run(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The catch-up alone: (1, h) drafter state and (1, V_draft) logits at the last position."""
+        return self.head.catch_up(self.cache, self.features, self.next_ids, self.position_ids)
 
 
-def run_steps(steps: Generator[Expansion, tuple[torch.Tensor, torch.Tensor], object]):
-    """Drive a drafting generator alone: run each expansion it yields; return what it returns."""
+# A drafting generator yields the head forwards it needs (an ``Expansion`` per tree depth, a
+# ``CatchUp`` first where accepted tokens are pending), is sent each one's result, returns the Draft.
+DraftSteps = Generator[Expansion | CatchUp, tuple[torch.Tensor, torch.Tensor], "Draft"]
+
+
+def run_steps(steps: Generator[Expansion | CatchUp, tuple[torch.Tensor, torch.Tensor], object]):
+    """Drive a drafting generator alone: run each forward it yields; return what it returns."""
     try:
         expansion = next(steps)
         while True:
@@ -200,9 +218,10 @@ class Drafter:
         raise NotImplementedError
 
     def propose_steps(self, root: int, position: int, tree: StaticTree | DynamicTree) -> DraftSteps:
-        """``propose`` as a generator that yields each ``Expansion`` (one head forward) it needs and
-        is sent back its result, so that a batch's drafters can share one forward per depth
-        (``draftheads.infer.batch_draft``). Drafters with no forward of their own yield nothing."""
+        """``propose`` as a generator that yields each head forward it needs (a ``CatchUp``, an
+        ``Expansion`` per depth) and is sent back its result, so that a batch's drafters can share
+        one forward each (``draftheads.infer.batch_draft``). Drafters with no forward of their own
+        yield nothing."""
         return self.propose(root, position, tree)
         yield  # a generator that returns at once
 
@@ -391,6 +410,10 @@ class AutoregressiveDrafter(Drafter):
         self.pending.append((features, next_ids, position))
 
     def flush(self) -> None:
+        run_steps(self._catch_up_steps())
+
+    def _catch_up_steps(self) -> Generator[CatchUp, tuple[torch.Tensor, torch.Tensor], None]:
+        """Yield the ``CatchUp`` over every pending commit (nothing if none), take its result."""
         if not self.pending:
             return
         features = torch.cat([f for f, _, _ in self.pending], dim=1)  # (1, n, F)
@@ -398,7 +421,7 @@ class AutoregressiveDrafter(Drafter):
         position = self.pending[0][2]
         self.pending = []
         positions = position + torch.arange(next_ids.shape[1], device=next_ids.device)[None]  # (1, n)
-        self.state, self.logits = self.head.catch_up(self.cache, features, next_ids, positions)
+        self.state, self.logits = yield CatchUp(self.head, self.cache, features, next_ids, positions)
 
     # Where a depth-d expansion sits in the drafter's caches (overridden by MTP).
 
@@ -449,7 +472,7 @@ class AutoregressiveDrafter(Drafter):
 
     def propose_steps(self, root, position, tree) -> DraftSteps:
         self.check_tree(tree)
-        self.flush()
+        yield from self._catch_up_steps()
         caches = self.head.draft_caches(self.cache)
         lengths = cache_lengths(caches)
         root_token = torch.tensor(root, dtype=torch.long, device=self.state.device)

@@ -304,6 +304,45 @@ def test_batched_drafting_proposes_what_each_row_proposes_alone(model, kind):
     assert [cache_lengths(head.draft_caches(d.cache)) for d in drafters] == before
 
 
+@pytest.mark.parametrize("kind", ["eagle", "eagle3", "mtp"])
+@pytest.mark.parametrize("first", [True, False], ids=["from-empty-caches", "after-earlier-steps"])
+@torch.no_grad()
+def test_rows_catch_up_together_as_each_alone(model, kind, first):
+    """One catch-up forward for all rows (new positions of ragged counts, left-padded, over draft
+    caches of ragged lengths) gives each row the state, logits and cache entries it gets alone."""
+    from draftheads.infer.batch_draft import catch_up_together
+    from draftheads.infer.draft import drafter_for
+    from draftheads.infer.forward import prefill_forward
+
+    torch.manual_seed(0)
+    head = build_head(model, HEADS[kind][0]).attach(model).eval()
+    drafters = []
+    for row, prompt in enumerate(ragged_prompts(4, seed=5)):
+        _, output = prefill_forward(model, prompt[None], tuple(head.feature_layers))
+        drafter = drafter_for(head)
+        drafter.start(output.hidden_states, prompt[None], int(output.logits[0, -1].argmax()))
+        if not first:  # caught up on the prompt; then 1 to 4 accepted tokens pending
+            drafter.flush()
+            count = 1 + row % 4
+            features = torch.randn(1, count, drafter.select_features(output.hidden_states).shape[-1])
+            drafter.commit(features, torch.randint(3, 256, (1, count)), prompt.numel())
+        drafters.append(drafter)
+    alone = [drafter.fork() for drafter in drafters]
+    for drafter in alone:
+        drafter.flush()
+    requests = [next(drafter._catch_up_steps()) for drafter in drafters]
+    results = catch_up_together(requests)
+    for row, (single, (state, logits)) in enumerate(zip(alone, results)):
+        torch.testing.assert_close(state, single.state, rtol=1e-4, atol=1e-5, msg=f"row {row}")
+        torch.testing.assert_close(logits, single.logits, rtol=1e-4, atol=1e-5, msg=f"row {row}")
+        ours, theirs = head.draft_caches(drafters[row].cache), head.draft_caches(single.cache)
+        for cache, expected in zip(ours, theirs):
+            assert cache.get_seq_length() == expected.get_seq_length(), row
+            for layer, expected_layer in zip(cache.layers, expected.layers):
+                torch.testing.assert_close(layer.keys, expected_layer.keys, rtol=1e-4, atol=1e-5)
+                torch.testing.assert_close(layer.values, expected_layer.values, rtol=1e-4, atol=1e-5)
+
+
 def test_a_batch_where_drafting_cannot_pay_decodes_plainly(model):
     """Where the batch's cost curve says no tree could pay (ceiling <= 1), no row drafts: every step
     is a plain batched decoding step (tau 1), and the output is still each row's own."""
