@@ -436,12 +436,13 @@ class SpeculativeGenerator:
 
     def _batch_cost(self, batch: int, cache, roots: Sequence[int], lengths: Sequence[int]) -> CostCurve:
         """The verify-cost curve for ``batch`` rows: the constructor's ``cost`` for one row, else the
-        one in ``batch_costs`` (from ``tune-tree``, or measured before) for the smallest batch at
-        least this large, else measured now with the live cache (which is left as it was)."""
+        one in ``batch_costs`` (from ``tune-tree``, or measured before) for the smallest batch from
+        this size to twice it, else measured now with the live cache (which is left as it was)."""
         if self.cost is not None and batch == 1:
             return self.cost
-        # a curve tuned for a batch at least this large bounds this batch's costs from above
-        larger = [b for b in self.batch_costs if b >= batch]
+        # A curve for a somewhat larger batch bounds this one's costs from above (a batch that lost
+        # a row or two keeps its curve); a much larger one would price trees far too high.
+        larger = [b for b in self.batch_costs if batch <= b <= 2 * batch]
         if larger:
             return self.batch_costs[min(larger)]
         largest = padded_size(self.tree.max_nodes, self.pad_to_multiple)

@@ -11,13 +11,15 @@ work (every token of a tree costs about what a row's plain step costs).
 ``StepGate`` therefore measures the outcome directly: tokens emitted per second of decoding step,
 for steps that drafted and for plain steps (the root alone, every row), per batch size, as
 exponential moving averages. It keeps the faster of the two and tries the other every
-``probe_every`` steps, so it follows the text (repetitive passages make drafting pay, then stop)
-and the batch (it shrinks as rows finish; each size has its own measurements). A plain step is what
+``probe_every`` steps (less often the slower the other kind was), so it follows the text
+(repetitive passages make drafting pay, then stop) and the batch (it shrinks as rows finish; each
+size has its own measurements, and starts from the nearest size's). A plain step is what
 the base model's own decoding does, so a gated loop costs at most the probes over plain decoding.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 
@@ -47,12 +49,18 @@ class Throughput:
 class StepGate:
     """Decides, per step and batch size, whether the rows draft (True) or verify their roots alone.
 
-    Each batch size first drafts for ``warmup_steps`` steps, then steps plainly as long, then keeps
-    whichever emitted more tokens per second, and runs one step of the other every ``probe_every``
-    steps to keep its estimate fresh.
+    A batch size first drafts for ``warmup_steps`` steps, then steps plainly as long; from then on
+    it keeps whichever emitted more tokens per second and runs one step of the other kind now and
+    then to keep that estimate fresh: every ``probe_every`` steps, or less often when the other kind
+    was much slower, so that probing costs at most ``probe_budget`` of the time (a probe of a kind
+    r times slower costs r - 1 steps' worth), up to every ``max_probe_every`` steps. A batch size
+    not yet measured both ways follows the nearest one that is (a batch that lost a row behaves as
+    it did), measuring its own steps until it has both.
     """
 
     probe_every: int = 12
+    max_probe_every: int = 64
+    probe_budget: float = 0.02
     warmup_steps: int = 3
     smoothing: float = 0.2
     measured: dict[tuple[int, bool], Throughput] = field(default_factory=dict)  # (batch, drafted) ->
@@ -61,28 +69,51 @@ class StepGate:
     def _arm(self, batch: int, drafted: bool) -> Throughput:
         return self.measured.setdefault((batch, drafted), Throughput())
 
+    def _compare(self, batch: int) -> tuple[bool, float] | None:
+        """(whether drafting is the faster kind, faster rate / slower rate) for ``batch``, once both
+        kinds have ``warmup_steps`` steps measured; None before."""
+        drafting, plain = self.measured.get((batch, True)), self.measured.get((batch, False))
+        if drafting is None or plain is None or min(drafting.steps, plain.steps) < self.warmup_steps:
+            return None
+        faster, slower = (drafting, plain) if drafting.rate > plain.rate else (plain, drafting)
+        ratio = faster.rate / slower.rate if slower.rate > 0 else math.inf
+        return drafting.rate > plain.rate, ratio
+
+    def _decision(self, batch: int) -> tuple[bool, float] | None:
+        """``_compare`` for ``batch``, else for the nearest batch size measured both ways."""
+        own = self._compare(batch)
+        if own is not None:
+            return own
+        measured = sorted({b for b, _ in self.measured if self._compare(b) is not None})
+        if not measured:
+            return None
+        return self._compare(min(measured, key=lambda b: (abs(b - batch), b)))
+
+    def probe_interval(self, ratio: float) -> int:
+        """Steps between probes of a kind ``ratio`` times slower than the kept one."""
+        if not math.isfinite(ratio):
+            return self.max_probe_every
+        wanted = math.ceil((ratio - 1.0) / self.probe_budget)
+        return min(self.max_probe_every, max(self.probe_every, wanted))
+
     def drafts(self, batch: int) -> bool:
         """Whether a step of a ``batch``-row batch drafts."""
-        drafting, plain = self._arm(batch, True), self._arm(batch, False)
-        if drafting.steps < self.warmup_steps:
-            return True
-        if plain.steps < self.warmup_steps:
-            return False
-        better = drafting.rate > plain.rate
-        if self.since_probe.get(batch, 0) >= self.probe_every:
-            return not better
-        return better
+        decision = self._decision(batch)
+        if decision is None:  # warm-up: draft, then step plainly
+            return self._arm(batch, True).steps < self.warmup_steps
+        drafting_faster, ratio = decision
+        if self.since_probe.get(batch, 0) >= self.probe_interval(ratio):
+            return not drafting_faster
+        return drafting_faster
 
     def record(self, batch: int, drafted: bool, tokens: int, seconds: float) -> None:
         """One step of a ``batch``-row batch: whether it drafted, the tokens it emitted over all
         rows, and the seconds it took from drafting to the last row's bookkeeping."""
         if seconds < 0 or tokens < 0:
             raise ValueError(f"a step emits tokens >= 0 in seconds >= 0, got {tokens} in {seconds}")
-        drafting, plain = self._arm(batch, True), self._arm(batch, False)
-        warmed = drafting.steps >= self.warmup_steps and plain.steps >= self.warmup_steps
-        preferred = drafting.rate > plain.rate
+        decision = self._decision(batch)
         self._arm(batch, drafted).record(tokens, seconds, self.smoothing)
-        if warmed and drafted != preferred:  # a probe of the other kind of step
+        if decision is not None and drafted != decision[0]:  # a probe of the other kind of step
             self.since_probe[batch] = 0
         else:
             self.since_probe[batch] = self.since_probe.get(batch, 0) + 1

@@ -356,6 +356,21 @@ def test_a_batch_where_drafting_cannot_pay_decodes_plainly(model):
     assert all(r.stats.proposed_by_source == {} for r in result.results)
 
 
+def test_a_batch_cost_curve_serves_batches_up_to_half_its_size(model):
+    """A batch that lost a row keeps the curve of the batch it was; one row never prices its
+    trees with a 4-row curve: it measures its own."""
+    torch.manual_seed(0)
+    head = build_head(model, HEADS["eagle3"][0])
+    generator = SpeculativeGenerator(model, head, tree="chain-4", adaptive=True)
+    four = CostCurve((1, 2, 4), (1.0, 2.5, 5.0))
+    generator.batch_costs[4] = four
+    prompts = ragged_prompts(3, seed=4)
+    assert_rows_match(model, generator, prompts, max_new_tokens=8)
+    assert set(generator.batch_costs) == {4}  # three rows priced with the four-row curve
+    assert_rows_match(model, generator, prompts[:1], max_new_tokens=8)
+    assert set(generator.batch_costs) == {1, 4} and generator.cost is generator.batch_costs[1]
+
+
 def test_one_tree_size_for_the_batch():
     """Rows' trees are padded to the largest, so the batch picks one size for all rows."""
     from draftheads.infer.adaptive import common_tree_size, keep_likeliest

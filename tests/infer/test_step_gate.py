@@ -27,7 +27,7 @@ def _run(gate: StepGate, batch: int, steps: int, drafting_rate, plain_rate=lambd
 
 
 def test_the_gate_keeps_plain_steps_when_drafting_is_slower_and_probes_it():
-    gate = StepGate(probe_every=5, warmup_steps=2)
+    gate = StepGate(probe_every=5, warmup_steps=2, probe_budget=1.0)
     decisions = _run(gate, 4, 40, drafting_rate=lambda step: 7.0)
     assert decisions[:4] == [True, True, False, False]  # warm-up: each kind measured
     later = decisions[4:]
@@ -36,24 +36,47 @@ def test_the_gate_keeps_plain_steps_when_drafting_is_slower_and_probes_it():
 
 
 def test_the_gate_keeps_drafting_when_it_pays():
-    gate = StepGate(probe_every=5, warmup_steps=2)
+    gate = StepGate(probe_every=5, warmup_steps=2, probe_budget=1.0)
     decisions = _run(gate, 1, 40, drafting_rate=lambda step: 14.0)
     assert decisions[4:].count(False) == len(decisions[4:]) // 6
 
 
 def test_the_gate_follows_a_change_through_its_probes():
-    gate = StepGate(probe_every=4, warmup_steps=2)
+    gate = StepGate(probe_every=4, warmup_steps=2, probe_budget=1.0)
     decisions = _run(gate, 2, 80, drafting_rate=lambda step: 6.0 if step < 40 else 20.0)
     assert decisions[20:40].count(True) <= 4
     assert decisions[70:].count(True) >= 8  # a few probes moved the average past the plain rate
 
 
+def test_probes_of_a_much_slower_kind_are_rarer():
+    """A probe of a kind r times slower costs r - 1 steps: the interval keeps probes within the
+    budget, between probe_every and max_probe_every."""
+    gate = StepGate(probe_every=8, max_probe_every=64, probe_budget=0.02)
+    assert gate.probe_interval(1.05) == 8
+    assert gate.probe_interval(1.5) == 25
+    assert gate.probe_interval(3.0) == 64 and gate.probe_interval(float("inf")) == 64
+    decisions = _run(gate, 4, 200, drafting_rate=lambda step: 5.0)  # half the plain rate
+    assert decisions[6:].count(True) == 3  # one probe per 51 steps
+
+
 def test_each_batch_size_has_its_own_measurements():
-    gate = StepGate(probe_every=100, warmup_steps=2)
-    _run(gate, 16, 10, drafting_rate=lambda step: 5.0)
-    _run(gate, 1, 10, drafting_rate=lambda step: 15.0)
+    gate = StepGate(probe_every=3, warmup_steps=2, probe_budget=1.0)
+    _run(gate, 16, 30, drafting_rate=lambda step: 5.0)
+    _run(gate, 1, 30, drafting_rate=lambda step: 15.0)
+    assert gate.since_probe[16] < 3 and gate.since_probe[1] < 3
+    gate.since_probe.update({16: 0, 1: 0})
     assert not gate.drafts(16) and gate.drafts(1)
-    assert gate.drafts(8)  # never measured: warm-up drafts first
+
+
+def test_a_new_batch_size_follows_the_nearest_measured_one_until_it_has_its_own():
+    gate = StepGate(probe_every=8, max_probe_every=8, warmup_steps=2)
+    assert gate.drafts(12)  # nothing measured: the warm-up drafts first
+    _run(gate, 16, 10, drafting_rate=lambda step: 5.0)
+    assert not gate.drafts(12) and not gate.drafts(1)  # nearest measured: 16, where plain steps won
+    decisions = _run(gate, 15, 40, drafting_rate=lambda step: 30.0)  # but at 15 drafting pays
+    assert not any(decisions[:8])  # no warm-up: 16's choice until the first probe
+    assert decisions[-10:].count(True) >= 8  # two probes later 15 has both kinds measured: it drafts
+    assert gate.drafts(14)  # and 14 now follows 15
 
 
 def test_a_step_cannot_take_negative_time():
