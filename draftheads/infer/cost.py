@@ -7,6 +7,7 @@ compaction included), relative to N = 1, median over interleaved repeats, made n
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 import statistics
@@ -34,6 +35,12 @@ def isotonic(values: Sequence[float]) -> list[float]:
     return [total / count for total, count in blocks for _ in range(int(count))]
 
 
+@functools.lru_cache(maxsize=256)
+def _isotonic(values: tuple[float, ...]) -> tuple[float, ...]:
+    """``isotonic``, remembered: adaptive drafting reads the same curve many times a step."""
+    return tuple(isotonic(values))
+
+
 @dataclass(frozen=True)
 class CostCurve:
     """Measured seconds of one verification forward of N tree tokens. ``relative(n)`` interpolates
@@ -43,7 +50,7 @@ class CostCurve:
     seconds: tuple[float, ...]
 
     def fitted(self) -> list[float]:
-        return isotonic(self.seconds)
+        return list(_isotonic(self.seconds))
 
     def relative(self, size: int) -> float:
         fit = self.fitted()

@@ -20,6 +20,7 @@ no parent and no children, and is in no retrieve path, so it can never be accept
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -73,8 +74,15 @@ def tree_topology(parents: Sequence[int], pad_to_multiple: int = 1) -> TreeTopol
 
     ``pad_to_multiple`` appends padding nodes until the size is a multiple of it; a root-only tree
     stays one token (padding helps small GEMMs, and one row is not one: it is plain decoding).
+    Topologies are immutable and shared: the same parents give the same object (the decode loop
+    builds the same few small trees every step).
     """
-    parents = [int(p) for p in parents]
+    return _topology(tuple(int(p) for p in parents), pad_to_multiple)
+
+
+@functools.lru_cache(maxsize=4096)
+def _topology(parents: tuple[int, ...], pad_to_multiple: int) -> TreeTopology:
+    parents = list(parents)
     if not parents or parents[0] != ROOT_PARENT:
         raise ValueError(f"node 0 must be the root (parent {ROOT_PARENT}); got parents {parents[:4]}")
     for node, parent in enumerate(parents[1:], start=1):
