@@ -181,8 +181,8 @@ class HeadGate:
     steps_with: int = 0
     steps_out: int = 0
 
-    def _average(self, old: float, new: float, first: bool) -> float:
-        return new if first else old + self.smoothing * (new - old)
+    def _average(self, old: float, new: float, first: bool, weight: float | None = None) -> float:
+        return new if first else old + (self.smoothing if weight is None else weight) * (new - old)
 
     def head_drafts(self) -> bool:
         if self.steps_with < self.warmup_steps or self.step_seconds <= 0:
@@ -208,8 +208,11 @@ class HeadGate:
         self.tokens = self._average(self.tokens, tokens, False)
         if drafted:
             first = self.steps_with == 0
-            self.accepted = self._average(self.accepted, head_accepted, first)
-            self.seconds_with = self._average(self.seconds_with, propose_seconds, first)
+            # A probe after k steps out is the only news of those steps: it weighs what k + 1
+            # updates would have (an estimate that moved 10% per probe kept a head out for good).
+            weight = 1.0 - (1.0 - self.smoothing) ** (self.steps_out + 1)
+            self.accepted = self._average(self.accepted, head_accepted, first, weight)
+            self.seconds_with = self._average(self.seconds_with, propose_seconds, first, weight)
             self.steps_with += 1
             self.steps_out = 0
         else:

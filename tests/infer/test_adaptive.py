@@ -70,6 +70,20 @@ def test_head_gate_sits_out_a_head_that_does_not_pay_and_probes_it():
     assert paying.head_drafts()
 
 
+def test_a_probe_that_pays_brings_the_head_back_at_once():
+    """While out, a head's estimate is refreshed only by its probes, so a probe weighs what the
+    steps it stands for would have: one good probe is enough to draft again."""
+    gate = HeadGate("eagle", probe_every=8, warmup_steps=2)
+    for _ in range(4):  # useless: out after the warm-up
+        drafts = gate.head_drafts()
+        gate.record(drafts, 0.3 if drafts else 0.0, 1.0, head_accepted=0, tokens=1)
+    assert not gate.head_drafts()
+    while not gate.head_drafts():  # sit out until the probe
+        gate.record(False, 0.0, 1.0, head_accepted=0, tokens=1)
+    gate.record(True, 0.3, 1.0, head_accepted=1.5, tokens=2.5)  # the probe: now it pays
+    assert gate.head_drafts()
+
+
 HEAD_CONFIGS = {
     "medusa": MedusaConfig(num_heads=4, num_layers=1),
     "eagle": EagleConfig(),
