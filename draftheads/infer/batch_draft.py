@@ -23,6 +23,7 @@ from collections.abc import Sequence
 
 import torch
 
+from draftheads.heads.layers import additive_mask
 from draftheads.infer.draft import CatchUp, Draft, Drafter, Expansion, root_only
 
 
@@ -117,7 +118,7 @@ def catch_up_together(requests: Sequence[CatchUp]) -> list[tuple[torch.Tensor, t
         next_ids.append(torch.cat([request.next_ids[0, :1].expand(pad), request.next_ids[0]]))
         position_ids.append(torch.cat([request.position_ids[0, :1].expand(pad), request.position_ids[0]]))
     dtype, device = requests[0].features.dtype, requests[0].features.device
-    mask = torch.zeros(visible.shape, dtype=dtype).masked_fill_(~visible, torch.finfo(dtype).min)
+    mask = additive_mask(visible, dtype)
     states, logits = head.catch_up(
         batched,
         torch.stack(features),  # (B, widest, F)
@@ -154,7 +155,7 @@ def run_together(expansions: Sequence[Expansion]) -> list[tuple[torch.Tensor, to
         states.append(torch.cat([expansion.parent_states, expansion.parent_states[:1].expand(pad, -1)]))
         token_ids.append(torch.cat([expansion.token_ids, expansion.token_ids[:1].expand(pad)]))
         position_ids.append(torch.cat([expansion.position_ids, expansion.position_ids[:1].expand(pad)]))
-    mask = torch.zeros(visible.shape, dtype=dtype).masked_fill_(~visible, torch.finfo(dtype).min)
+    mask = additive_mask(visible, dtype)
     out_states, out_logits = head.draft_step(
         batched,
         depth,

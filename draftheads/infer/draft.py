@@ -37,6 +37,7 @@ from typing import ClassVar
 
 import torch
 
+from draftheads.heads.layers import additive_mask
 from draftheads.infer.cache import cache_lengths, crop_to_lengths
 from draftheads.infer.tree import (
     ROOT_PARENT,
@@ -93,10 +94,7 @@ class Expansion:
 
     def run(self) -> tuple[torch.Tensor, torch.Tensor]:
         """The expansion alone: ``draft_step`` on its own cache; (n, h) states and (n, V) logits."""
-        dtype = self.parent_states.dtype
-        mask = torch.zeros(self.visible.shape, dtype=dtype).masked_fill_(
-            ~self.visible, torch.finfo(dtype).min
-        )
+        mask = additive_mask(self.visible, self.parent_states.dtype)
         states, logits = self.head.draft_step(
             self.cache,
             self.depth,

@@ -519,7 +519,7 @@ class SpeculativeGenerator:
                 lengths = [lengths[i] for i in keep]
                 select_rows(cache, keep, max(lengths))
                 finished = []
-            drafting = True
+            drafting = gated = True
             if self.adaptive:
                 measuring = time.perf_counter()
                 cost = self._batch_cost(len(rows), cache, roots, lengths)
@@ -530,7 +530,8 @@ class SpeculativeGenerator:
                 # Where even a tree whose every node is accepted would not pay (the batch is
                 # compute-bound), the rows do not draft at all: plain batched decoding steps. Else
                 # the step gate keeps whichever kind of step has emitted more tokens per second.
-                drafting = cost.ceiling()[0] > 1.0 and self.step_gate.drafts(len(rows))
+                gated = cost.ceiling()[0] > 1.0
+                drafting = gated and self.step_gate.drafts(len(rows))
             step_started = time.perf_counter()
             # Node depth d lands at position length + d; accepting d drafts makes the sequence
             # length + d + 2 long, which must stay within the context: at its edge, verify the root alone.
@@ -539,7 +540,9 @@ class SpeculativeGenerator:
                 for n in lengths
             ]
             drafts = propose_rows(drafters, roots, lengths, trees)
-            if self.adaptive and len(rows) > 1:  # one tree size for the batch: see common_tree_size
+            if (
+                self.adaptive and drafting and len(rows) > 1
+            ):  # one tree size for the batch: see common_tree_size
                 probabilities = [d.path_probabilities(x) for d, x in zip(drafters, drafts)]
                 size = common_tree_size([p[1:] for p in probabilities], cost.relative, self.pad_to_multiple)
                 drafts = [
@@ -575,7 +578,7 @@ class SpeculativeGenerator:
                 drafter.commit(features, ids, lengths[b])
                 roots[b] = acceptance.next_token
             lengths = new_lengths
-            if self.adaptive and cost.ceiling()[0] > 1.0:
+            if self.adaptive and gated:
                 self.step_gate.record(len(rows), drafting, step_tokens, time.perf_counter() - step_started)
             yield chunks
 

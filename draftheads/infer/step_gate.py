@@ -122,7 +122,8 @@ class StepGate:
         """The measured rates, one line per batch size (for logs and bench reports)."""
         lines = []
         for batch in sorted({b for b, _ in self.measured}):
-            drafting, plain = self._arm(batch, True), self._arm(batch, False)
+            drafting = self.measured.get((batch, True), Throughput())
+            plain = self.measured.get((batch, False), Throughput())
             lines.append(
                 f"batch {batch}: drafting {drafting.rate:.1f} tokens/s over {drafting.steps} steps, "
                 f"plain {plain.rate:.1f} tokens/s over {plain.steps} steps"
