@@ -202,7 +202,7 @@ class ContinuousBatcher:
             queue.give(row.key, row.new_ids)
             rows[slot] = None
 
-    @torch.no_grad()
+    @torch.inference_mode()
     def run(self, queue: TurnQueue) -> None:
         """Answer every turn ``queue`` hands out, until it has none left."""
         cache = SlotCache(self.model.config.num_hidden_layers, self.slots)

@@ -165,12 +165,17 @@ def keep_likeliest(
 class HeadGate:
     """Keeps a head drafting while (the tokens per step only its nodes are expected to add) /
     (expected tokens per step) exceeds (its drafting seconds per step) / (seconds per step), all
-    exponential moving averages; a head that is out drafts again every ``probe_every`` steps to
-    refresh the estimate. Expected values (calibrated probabilities of the verified nodes) are far
-    less noisy than the 0, 1 or 2 tokens one step happens to accept."""
+    exponential moving averages; a head that is out drafts again now and then to refresh the
+    estimate: every ``probe_every`` steps, or less often when drafting costs a larger share of a
+    step, so that probes cost at most ``probe_budget`` of the time, up to every
+    ``max_probe_every`` steps. Expected values (calibrated probabilities of the verified nodes) are
+    far less noisy than the 0, 1 or 2 tokens one step happens to accept. The decode loop carries
+    one gate from a sequence to the next, so its warm-up is paid once."""
 
     source: str
     probe_every: int = 16
+    max_probe_every: int = 64
+    probe_budget: float = 0.02
     warmup_steps: int = 4  # steps the head always drafts before the first decision
     smoothing: float = 0.1
     accepted: float = 0.0  # EMA of the tokens per step only the head's nodes are expected to add
@@ -184,14 +189,21 @@ class HeadGate:
     def _average(self, old: float, new: float, first: bool, weight: float | None = None) -> float:
         return new if first else old + (self.smoothing if weight is None else weight) * (new - old)
 
+    def share_of_time(self) -> float:
+        """The share of a step's time the head's drafting adds."""
+        return max(self.seconds_with - self.seconds_without, 0.0) / self.step_seconds
+
+    def probe_interval(self) -> int:
+        """Steps out between probes: a probe costs ``share_of_time`` of a step."""
+        wanted = math.ceil(self.share_of_time() / self.probe_budget)
+        return min(self.max_probe_every, max(self.probe_every, wanted))
+
     def head_drafts(self) -> bool:
         if self.steps_with < self.warmup_steps or self.step_seconds <= 0:
             return True
-        if self.steps_out >= self.probe_every:
+        if self.steps_out >= self.probe_interval():
             return True
-        share_of_tokens = self.accepted / max(self.tokens, 1e-9)
-        share_of_time = max(self.seconds_with - self.seconds_without, 0.0) / self.step_seconds
-        return share_of_tokens > share_of_time
+        return self.accepted / max(self.tokens, 1e-9) > self.share_of_time()
 
     def record(
         self,

@@ -84,7 +84,7 @@ def synchronize(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-@torch.no_grad()
+@torch.inference_mode()
 def measure_verify_cost(
     model,
     cache,

@@ -16,6 +16,7 @@ the base model's distribution.
 
 from __future__ import annotations
 
+import copy
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -24,7 +25,7 @@ from pathlib import Path
 import torch
 
 from draftheads.base_model import DEFAULT_DTYPE
-from draftheads.infer.adaptive import AdaptiveDrafter, Calibration, common_tree_size, keep_likeliest
+from draftheads.infer.adaptive import AdaptiveDrafter, Calibration, HeadGate, common_tree_size, keep_likeliest
 from draftheads.infer.batch_draft import propose_rows
 from draftheads.infer.cache import keep_accepted_rows, select_rows
 from draftheads.infer.context import ContextDrafter, ContextTree
@@ -299,6 +300,8 @@ class SpeculativeGenerator:
         self.batch_costs: dict[int, CostCurve] = {}  # verify-cost curves by batch size, measured on need
         self.calibration = Calibration()  # adaptive drafting's, carried from one sequence to the next
         self.step_gate = StepGate()  # adaptive: whether steps draft at all, per batch size; carried too
+        # adaptive: whether the head drafts; each sequence starts from the last finished one's
+        self.head_gate: HeadGate | None = None
 
     @property
     def method(self) -> str:
@@ -318,7 +321,8 @@ class SpeculativeGenerator:
             if self.context is not None:
                 drafter = HybridDrafter(drafter)
         if self.adaptive:
-            drafter = AdaptiveDrafter(drafter, self.cost, self.calibration)
+            gate = copy.copy(self.head_gate) if self.head_gate is not None else None
+            drafter = AdaptiveDrafter(drafter, self.cost, self.calibration, gate)
         return drafter
 
     @classmethod
@@ -454,7 +458,7 @@ class SpeculativeGenerator:
             self.cost = self.batch_costs[1]
         return self.batch_costs[batch]
 
-    @torch.no_grad()
+    @torch.inference_mode()
     def _decode(
         self,
         prompts: list[torch.Tensor],
@@ -553,6 +557,10 @@ class SpeculativeGenerator:
             output = rows_forward(
                 model, cache, tokens_in_trees, [d.topology for d in drafts], lengths, hidden_layers
             )
+            if self.adaptive and gated and drafting:
+                # The gate weighs a drafting step by the tokens it was expected to emit (calibrated
+                # path probabilities): one step's 1, 2 or 3 accepted tokens are too noisy to compare.
+                step_expected = sum(sum(d.path_probabilities(x)) for d, x in zip(drafters, drafts))
             acceptances = [
                 verify_tree(output.logits[b, : tokens.numel()], tokens, draft.topology, params, generator)
                 for b, (tokens, draft) in enumerate(zip(tokens_in_trees, drafts))
@@ -571,6 +579,8 @@ class SpeculativeGenerator:
                 chunks.append((row, tokens))
                 if done:
                     finished.append(row)
+                    if getattr(drafter, "gate", None) is not None:  # what it learned, for the next
+                        self.head_gate = drafter.gate
                     continue
                 index = accepted[b].to(model.device)
                 features = drafter.select_features(_row_states(output.hidden_states, b), index)  # (1, A, F)
@@ -579,7 +589,8 @@ class SpeculativeGenerator:
                 roots[b] = acceptance.next_token
             lengths = new_lengths
             if self.adaptive and gated:
-                self.step_gate.record(len(rows), drafting, step_tokens, time.perf_counter() - step_started)
+                tokens = step_expected if drafting else step_tokens
+                self.step_gate.record(len(rows), drafting, tokens, time.perf_counter() - step_started)
             yield chunks
 
     # ---- public API ---------------------------------------------------------------------------

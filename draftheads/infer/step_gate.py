@@ -8,9 +8,12 @@ forward; with a batch they are not (the batch's forward is spread over its rows,
 work grows with them) and once the batch saturates the machine's compute, speculation only adds
 work (every token of a tree costs about what a row's plain step costs).
 
-``StepGate`` therefore measures the outcome directly: tokens emitted per second of decoding step,
-for steps that drafted and for plain steps (the root alone, every row), per batch size, as
-exponential moving averages. It keeps the faster of the two and tries the other every
+``StepGate`` therefore measures the outcome directly: tokens per second of decoding step, for
+steps that drafted and for plain steps (the root alone, every row), per batch size, as
+exponential moving averages. A plain step emits one token per row; a drafting step counts the
+tokens it was expected to emit (1 + the calibrated path probabilities of its nodes, per row),
+since the 1, 2 or 3 tokens one step happens to accept are too noisy to compare on: with a weak
+head, a few unlucky steps would otherwise send the gate to plain steps for many steps. It keeps the faster of the two and tries the other every
 ``probe_every`` steps (less often the slower the other kind was), so it follows the text
 (repetitive passages make drafting pay, then stop) and the batch (it shrinks as rows finish; each
 size has its own measurements, and starts from the nearest size's). A plain step is what
@@ -106,9 +109,10 @@ class StepGate:
             return not drafting_faster
         return drafting_faster
 
-    def record(self, batch: int, drafted: bool, tokens: int, seconds: float) -> None:
-        """One step of a ``batch``-row batch: whether it drafted, the tokens it emitted over all
-        rows, and the seconds it took from drafting to the last row's bookkeeping."""
+    def record(self, batch: int, drafted: bool, tokens: float, seconds: float) -> None:
+        """One step of a ``batch``-row batch: whether it drafted, the tokens it emitted (or was
+        expected to) over all rows, and the seconds it took from drafting to the last row's
+        bookkeeping."""
         if seconds < 0 or tokens < 0:
             raise ValueError(f"a step emits tokens >= 0 in seconds >= 0, got {tokens} in {seconds}")
         decision = self._decision(batch)

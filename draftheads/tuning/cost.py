@@ -37,7 +37,7 @@ class DecodingBench:
     """The state of a decoder after a prefix (base cache, root token, drafter), to time one step's
     pieces with the real code: verification forwards and the Drafter's ``propose`` and ``commit``."""
 
-    @torch.no_grad()
+    @torch.inference_mode()
     def __init__(self, model, head, prefix: torch.Tensor, pad_to_multiple: int, repeats: int):
         self.model, self.head, self.repeats = model, head, repeats
         self.device = model.device
@@ -78,7 +78,7 @@ class DecodingBench:
             times.append(time.perf_counter() - started)
         return statistics.median(times[1:])
 
-    @torch.no_grad()
+    @torch.inference_mode()
     def batch_verify_cost(self, batch: int, sizes: Sequence[int], progress: bool = True) -> CostCurve:
         """Median seconds of one batched step with ``batch`` rows (the prefix in every row), each
         verifying N tokens: what the decode loop weighs trees against at that batch size."""
@@ -94,7 +94,7 @@ class DecodingBench:
             self.model, self.cache, self.root, sizes, self.repeats, self.drafter.feature_layers, progress
         )
 
-    @torch.no_grad()
+    @torch.inference_mode()
     def draft_seconds(self, tree: StaticTree | DynamicTree) -> float:
         """Median seconds the drafter needs for one step with ``tree``: ``propose`` (which rolls its
         own writes back) plus the step's ``commit`` of the accepted tokens; memoised by tree shape."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from infer_stubs import greedy_reference
+from infer_stubs import gate_that_measured, greedy_reference
 
 from draftheads.heads import EagleConfig, MedusaConfig, MtpConfig, build_head
 from draftheads.infer import SpeculativeGenerator
@@ -82,6 +82,41 @@ def test_a_probe_that_pays_brings_the_head_back_at_once():
         gate.record(False, 0.0, 1.0, head_accepted=0, tokens=1)
     gate.record(True, 0.3, 1.0, head_accepted=1.5, tokens=2.5)  # the probe: now it pays
     assert gate.head_drafts()
+
+
+def test_head_gate_probes_within_its_budget():
+    """A probe costs the share of a step the head's drafting adds: the costlier the head, the rarer
+    its probes, between probe_every and max_probe_every."""
+    gate = HeadGate("eagle", probe_every=8, max_probe_every=64, probe_budget=0.02, warmup_steps=2)
+    for _ in range(2):
+        gate.record(True, 0.6, 1.0, head_accepted=0, tokens=1)  # drafting adds 60% of a step
+    assert gate.probe_interval() == 30
+    decisions = []
+    for _ in range(200):
+        drafts = gate.head_drafts()
+        decisions.append(drafts)
+        gate.record(drafts, 0.6 if drafts else 0.0, 1.0, head_accepted=0, tokens=1)
+    assert decisions.count(True) == 200 // 31  # one probe after every 30 steps out
+    cheap = HeadGate("eagle", probe_every=8, probe_budget=0.02, warmup_steps=1)
+    cheap.record(True, 0.1, 1.0, head_accepted=0, tokens=1)
+    assert cheap.probe_interval() == 8
+
+
+def test_the_head_gate_carries_from_one_sequence_to_the_next():
+    """An untrained head is found out once: the next prompt starts from what the last one learned
+    (a copy: a batch's rows do not share one)."""
+    model = make_tiny_llama()
+    torch.manual_seed(0)
+    head = build_head(model, EagleConfig())
+    cost = CostCurve((1, 4, 8, 16, 32), (1.0, 1.1, 1.2, 1.4, 1.9))
+    generator = SpeculativeGenerator(model, head, adaptive=True, cost=cost)
+    generator.step_gate = gate_that_measured(drafting_pays=True)  # every step asks the head gate
+    assert generator.new_drafter().gate.steps_with == 0
+    generator.generate(torch.tensor([1, 5, 9, 2]), max_new_tokens=24)
+    learned = generator.head_gate
+    assert learned is not None and learned.steps_with >= learned.warmup_steps
+    gate = generator.new_drafter().gate
+    assert gate is not learned and (gate.steps_with, gate.accepted) == (learned.steps_with, learned.accepted)
 
 
 HEAD_CONFIGS = {

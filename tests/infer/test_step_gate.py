@@ -101,3 +101,29 @@ def test_a_generator_whose_gate_finds_drafting_slower_decodes_plainly_and_lossle
             assert proposed > 0
         else:  # every step verified its root alone: plain decoding
             assert proposed == 0 and result.stats.verification_steps == 39
+
+
+def test_the_generator_weighs_a_drafting_step_by_its_expected_tokens():
+    """A drafting step counts 1 + the calibrated path probabilities of its nodes (what adaptive
+    drafting expected of it), a plain step its one token: what the gate compares is not the noise of
+    how many tokens one step happened to accept."""
+    model = make_tiny_llama()
+    torch.manual_seed(0)
+    head = build_head(model, EagleConfig())
+    cost = CostCurve((1, 4, 8, 16), (1.0, 1.05, 1.1, 1.2))
+    generator = SpeculativeGenerator(model, head, context=True, adaptive=True, cost=cost)
+    generator.step_gate = gate_that_measured(drafting_pays=True)
+    recorded = []
+    record = generator.step_gate.record
+
+    def spy(batch, drafted, tokens, seconds):
+        recorded.append((drafted, tokens))
+        record(batch, drafted, tokens, seconds)
+
+    generator.step_gate.record = spy
+    prompt = torch.randint(3, 256, (12,), generator=torch.Generator().manual_seed(5))
+    result = generator.generate(prompt, max_new_tokens=30)
+    drafted = [tokens for did, tokens in recorded if did]
+    assert drafted and all(tokens >= 1.0 for tokens in drafted)
+    assert any(tokens != int(tokens) for tokens in drafted)  # expected, not counted
+    assert sum(drafted) != result.stats.new_tokens - 1  # not the tokens the steps emitted
