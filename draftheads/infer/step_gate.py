@@ -13,7 +13,8 @@ steps that drafted and for plain steps (the root alone, every row), per batch si
 exponential moving averages. A plain step emits one token per row; a drafting step counts the
 tokens it was expected to emit (1 + the calibrated path probabilities of its nodes, per row),
 since the 1, 2 or 3 tokens one step happens to accept are too noisy to compare on: with a weak
-head, a few unlucky steps would otherwise send the gate to plain steps for many steps. It keeps the faster of the two and tries the other every
+head, a few unlucky steps would otherwise send the gate to plain steps for many steps. It keeps
+the faster of the two and tries the other every
 ``probe_every`` steps (less often the slower the other kind was), so it follows the text
 (repetitive passages make drafting pay, then stop) and the batch (it shrinks as rows finish; each
 size has its own measurements, and starts from the nearest size's). A plain step is what
