@@ -16,6 +16,8 @@ from draftheads.data.distill import DistillCounts, context_limit, distill
 from draftheads.data.sources import read_conversations
 from draftheads.settings import ConfigError
 
+DEFAULT_CHUNK = 1000  # source conversations per corpus chunk: about half an hour with vLLM on 2 cores
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     model, data, config = ModelConfig(), DataConfig(), DistillConfig()
@@ -29,8 +31,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--limit", type=positive_int, default=data.limit, help="regenerate the first N usable conversations"
     )
+    where = parser.add_mutually_exclusive_group(required=True)
+    where.add_argument("--out", type=Path, help="output JSONL (ShareGPT form); appended to, resumable")
+    where.add_argument(
+        "--corpus",
+        type=Path,
+        help="grow a corpus directory by one chunk (draftheads.data.corpus): the next --chunk source "
+        "conversations, gzipped and recorded in its manifest once done; resumable",
+    )
     parser.add_argument(
-        "--out", required=True, type=Path, help="output JSONL (ShareGPT form); appended to, resumable"
+        "--chunk", type=positive_int, default=DEFAULT_CHUNK, help="--corpus: source conversations per chunk"
     )
     parser.add_argument("--temperature", type=float, default=config.temperature, help="0: greedy")
     parser.add_argument("--max-new-tokens", type=positive_int, default=config.max_new_tokens)
@@ -78,7 +88,7 @@ def report(counts: DistillCounts, out: Path) -> str:
 
 
 def run_vllm(
-    args, config: DistillConfig, conversations, tokenizer, model_config, dtype: str
+    args, config: DistillConfig, conversations, tokenizer, model_config, dtype: str, out: Path
 ) -> DistillCounts:
     from draftheads.base_model import resolve_base_path
     from draftheads.data.distill_vllm import ServerEngine, check_server
@@ -95,7 +105,7 @@ def run_vllm(
             None,
             tokenizer,
             conversations,
-            args.out,
+            out,
             config,
             args.max_length,
             engine=engine.run,
@@ -104,7 +114,7 @@ def run_vllm(
 
     if config.server:
         return distill_with(config.server)
-    log = args.out.with_name(args.out.name + ".vllm.log")
+    log = out.with_name(out.name + ".vllm.log")
     print(f"[distill] starting vLLM from {config.vllm_venv} on {base_path} (log: {log})")
     started = time.perf_counter()
     with vllm_server(config.vllm_venv, base_path, log, dtype=dtype, max_model_len=context or 2048) as url:
@@ -133,7 +143,20 @@ def run(args: argparse.Namespace) -> int:
     except ConfigError as err:
         raise SystemExit(f"distill: {err}") from None
     start = time.perf_counter()
-    conversations, source_report = read_conversations(args.data, args.split, args.limit)
+    corpus = None
+    if args.corpus is not None:
+        if args.limit is not None:
+            raise SystemExit("distill: --limit does not apply to --corpus (its chunks say which to answer)")
+        corpus = open_corpus(args, config)
+        out, first, last = corpus.begin_chunk(args.chunk, config.resolved_engine())
+        print(f"[distill] {corpus.summary()}; this chunk: source conversations {first}..{last - 1}")
+        conversations, source_report = read_conversations(args.data, args.split, last)
+        conversations = conversations[first:]
+        if not conversations:
+            raise SystemExit(f"distill: {args.data} has nothing after conversation {first - 1}: all answered")
+    else:
+        out = args.out
+        conversations, source_report = read_conversations(args.data, args.split, args.limit)
     print(
         f"[distill] {source_report.conversations} conversations from {source_report.source} "
         f"(dropped: {source_report.dropped or 'none'})"
@@ -147,7 +170,8 @@ def run(args: argparse.Namespace) -> int:
         from draftheads.data.vllm_server import ServerError
 
         try:
-            counts = run_vllm(args, config, conversations, load_tokenizer(args.base), model_config, dtype)
+            tokenizer = load_tokenizer(args.base)
+            counts = run_vllm(args, config, conversations, tokenizer, model_config, dtype, out)
         except ServerError as err:
             raise SystemExit(f"distill: {err}") from None
     else:
@@ -158,8 +182,39 @@ def run(args: argparse.Namespace) -> int:
         if not args.no_pack:
             pack_linears(model)
         engine = ContinuousBatcher(model, tokenizer, config, seed=args.seed)
-        counts = distill(
-            model, tokenizer, conversations, args.out, config, args.max_length, engine=engine.run
+        counts = distill(model, tokenizer, conversations, out, config, args.max_length, engine=engine.run)
+    print(report(counts, out) + f" ({time.perf_counter() - start:.1f} s in all)")
+    if corpus is not None:
+        corpus.add_seconds(counts.seconds, config.resolved_engine())
+        chunk = corpus.seal_chunk(first + len(conversations), lambda text: len(tokenizer.encode(text)))
+        print(
+            f"[distill] sealed {args.corpus / chunk.file}: {chunk.conversations} conversations, "
+            f"{chunk.answers} answers, {chunk.answer_tokens} answer tokens; {corpus.summary()}"
         )
-    print(report(counts, args.out) + f" ({time.perf_counter() - start:.1f} s in all)")
     return 0
+
+
+def open_corpus(args, config: DistillConfig):
+    """The corpus ``--corpus`` names, created with this run's settings or checked against them."""
+    from draftheads.base_model import ALIASES, locate_embedded, resolve_dtype
+    from draftheads.data.corpus import Corpus, CorpusSettings, tree_sha256
+    from draftheads.data.sources import resolve_source
+
+    kind, location = resolve_source(args.data)
+    base = Path(args.base)
+    if args.base in ALIASES:
+        base = locate_embedded(args.base)
+    elif not base.exists():
+        raise SystemExit(f"distill: --corpus records the base's sha256: give a local base, not {args.base}")
+    settings = CorpusSettings(
+        source=args.data,
+        source_sha256=None if kind == "dataset" else tree_sha256(Path(location)),
+        split=args.split,
+        base=args.base,
+        base_sha256=tree_sha256(base),
+        max_new_tokens=config.max_new_tokens,
+        max_length=args.max_length,
+        temperature=config.temperature,
+        dtype=str(resolve_dtype(args.dtype, args.device)).removeprefix("torch."),
+    )
+    return Corpus.open_or_create(args.corpus, settings)

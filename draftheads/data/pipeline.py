@@ -82,6 +82,9 @@ class DataReport:
 def source_identity(source: str, split: str) -> str:
     """A string that changes when the source's content may have changed (path, size, mtime)."""
     kind, location = resolve_source(source)
+    if kind == "corpus":  # its manifest holds every sealed chunk's sha256
+        manifest = (Path(location) / "manifest.json").read_bytes()
+        return f"corpus:{Path(location).resolve()}:" + hashlib.sha256(manifest).hexdigest()
     if kind != "dataset":
         stat = Path(location).stat()
         return f"{kind}:{Path(location).resolve()}:{stat.st_size}:{stat.st_mtime_ns}"

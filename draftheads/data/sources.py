@@ -449,10 +449,14 @@ def locate_sharegpt() -> Path:
 
 
 def resolve_source(source: str) -> tuple[str, Path | str]:
-    """``(kind, location)`` with kind in sharegpt | json | jsonl | parquet | dataset."""
+    """``(kind, location)`` with kind in sharegpt | json | jsonl | parquet | corpus | dataset."""
+    from draftheads.data.corpus import Corpus
+
     if source == "sharegpt":
         return "sharegpt", locate_sharegpt()
     path = Path(source)
+    if path.is_dir() and Corpus.is_corpus(path):
+        return "corpus", path
     name = path.name.removesuffix(".gz")
     suffix = Path(name).suffix
     if suffix in LOCAL_SUFFIXES:
@@ -478,7 +482,8 @@ def read_conversations(
     """Read and normalise conversations from ``source`` (see ``DataConfig.source``).
 
     Args:
-        source: ``sharegpt``, a ``.json``/``.jsonl``/``.parquet`` path, or a dataset id/directory.
+        source: ``sharegpt``, a ``.json``/``.jsonl``/``.parquet`` path, a distilled corpus
+            directory (``draftheads.data.corpus``), or a dataset id/directory.
         split: split name for datasets.
         limit: stop after this many usable conversations (None: read everything).
 
@@ -493,6 +498,10 @@ def read_conversations(
         records = iter_json_file(Path(location), report)
     elif kind == "jsonl":
         records = iter_json_lines(Path(location), report)
+    elif kind == "corpus":
+        from draftheads.data.corpus import Corpus
+
+        records = (r for path in Corpus.load(location).files() for r in iter_json_lines(path, report))
     else:
         records = iter_parquet(Path(location), report)
     conversations: list[Conversation] = []

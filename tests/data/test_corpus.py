@@ -1,0 +1,116 @@
+"""A distilled corpus grows one chunk per ``draftheads distill --corpus`` run, resumes an interrupted
+chunk, refuses a run with other settings, and reads back through the pipeline as a local source."""
+
+from __future__ import annotations
+
+import gzip
+import json
+
+import pytest
+from data_fixtures import sharegpt_record, write_jsonl
+
+from draftheads.cli import main
+from draftheads.data.corpus import MANIFEST, Corpus, CorpusError
+from draftheads.data.pipeline import source_identity
+from draftheads.data.sources import read_conversations
+
+
+@pytest.fixture
+def source(tmp_path):
+    records = [sharegpt_record(f"c{i}", ("human", f"question {i}"), ("gpt", "old")) for i in range(5)]
+    return write_jsonl(tmp_path / "chats.jsonl", records)
+
+
+def _distill(tiny_base_dir, source, corpus, *extra) -> int:
+    return main(
+        [
+            "distill",
+            "--base",
+            str(tiny_base_dir),
+            "--data",
+            str(source),
+            "--corpus",
+            str(corpus),
+            "--chunk",
+            "2",
+            "--max-new-tokens",
+            "5",
+            "--batch-size",
+            "2",
+            *extra,
+        ]
+    )
+
+
+def test_a_corpus_grows_chunk_by_chunk_and_reads_as_a_source(tmp_path, tiny_base_dir, source, capsys):
+    corpus_dir = tmp_path / "corpus"
+    for _ in range(3):  # 2 + 2 + the last 1
+        assert _distill(tiny_base_dir, source, corpus_dir) == 0
+    corpus = Corpus.load(corpus_dir)
+    assert [(c.start, c.end, c.conversations) for c in corpus.chunks] == [(0, 2, 2), (2, 4, 2), (4, 5, 1)]
+    assert all(c.answers == c.conversations and c.answer_tokens > 0 for c in corpus.chunks)
+    assert sorted(p.name for p in corpus_dir.iterdir()) == [
+        MANIFEST,
+        "part-00000.jsonl.gz",
+        "part-00001.jsonl.gz",
+        "part-00002.jsonl.gz",
+    ]
+    with pytest.raises(SystemExit, match="nothing after conversation 4"):
+        _distill(tiny_base_dir, source, corpus_dir)
+
+    conversations, report = read_conversations(str(corpus_dir))
+    assert [c.id for c in conversations] == ["c0", "c1", "c2", "c3", "c4"] and report.dropped == {}
+    assert all(c.messages[-1]["content"] != "old" for c in conversations)  # the base's own answers
+
+    # the same answers give the same bytes: a chunk re-distilled elsewhere has the same sha256
+    again = tmp_path / "again"
+    assert _distill(tiny_base_dir, source, again) == 0
+    assert Corpus.load(again).chunks[0].sha256 == corpus.chunks[0].sha256
+
+    # a sealed chunk that changed is refused, naming it; the pipeline's cache key follows the manifest
+    identity = source_identity(str(corpus_dir), "train")
+    with gzip.open(corpus_dir / "part-00001.jsonl.gz", "wt") as stream:
+        stream.write(json.dumps(sharegpt_record("x", ("human", "h"), ("gpt", "g"))) + "\n")
+    with pytest.raises(CorpusError, match="part-00001.jsonl.gz: sha256 .* differs"):
+        read_conversations(str(corpus_dir))
+    assert source_identity(str(corpus_dir), "train") == identity  # the manifest did not change
+
+
+def test_an_interrupted_chunk_resumes_and_keeps_its_range(tmp_path, tiny_base_dir, source):
+    corpus_dir = tmp_path / "corpus"
+    assert _distill(tiny_base_dir, source, corpus_dir) == 0
+    # a run that died after writing one of its conversations: the pending file and its range remain
+    pending = {"start": 2, "end": 4, "seconds": 1.5, "engine": "hf"}
+    (corpus_dir / "part-00001.pending.json").write_text(json.dumps(pending))
+    record = sharegpt_record("c2", ("human", "question 2"), ("gpt", "an answer kept from before"))
+    (corpus_dir / "part-00001.jsonl").write_text(json.dumps(record) + "\n")
+    assert _distill(tiny_base_dir, source, corpus_dir, "--chunk", "3") == 0  # the pending range wins
+    chunk = Corpus.load(corpus_dir).chunks[1]
+    assert (chunk.start, chunk.end, chunk.conversations) == (2, 4, 2) and chunk.seconds >= 1.5
+    conversations, _ = read_conversations(str(corpus_dir))
+    assert conversations[2].messages[-1]["content"] == "an answer kept from before"
+
+
+def test_a_run_with_other_settings_is_refused(tmp_path, tiny_base_dir, source, capsys):
+    corpus_dir = tmp_path / "corpus"
+    assert _distill(tiny_base_dir, source, corpus_dir) == 0
+    assert _distill(tiny_base_dir, source, corpus_dir, "--max-new-tokens", "7") == 1
+    assert "field 'settings.max_new_tokens' is 5, this run's 7" in capsys.readouterr().err
+    with pytest.raises(SystemExit, match="--limit does not apply"):
+        _distill(tiny_base_dir, source, corpus_dir, "--limit", "3")
+    assert len(Corpus.load(corpus_dir).chunks) == 1  # nothing was lost or added
+
+
+def test_bad_manifests_are_named(tmp_path):
+    corpus_dir = tmp_path / "corpus"
+    corpus_dir.mkdir()
+    (corpus_dir / MANIFEST).write_text("{")
+    with pytest.raises(CorpusError, match="manifest.json: not valid JSON"):
+        Corpus.load(corpus_dir)
+    (corpus_dir / MANIFEST).write_text(
+        json.dumps({"format": "draftheads-corpus/1", "settings": {}, "chunks": []})
+    )
+    with pytest.raises(CorpusError, match="field 'settings': missing fields"):
+        Corpus.load(corpus_dir)
+    with pytest.raises(CorpusError, match="no manifest.json"):
+        Corpus.load(tmp_path)
