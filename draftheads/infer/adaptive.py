@@ -7,8 +7,9 @@ continue that way); ``Calibration`` maps (source, estimate) to the rate at which
 actually accepted such nodes, learned online (draft confidence is a good predictor of acceptance:
 Li et al. 2024, "EAGLE-2", sec. 3; SpecDec++, Huang et al. 2024, stops drafting on a predicted
 acceptance threshold). ``select_nodes`` then keeps the best-first subtree that maximises expected
-tokens per step over the measured cost of verifying it (``infer/cost.py``); when nothing pays, the
-step verifies the root alone, which is exactly a plain decoding step.
+tokens per step over the step's cost: the measured cost of verifying it (``infer/cost.py``) plus
+the time already spent drafting it; when nothing pays, the step verifies the root alone, which is
+exactly a plain decoding step.
 
 A head's drafting time is spent before its tree can be pruned, so ``HeadGate`` also decides,
 from online measurements, whether the head drafts at all this step: it stays in while the share of
@@ -311,7 +312,13 @@ class AdaptiveDrafter(Drafter):
             draft = root_only(root)
         parents = list(draft.topology.parents[: draft.topology.num_nodes])
         probabilities = self.path_probabilities(draft)
-        kept = select_nodes(parents, probabilities, self.cost.relative, self.pad_to_multiple)
+        # The drafting time is spent whatever is kept, so a step costs drafting + verification:
+        # nodes are weighed against that (pricing them against verification alone made every node
+        # look dearer than it is, and trees were cut smaller than paid).
+        drafted = (time.perf_counter() - started) / self.cost.fitted()[0]  # in 1-token verifications
+        kept = select_nodes(
+            parents, probabilities, lambda size: self.cost.relative(size) + drafted, self.pad_to_multiple
+        )
         pruned = prune_draft(draft, kept, self.pad_to_multiple)
         own = self.gate.source if self.gate is not None else None
         self._expected = (

@@ -3,15 +3,17 @@ that sits a head out, and losslessness with every drafter wrapped (greedy == gen
 
 from __future__ import annotations
 
+import time
+
 import pytest
 import torch
 from infer_stubs import gate_that_measured, greedy_reference
 
 from draftheads.heads import EagleConfig, MedusaConfig, MtpConfig, build_head
 from draftheads.infer import SpeculativeGenerator
-from draftheads.infer.adaptive import Calibration, HeadGate, prune_draft, select_nodes
+from draftheads.infer.adaptive import AdaptiveDrafter, Calibration, HeadGate, prune_draft, select_nodes
 from draftheads.infer.cost import CostCurve
-from draftheads.infer.draft import Draft
+from draftheads.infer.draft import Draft, Drafter
 from draftheads.infer.tree import ROOT_PARENT, tree_topology
 from tests.conftest import make_tiny_llama
 
@@ -154,3 +156,29 @@ def test_adaptive_drafting_greedy_matches_generate(kind, context):
         )
     assert generator_measuring.cost is not None and generator_measuring.cost.sizes[0] == 1
     assert generator.method.endswith("/adaptive")
+
+
+class _SlowDrafter(Drafter):
+    """Proposes the root and one child scored 0.6, taking ``seconds`` to do it."""
+
+    def __init__(self, seconds: float):
+        super().__init__(None)
+        self.seconds = seconds
+
+    @property
+    def source(self) -> str:
+        return "context"
+
+    def propose(self, root, position, tree) -> Draft:
+        time.sleep(self.seconds)
+        tokens = torch.tensor([root, 7])
+        return Draft(tokens, tree_topology([ROOT_PARENT, 0]), ("", "context"), (1.0, 0.6))
+
+
+def test_a_node_is_weighed_against_the_drafting_already_spent():
+    """Verifying 2 tokens costs 2x one here, so a node accepted 60% of the time does not pay for its
+    verification alone (1.6 / 2 < 1); but once 5 verifications' worth of drafting is spent, the step
+    costs 6 or 7 and the node raises tokens per second (1.6 / 7 > 1 / 6)."""
+    cost = CostCurve((1, 2), (0.01, 0.02))
+    assert AdaptiveDrafter(_SlowDrafter(0.0), cost).propose(3, 10, None).tokens.tolist() == [3]
+    assert AdaptiveDrafter(_SlowDrafter(0.05), cost).propose(3, 10, None).tokens.tolist() == [3, 7]
