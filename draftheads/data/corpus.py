@@ -170,6 +170,8 @@ class Corpus:
     def summary(self) -> str:
         conversations = sum(c.conversations for c in self.chunks)
         tokens = sum(c.answer_tokens for c in self.chunks)
+        if not self.chunks:
+            return f"{self.directory}: no chunks yet"
         return (
             f"{self.directory}: {len(self.chunks)} chunks, source conversations 0..{self.next_start - 1}, "
             f"{conversations} conversations written, {tokens} answer tokens"
