@@ -244,7 +244,9 @@ class Corpus:
         path, pending = self._pending_paths()
         state = json.loads(pending.read_text(encoding="utf-8"))
         raw = path.read_bytes() if path.is_file() else b""
-        records = [json.loads(line) for line in raw.decode("utf-8").splitlines() if line.strip()]
+        # JSON Lines end at "\n" only: str.splitlines would also split at U+2028 and the like,
+        # which answers may hold raw (they are written with ensure_ascii=False).
+        records = [json.loads(line) for line in raw.decode("utf-8").split("\n") if line.strip()]
         answers = [t["value"] for r in records for t in r["conversations"] if t["from"] == "gpt"]
         sealed = path.with_name(path.name + ".gz")
         with (

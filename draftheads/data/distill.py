@@ -73,7 +73,7 @@ def written_ids(path: Path) -> set[str]:
             stream.truncate(keep)
         raw = raw[:keep]
     ids = set()
-    for line in raw.decode("utf-8").splitlines():
+    for line in raw.decode("utf-8").split("\n"):  # not splitlines: answers may hold a raw U+2028
         if line.strip():
             ids.add(str(json.loads(line)["id"]))
     return ids

@@ -17,7 +17,10 @@ from draftheads.data.sources import read_conversations
 
 @pytest.fixture
 def source(tmp_path):
-    records = [sharegpt_record(f"c{i}", ("human", f"question {i}"), ("gpt", "old")) for i in range(5)]
+    # a raw U+2028 (JSON Lines written with ensure_ascii=False keep it) is not a line break
+    records = [
+        sharegpt_record(f"c{i}", ("human", f"question {i}\u2028and"), ("gpt", "old")) for i in range(5)
+    ]
     return write_jsonl(tmp_path / "chats.jsonl", records)
 
 
@@ -82,7 +85,7 @@ def test_an_interrupted_chunk_resumes_and_keeps_its_range(tmp_path, tiny_base_di
     # a run that died after writing one of its conversations: the pending file and its range remain
     pending = {"start": 2, "end": 4, "seconds": 1.5, "engine": "hf"}
     (corpus_dir / "part-00001.pending.json").write_text(json.dumps(pending))
-    record = sharegpt_record("c2", ("human", "question 2"), ("gpt", "an answer kept from before"))
+    record = sharegpt_record("c2", ("human", "question 2\u2028and"), ("gpt", "an answer kept from before"))
     (corpus_dir / "part-00001.jsonl").write_text(json.dumps(record) + "\n")
     assert _distill(tiny_base_dir, source, corpus_dir, "--chunk", "3") == 0  # the pending range wins
     chunk = Corpus.load(corpus_dir).chunks[1]
