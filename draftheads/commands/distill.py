@@ -16,7 +16,7 @@ from draftheads.data.distill import DistillCounts, context_limit, distill
 from draftheads.data.sources import read_conversations
 from draftheads.settings import ConfigError
 
-DEFAULT_CHUNK = 1000  # source conversations per corpus chunk: about half an hour with vLLM on 2 cores
+DEFAULT_CHUNK = 1000  # source conversations per corpus chunk: about 10 minutes with vLLM on 2 cores
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
