@@ -10,6 +10,7 @@ would have raised.
 from __future__ import annotations
 
 import errno
+import hashlib
 import os
 import shutil
 from pathlib import Path
@@ -23,6 +24,12 @@ class InsufficientSpaceError(OSError):
 
     def __str__(self) -> str:
         return str(self.strerror)  # the sentence alone, without OSError's "[Errno 28]" prefix
+
+
+def file_sha256(path: Path) -> str:
+    """The sha256 of a file's bytes, as hex (checkpoint and corpus manifests record it)."""
+    with open(path, "rb") as handle:
+        return hashlib.file_digest(handle, "sha256").hexdigest()
 
 
 def format_bytes(count: int) -> str:

@@ -30,6 +30,7 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
 from draftheads.data.sources import DataError
+from draftheads.storage import file_sha256
 
 FORMAT = "draftheads-corpus/1"
 MANIFEST = "manifest.json"
@@ -37,14 +38,6 @@ MANIFEST = "manifest.json"
 
 class CorpusError(DataError):
     """A corpus directory, its manifest or a chunk is not what it should be (names which)."""
-
-
-def file_sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as stream:
-        for block in iter(lambda: stream.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def tree_sha256(path: Path) -> str:
@@ -154,9 +147,10 @@ class Corpus:
             path = self.directory / chunk.file
             if not path.is_file():
                 raise CorpusError(f"{self.directory / MANIFEST}: chunk file {chunk.file} is missing")
-            if verify and file_sha256(path) != chunk.sha256:
+            digest = file_sha256(path) if verify else chunk.sha256
+            if digest != chunk.sha256:
                 raise CorpusError(
-                    f"{path}: sha256 {file_sha256(path)} differs from the manifest's {chunk.sha256} "
+                    f"{path}: sha256 {digest} differs from the manifest's {chunk.sha256} "
                     "(the file changed after it was sealed)"
                 )
             paths.append(path)

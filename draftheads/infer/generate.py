@@ -579,7 +579,7 @@ class SpeculativeGenerator:
                 chunks.append((row, tokens))
                 if done:
                     finished.append(row)
-                    if getattr(drafter, "gate", None) is not None:  # what it learned, for the next
+                    if self.adaptive and drafter.gate is not None:  # what it learned, for the next
                         self.head_gate = drafter.gate
                     continue
                 index = accepted[b].to(model.device)

@@ -23,7 +23,6 @@ Checkpoints written before manifests existed load unverified.
 from __future__ import annotations
 
 import errno
-import hashlib
 import json
 import os
 import random
@@ -37,7 +36,7 @@ from typing import Any
 
 import torch
 
-from draftheads.storage import InsufficientSpaceError, check_free_space, format_bytes
+from draftheads.storage import InsufficientSpaceError, check_free_space, file_sha256, format_bytes
 
 CHECKPOINTS_DIR = "checkpoints"
 ENGINE_TAG = "engine"
@@ -80,11 +79,6 @@ def read_trainer_state(checkpoint: str | Path) -> dict[str, Any]:
 
 class CorruptCheckpointError(RuntimeError):
     """A checkpoint whose files do not match its manifest (or cannot be read)."""
-
-
-def file_sha256(path: Path) -> str:
-    with open(path, "rb") as handle:
-        return hashlib.file_digest(handle, "sha256").hexdigest()
 
 
 def write_manifest(directory: Path) -> None:
