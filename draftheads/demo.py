@@ -5,7 +5,10 @@
 2. train: an EAGLE-3 head on them (``configs/eagle3-smollm2.yaml``, shortened);
 3. tune: choose the draft tree for this machine from measured acceptance and costs (``tune-tree``);
 4. generate: answer an MT-bench question with the head (streamed), then with plain HF greedy
-   ``generate``, and report tau, both speeds, the speedup and whether the outputs are identical.
+   ``generate``, and report tau, both speeds, the speedup and whether the outputs are identical;
+5. shipped: the same question with the head this project ships (``docs/results/heads``: trained for
+   tens of minutes on thousands of the base model's own answers), so the first run shows what
+   training at scale buys over the demo's few minutes.
 
 Each stage reuses what a previous run left in the demo directory (a finished distillation, head or
 tuned tree; an interrupted training resumes from its last checkpoint), so a re-run goes straight to
@@ -54,6 +57,9 @@ class DemoSettings:
     )
     max_new_tokens: int = 128
     warmup_tokens: int = 8
+    # A head trained at scale for the same base, relative to the checkout like ``config``; None skips
+    # stage 5. docs/training.md records how it was trained.
+    shipped_head: str | None = "docs/results/heads/eagle3-distilled"
 
 
 @dataclass
@@ -65,11 +71,15 @@ class StageTimes:
     train: float = 0.0
     tune: float = 0.0
     generate: float = 0.0
+    shipped: float = 0.0
     reused: list[str] = field(default_factory=list)
 
 
+STAGES = 5
+
+
 def heading(number: int, title: str) -> None:
-    print(f"\n=== {number}/4 {title} ===", flush=True)
+    print(f"\n=== {number}/{STAGES} {title} ===", flush=True)
 
 
 # ---- stages -------------------------------------------------------------------------------------
@@ -119,11 +129,16 @@ def distill_stage(model, tokenizer, settings: DemoSettings, out_dir: Path) -> Pa
     return path
 
 
+def checkout_path(given: str) -> Path:
+    """``given`` as it is, or relative to the project checkout (configs/..., docs/...)."""
+    path = Path(given)
+    if not path.exists() and not path.is_absolute():
+        path = Path(draftheads.__file__).resolve().parents[1] / given
+    return path
+
+
 def config_path(settings: DemoSettings) -> Path:
-    """The run config as given, or relative to the project checkout (configs/...)."""
-    path = Path(settings.config)
-    if not path.is_file() and not path.is_absolute():
-        path = Path(draftheads.__file__).resolve().parents[1] / settings.config
+    path = checkout_path(settings.config)
     if not path.is_file():
         raise FileNotFoundError(
             f"demo config not found: {settings.config} (run from the draftheads checkout)"
@@ -231,33 +246,26 @@ def plain_generate(model, tokenizer, input_ids, max_new_tokens: int) -> tuple[li
     return output[0, input_ids.shape[1] :].tolist(), seconds
 
 
-def generate_stage(model, head, tokenizer, settings: DemoSettings, head_dir: Path) -> dict:
-    """Stream the head's answer, then time plain greedy generate on the same prompt."""
-    import torch
-
+def speculative_answer(model, head, tokenizer, input_ids, tree, settings: DemoSettings, stream: bool):
+    """The head's greedy answer to ``input_ids`` after a short warm-up (streamed if ``stream``)."""
     from draftheads.infer.generate import SpeculativeGenerator
-    from draftheads.infer.tree import load_tuned_tree
 
-    generator = SpeculativeGenerator(
-        model, head, tokenizer, tree=load_tuned_tree(head_dir, model.dtype, model.device)
-    )
-    text = question(settings)
-    messages = [{"role": "user", "content": text}]
-    ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_dict=False)
-    input_ids = torch.tensor([ids], device=model.device)  # (1, T): the same ids for both methods
+    generator = SpeculativeGenerator(model, head, tokenizer, tree=tree)
     generator.generate(input_ids, max_new_tokens=settings.warmup_tokens)  # warm-up, not timed
-    plain_generate(model, tokenizer, input_ids, settings.warmup_tokens)
-    print(f"MT-bench question {settings.question_id}: {text}\n")
-    stream = generator.generate(input_ids, max_new_tokens=settings.max_new_tokens, stream=True)
-    for piece in stream:
+    if not stream:
+        return generator.generate(input_ids, max_new_tokens=settings.max_new_tokens)
+    pieces = generator.generate(input_ids, max_new_tokens=settings.max_new_tokens, stream=True)
+    for piece in pieces:
         print(piece, end="", flush=True)
     print("\n")
-    result = stream.result
+    return pieces.result
+
+
+def compare(result, plain_tokens: list[int], plain_seconds: float) -> dict:
+    """What ``demo.json`` records of one speculative answer against plain ``generate``."""
     stats = result.stats
-    plain_tokens, plain_seconds = plain_generate(model, tokenizer, input_ids, settings.max_new_tokens)
     plain_rate = len(plain_tokens) / plain_seconds
     return {
-        "question_id": settings.question_id,
         "tree": stats.tree,
         "tau": stats.tau,
         "speculative_tokens": stats.new_tokens,
@@ -269,6 +277,72 @@ def generate_stage(model, head, tokenizer, settings: DemoSettings, head_dir: Pat
         "speedup": stats.tokens_per_second / plain_rate,
         "identical": result.new_tokens == plain_tokens,
     }
+
+
+def report(outcome: dict, who: str) -> None:
+    print(
+        f"tau {outcome['tau']:.2f} (tokens per base forward, the base model's own token included), "
+        f"tree {outcome['tree']}\n"
+        f"{who}: {outcome['speculative_tokens']} tokens in {outcome['speculative_seconds']:.2f} s "
+        f"({outcome['speculative_tokens_per_second']:.1f} tokens/s)\n"
+        f"plain HF generate: {outcome['plain_tokens']} tokens in {outcome['plain_seconds']:.2f} s "
+        f"({outcome['plain_tokens_per_second']:.1f} tokens/s)\n"
+        f"speedup {outcome['speedup']:.2f}x; outputs identical: {'yes' if outcome['identical'] else 'NO'}"
+    )
+
+
+def prompt_ids(tokenizer, settings: DemoSettings, device):
+    import torch
+
+    text = question(settings)
+    messages = [{"role": "user", "content": text}]
+    ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_dict=False)
+    return text, torch.tensor([ids], device=device)  # (1, T): the same ids for every method
+
+
+def generate_stage(model, head, tokenizer, settings: DemoSettings, head_dir: Path) -> tuple[dict, tuple]:
+    """Stream the head's answer, then time plain greedy generate on the same prompt; returns the
+    comparison and the plain answer with its time (stage 5 compares against the same)."""
+    from draftheads.infer.tree import load_tuned_tree
+
+    text, input_ids = prompt_ids(tokenizer, settings, model.device)
+    plain_generate(model, tokenizer, input_ids, settings.warmup_tokens)  # warm-up, not timed
+    print(f"MT-bench question {settings.question_id}: {text}\n")
+    tree = load_tuned_tree(head_dir, model.dtype, model.device)
+    result = speculative_answer(model, head, tokenizer, input_ids, tree, settings, stream=True)
+    plain = plain_generate(model, tokenizer, input_ids, settings.max_new_tokens)
+    return {"question_id": settings.question_id, **compare(result, *plain)}, plain
+
+
+def shipped_stage(model, tokenizer, settings: DemoSettings, plain: tuple) -> dict | None:
+    """The same question with the shipped head (its own tuned tree), against the same plain run;
+    None when there is none to use (not configured, not found, or made for another base)."""
+    from draftheads.heads import load_head_and_base
+    from draftheads.heads.base import HeadMismatchError
+    from draftheads.infer.packed import pack_linears
+    from draftheads.infer.tree import load_tuned_tree
+
+    if settings.shipped_head is None:
+        print("skipped (no shipped head configured)")
+        return None
+    head_dir = checkout_path(settings.shipped_head)
+    if not (head_dir / "config.json").is_file():
+        print(f"skipped: no head at {settings.shipped_head} (it ships in the draftheads checkout)")
+        return None
+    try:
+        head, shipped_model = load_head_and_base(head_dir, model)
+    except HeadMismatchError as error:
+        print(f"skipped: the shipped head does not draft for {settings.base}: {error}")
+        return None
+    head.eval()
+    pack_linears(shipped_model, head)
+    training = json.loads((head_dir / "config.json").read_text()).get("training") or {}
+    steps = f", {training['steps']} training steps" if "steps" in training else ""
+    print(f"{head.kind} head from {head_dir}{steps}; answer not shown (greedy: the same text)")
+    _, input_ids = prompt_ids(tokenizer, settings, model.device)
+    tree = load_tuned_tree(head_dir, shipped_model.dtype, shipped_model.device)
+    result = speculative_answer(shipped_model, head, tokenizer, input_ids, tree, settings, stream=False)
+    return {"head": str(settings.shipped_head), **compare(result, *plain)}
 
 
 # ---- the whole demo -----------------------------------------------------------------------------
@@ -316,26 +390,29 @@ def run_demo(settings: DemoSettings) -> dict:
 
     heading(4, "generate: speculative decoding against plain generate")
     started = time.perf_counter()
-    outcome = generate_stage(model, head, tokenizer, settings, head_dir)
+    outcome, plain = generate_stage(model, head, tokenizer, settings, head_dir)
     times.generate = time.perf_counter() - started
+    report(outcome, "the demo's head (streamed)")
 
-    print(
-        f"tau {outcome['tau']:.2f} (tokens per base forward, the base model's own token included), "
-        f"tree {outcome['tree']}\n"
-        f"draftheads: {outcome['speculative_tokens']} tokens in {outcome['speculative_seconds']:.2f} s "
-        f"({outcome['speculative_tokens_per_second']:.1f} tokens/s, streamed)\n"
-        f"plain HF generate: {outcome['plain_tokens']} tokens in {outcome['plain_seconds']:.2f} s "
-        f"({outcome['plain_tokens_per_second']:.1f} tokens/s)\n"
-        f"speedup {outcome['speedup']:.2f}x; outputs identical: {'yes' if outcome['identical'] else 'NO'}"
-    )
+    heading(5, "shipped: the same question with the head trained at scale")
+    started = time.perf_counter()
+    shipped = shipped_stage(model, tokenizer, settings, plain)
+    times.shipped = time.perf_counter() - started
+    if shipped is not None:
+        report(shipped, "the shipped head")
     print(
         "stage times: "
         + ", ".join(
             f"{name} {getattr(times, name):.0f} s"
-            for name in ("load", "distill", "train", "tune", "generate")
+            for name in ("load", "distill", "train", "tune", "generate", "shipped")
         )
         + (f" (reused: {', '.join(times.reused)})" if times.reused else "")
     )
-    record = {"settings": dataclasses.asdict(settings), "times": dataclasses.asdict(times), **outcome}
+    record = {
+        "settings": dataclasses.asdict(settings),
+        "times": dataclasses.asdict(times),
+        **outcome,
+        "shipped": shipped,
+    }
     (out_dir / "demo.json").write_text(json.dumps(record, indent=2) + "\n")
     return record

@@ -51,8 +51,10 @@ def tiny_settings(tmp_path):
 def test_demo_runs_every_stage_then_reuses_them(tiny_settings, capsys):
     record = run_demo(tiny_settings)
     out = capsys.readouterr().out
-    for stage in ("1/4 distill", "2/4 train", "3/4 tune", "4/4 generate"):
+    for stage in ("1/5 distill", "2/5 train", "3/5 tune", "4/5 generate", "5/5 shipped"):
         assert stage in out
+    # the shipped SmolLM2 head does not draft for the tiny Llama: stage 5 says so and goes on
+    assert "skipped: the shipped head does not draft for" in out and record["shipped"] is None
     demo_dir = tiny_settings.out_dir
     lines = Path(f"{demo_dir}/distilled.jsonl").read_text().splitlines()
     assert len(lines) == 8
@@ -75,6 +77,22 @@ def test_demo_runs_every_stage_then_reuses_them(tiny_settings, capsys):
     assert "reusing the trained head" in out and "reusing the tuned tree" in out
     assert again["times"]["reused"] == ["train", "tune"]
     assert len(Path(f"{demo_dir}/distilled.jsonl").read_text().splitlines()) == 8
+
+
+def test_the_shipped_head_answers_the_same_question(tiny_settings, capsys, tmp_path):
+    run_demo(dataclasses.replace(tiny_settings, tune=False, shipped_head=None))
+    shipped = tmp_path / "shipped"
+    shutil.copytree(f"{tiny_settings.out_dir}/eagle3/head", shipped)
+    capsys.readouterr()
+    record = run_demo(dataclasses.replace(tiny_settings, tune=False, shipped_head=str(shipped)))
+    out = capsys.readouterr().out
+    assert f"eagle3 head from {shipped}, 3 training steps" in out
+    assert record["shipped"]["identical"] is True and record["shipped"]["plain_tokens"] == 12
+    assert record["shipped"]["plain_seconds"] == record["plain_seconds"]  # one plain run for both
+    assert out.count("outputs identical: yes") == 2
+
+    missing = run_demo(dataclasses.replace(tiny_settings, tune=False, shipped_head=str(tmp_path / "none")))
+    assert missing["shipped"] is None and "skipped: no head at" in capsys.readouterr().out
 
 
 def test_an_interrupted_training_resumes(tiny_settings, capsys):
