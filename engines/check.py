@@ -9,10 +9,10 @@ For each (head, format) it checks:
 
 (a) the engine's output with the draft equals the engine's output without one, token for token;
 (b) the engine's acceptance counts (drafts, accepted tokens per position) equal ours for the same
-    chain: ``SpeculativeGenerator`` with a chain tree of ``--chain`` tokens, the head alone (no
-    context drafter, not adaptive), on the same prompt ids;
-(c) speculators loads our speculators export with no missing or unexpected keys and every tensor as
-    written, and its EAGLE-3 converter turns our eagle3 export into the same tensors.
+    chain: ``SpeculativeGenerator`` with a chain tree of ``--chain`` tokens (a block head's whole
+    block, ``engine_chain``), the head alone (no context drafter, not adaptive), on the same prompt ids;
+(c) speculators loads our speculators exports (EAGLE-3, DFlash) with no missing or unexpected keys and
+    every tensor as written, and its converters turn our eagle3 / dflash exports into the same tensors.
 
 fp32 throughout: vLLM-CPU in bf16 is not batch-invariant even without a draft, so bf16 outputs may
 differ for reasons that are not the draft's. A format no shipped head fits, or an engine that
@@ -41,9 +41,18 @@ PROMPTS = (
     "List three facts about the Moon.",
     "What is the capital of France, and why is it famous?",
 )
-# Which engine loads each of our export formats, and how it is told to draft with it. The
-# speculators layout names its verifier itself: vLLM is pointed at the export and finds the base.
-VLLM_METHODS = {"eagle3": "eagle3", "eagle": "eagle", "medusa-vllm": "medusa", "speculators": None}
+# Which engine loads each of our export formats, and how it is told to draft with it. A speculators
+# layout names its verifier and its draft length itself: vLLM is pointed at the export and finds the
+# base. vLLM-CPU runs DFlash since vllm-project/vllm#44029 (CPU kernel for the block inputs; its CPU
+# attention backend takes the non-causal block, vllm/v1/attention/backends/cpu_attn.py).
+VLLM_METHODS = {
+    "eagle3": "eagle3",
+    "eagle": "eagle",
+    "medusa-vllm": "medusa",
+    "speculators": None,
+    "dflash": "dflash",
+    "dflash-speculators": None,
+}
 # Formats this check has no engine for, and why (reported, not skipped silently).
 NO_ENGINE_HERE = {
     # docs.sglang.io, "CPU Servers": built from source or Docker, for Intel Xeons with AMX
@@ -54,6 +63,9 @@ NO_ENGINE_HERE = {
 
 # Statuses that fail the check: a mismatch, or an engine that could not load or run an export.
 FAILING = ("fail", "engine-error")
+# Per speculators algorithm: the release layout its converter reads (speculators convert/:
+# Eagle3Converter, DFlashConverter) and our speculators layout of the same head.
+SPECULATORS_PAIRS = {"eagle3": ("eagle3", "speculators"), "dflash": ("dflash", "dflash-speculators")}
 
 
 @dataclass(frozen=True)
@@ -64,7 +76,7 @@ class CheckSettings:
     out: Path = ROOT / "docs" / "results" / "engines"
     prompts: tuple[str, ...] = PROMPTS
     max_new_tokens: int = 64
-    chain: int = 3  # draft tokens per step: vLLM's num_speculative_tokens, our chain depth
+    chain: int = 3  # draft tokens per step: vLLM's num_speculative_tokens, our chain depth (engine_chain)
     max_model_len: int = 1024
     enforce_eager: bool = True  # vLLM-CPU's torch.compile warm-up costs minutes per engine start here
     engine_timeout: int = 900  # seconds for one engine subprocess
@@ -146,19 +158,26 @@ def prompt_ids(tokenizer, prompts: tuple[str, ...]) -> list[list[int]]:
     ]
 
 
-def decode_ours(base_model, tokenizer, head_dir: Path, ids: list[list[int]], settings: CheckSettings) -> dict:
-    """Our greedy outputs and acceptance counts with a chain of ``settings.chain`` draft tokens."""
-    from draftheads.heads import load_head
+def engine_chain(head, chain: int) -> int:
+    """Draft tokens per step for ``head``, in the engines and ours: ``chain``, but a block head's whole
+    block. vLLM drafts DFlash as one block of 1 + num_speculative_tokens rows that attend to each other
+    (vllm/v1/spec_decode/dflash.py, ``set_inputs_first_pass``) and we always draft the trained block,
+    so both draft the same tokens only at num_speculative_tokens = block_size - 1."""
+    return head.num_draft_steps if head.drafting == "block" else chain
+
+
+def decode_ours(base_model, tokenizer, head, ids: list[list[int]], chain: int, max_new_tokens: int) -> dict:
+    """Our greedy outputs and acceptance counts with a chain of ``chain`` draft tokens."""
     from draftheads.infer.generate import SpeculativeGenerator
     from draftheads.infer.tree import chain_choices
 
-    head = load_head(head_dir, base_model)
-    chain = chain_choices(settings.chain)
     # The head alone, as the engines draft: no context drafts merged in, no adaptive pruning.
-    generator = SpeculativeGenerator(base_model, head, tokenizer, tree=chain, context=False, adaptive=False)
-    outputs, drafts, per_position = [], 0, [0] * settings.chain
+    generator = SpeculativeGenerator(
+        base_model, head, tokenizer, tree=chain_choices(chain), context=False, adaptive=False
+    )
+    outputs, drafts, per_position = [], 0, [0] * chain
     for prompt in ids:
-        result = generator.generate(prompt, max_new_tokens=settings.max_new_tokens)
+        result = generator.generate(prompt, max_new_tokens=max_new_tokens)
         outputs.append(result.new_tokens)
         drafts += result.stats.verification_steps
         for depth, count in enumerate(result.stats.accepted_per_depth):
@@ -246,6 +265,9 @@ UNTRAINED_HEADS = {
     "eagle": {"kind": "eagle", "fc_bias": False},  # vLLM's EagleLlamaForCausalLM has no fc bias
     "medusa": {"kind": "medusa", "num_heads": 3, "shared_lm_head": True},
     "mtp": {"kind": "mtp"},
+    # Qwen3 layers, the only DFlash layer the engines build (draftheads.export.dflash); a block of 4
+    # drafts a chain of 3, as the other fresh heads do.
+    "dflash": {"kind": "dflash", "layer_architecture": "qwen3", "block_size": 4},
 }
 UNTRAINED_SEED = 0
 
@@ -293,20 +315,28 @@ class BaseRun:
 def vllm_request(run: BaseRun, format_name: str, export_dir: Path, chain: int) -> dict:
     """vLLM's request for decoding with ``export_dir`` as the draft."""
     method = VLLM_METHODS[format_name]
-    if method is None:  # speculators: the export is the model; its config names the verifier
+    if method is None:  # speculators: the export is the model; its config names the verifier and
+        # the draft length (``chain``, written by ``export``; dflash-speculators: block_size - 1)
         return {**run.request, "model": str(export_dir), "speculative_config": None}
     config = {"method": method, "model": str(export_dir), "num_speculative_tokens": chain}
     return {**run.request, "speculative_config": config}
 
 
 def check_format(
-    head_dir: Path, format_name: str, run: BaseRun, ours: dict | None, settings: CheckSettings, work: Path
+    head_dir: Path,
+    format_name: str,
+    run: BaseRun,
+    ours: dict | None,
+    chain: int,
+    settings: CheckSettings,
+    work: Path,
 ) -> tuple[Outcome, Path | None]:
-    """Export ``head_dir`` as ``format_name``, decode with it in its engine, compare (a) and (b)."""
+    """Export ``head_dir`` as ``format_name``, decode with it in its engine drafting ``chain`` tokens a
+    step, compare (a) and (b)."""
     engine = "vllm" if format_name in VLLM_METHODS else "none"
     outcome = Outcome(head_dir.name, head_kind(head_dir), format_name, engine, status="pass")
     export_dir = work / f"{head_dir.name}.{format_name}"
-    refusal = export(head_dir, format_name, export_dir, run.base_path, settings.chain)
+    refusal = export(head_dir, format_name, export_dir, run.base_path, chain)
     if refusal:
         outcome.status, outcome.error = "refused", refusal
         return outcome, None
@@ -316,7 +346,7 @@ def check_format(
     if "error" in run.reference:
         outcome.status, outcome.error = "engine-error", f"vLLM without a draft: {run.reference['error']}"
         return outcome, export_dir
-    request = vllm_request(run, format_name, export_dir, settings.chain)
+    request = vllm_request(run, format_name, export_dir, chain)
     name = f"{head_dir.name}.{format_name}"
     result = run_engine("vllm_decode.py", "vllm", request, work, name, run.env, settings.engine_timeout)
     if "error" in result:
@@ -330,6 +360,7 @@ def check_format(
     }
     outcome.details = {
         "vllm_version": result["vllm_version"],
+        "chain": chain,
         "engine_acceptance": engine_counts,
         "our_acceptance": {k: ours[k] for k in ("drafts", "accepted_per_position")},
         "first_difference": difference,
@@ -340,16 +371,21 @@ def check_format(
     return outcome, export_dir
 
 
-def check_speculators(head_dir: Path, exports: dict[str, Path], run: BaseRun, settings, work) -> Outcome:
-    """(c): speculators loads our speculators export and converts our eagle3 export into it."""
-    outcome = Outcome(head_dir.name, head_kind(head_dir), "speculators", "speculators", status="pass")
+def check_speculators(
+    head_dir: Path, algorithm: str, exports: dict[str, Path], run: BaseRun, settings, work
+) -> Outcome:
+    """(c): speculators loads our speculators export of ``algorithm`` and converts our release-layout
+    export (``SPECULATORS_PAIRS``) into it."""
+    release_format, speculators_format = SPECULATORS_PAIRS[algorithm]
+    outcome = Outcome(head_dir.name, head_kind(head_dir), speculators_format, "speculators", status="pass")
     request = {
-        "speculators_export": str(exports["speculators"]),
-        "eagle3_export": str(exports["eagle3"]),
+        "algorithm": algorithm,
+        "speculators_export": str(exports[speculators_format]),
+        "release_export": str(exports[release_format]),
         "verifier": run.base_path,
-        "work_dir": str(work / f"{head_dir.name}.speculators-convert"),
+        "work_dir": str(work / f"{head_dir.name}.{speculators_format}-convert"),
     }
-    name = f"{head_dir.name}.speculators-package"
+    name = f"{head_dir.name}.{speculators_format}-package"
     result = run_engine(
         "speculators_check.py", "speculators", request, work, name, dict(os.environ), settings.engine_timeout
     )
@@ -364,22 +400,28 @@ def check_speculators(head_dir: Path, exports: dict[str, Path], run: BaseRun, se
 def check_head(head_dir: Path, run: BaseRun, settings: CheckSettings, work: Path) -> list[Outcome]:
     """Every engine format that holds this head's kind, each checked in its engine."""
     from draftheads.export import FORMAT_REGISTRY
+    from draftheads.heads import load_head
 
     kind = head_kind(head_dir)
     formats = [
         name for name, chosen in FORMAT_REGISTRY.items() if name != "draftheads" and kind in chosen.head_kinds
     ]
+    head = load_head(head_dir, run.base_model)
+    chain = engine_chain(head, settings.chain)
     ours = None
     if any(name in VLLM_METHODS for name in formats):
-        ours = decode_ours(run.base_model, run.tokenizer, head_dir, run.request["prompts"], settings)
+        ours = decode_ours(
+            run.base_model, run.tokenizer, head, run.request["prompts"], chain, settings.max_new_tokens
+        )
     outcomes, exports = [], {}
     for format_name in formats:
-        outcome, export_dir = check_format(head_dir, format_name, run, ours, settings, work)
+        outcome, export_dir = check_format(head_dir, format_name, run, ours, chain, settings, work)
         outcomes.append(outcome)
         if export_dir is not None:
             exports[format_name] = export_dir
-    if {"eagle3", "speculators"} <= set(exports):
-        outcomes.append(check_speculators(head_dir, exports, run, settings, work))
+    for algorithm, pair in SPECULATORS_PAIRS.items():
+        if set(pair) <= set(exports):
+            outcomes.append(check_speculators(head_dir, algorithm, exports, run, settings, work))
     return outcomes
 
 
@@ -467,7 +509,8 @@ def report_markdown(report: dict) -> str:
         "",
         (
             f"`engines/check.py`: {len(settings['prompts'])} prompts x {settings['max_new_tokens']} new "
-            f"tokens, greedy, fp32, a chain of {settings['chain']} draft tokens; {report['seconds']} s."
+            f"tokens, greedy, fp32, a chain of {settings['chain']} draft tokens (a DFlash head: its "
+            f"block_size - 1); {report['seconds']} s."
         ),
         f"Machine: {host['cpu']}, {host['cores']} cores, flags {' '.join(host['cpu_flags'])}.",
         "",

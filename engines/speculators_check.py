@@ -1,23 +1,42 @@
-"""The speculators package's view of our EAGLE-3 exports, run by the engine check inside the
-speculators virtualenv (it imports nothing from draftheads).
+"""The speculators package's view of our EAGLE-3 and DFlash exports, run by the engine check inside
+the speculators virtualenv (it imports nothing from draftheads).
 
     python engines/speculators_check.py REQUEST.json RESULT.json
 
-REQUEST: {"speculators_export": our speculators export, "eagle3_export": our eagle3 export of the same
-head, "verifier": the base model dir, "work_dir": scratch}. RESULT: {"load": {missing, unexpected,
+REQUEST: {"algorithm": "eagle3" or "dflash", "speculators_export": our speculators export,
+"release_export": our export of the same head in the layout speculators' converter reads (eagle3,
+dflash), "verifier": the base model dir, "work_dir": scratch}. RESULT: {"load": {missing, unexpected,
 ignored_missing, config_class} or {error}, "convert": {converted_keys, ours_keys, only_converted,
 only_ours, differing, config_differences} or {error}, "speculators_version"}.
 """
 
 from __future__ import annotations
 
+import importlib
 import json
 import sys
 import traceback
 from pathlib import Path
 
-# Config fields vLLM reads from a speculators EAGLE-3 config; the converter's output must agree on them.
-COMPARED_FIELDS = ("speculators_model_type", "draft_vocab_size", "norm_before_residual")
+# speculators' converter from each algorithm's release layout (module, class), imported when used.
+CONVERTERS = {
+    "eagle3": ("speculators.convert.eagle.eagle3_converter", "Eagle3Converter"),
+    "dflash": ("speculators.convert.dflash.converter", "DFlashConverter"),
+}
+# Config fields the engines read from a speculators config, per algorithm (vLLM: vllm/transformers_utils/
+# configs/speculators/algos.py update_eagle3, update_dflash; speculators: DFlash's block_size); the
+# converter's output must agree on them. DFlash's target_hidden_size is left out: the converter leaves
+# it unset, which vLLM reads as the draft layers' hidden_size, and a differing one shows in fc.weight.
+COMPARED_FIELDS = {
+    "eagle3": ("speculators_model_type", "draft_vocab_size", "norm_before_residual"),
+    "dflash": (
+        "speculators_model_type",
+        "draft_vocab_size",
+        "mask_token_id",
+        "aux_hidden_state_layer_ids",
+        "block_size",
+    ),
+}
 
 
 def engine_error(err: Exception) -> dict:
@@ -60,14 +79,16 @@ def load_export(directory: str) -> dict:
     }
 
 
-def convert_export(eagle3_dir: str, speculators_dir: str, verifier: str, work_dir: str) -> dict:
-    """speculators' EAGLE-3 converter applied to our eagle3 export, compared with our speculators export."""
+def convert_export(
+    algorithm: str, release_dir: str, speculators_dir: str, verifier: str, work_dir: str
+) -> dict:
+    """speculators' converter applied to our release-layout export, compared with our speculators export."""
     import torch
-    from speculators.convert.eagle.eagle3_converter import Eagle3Converter
-    from speculators.models.utils import resolve_target_layer_ids
 
+    module, name = CONVERTERS[algorithm]
+    converter = getattr(importlib.import_module(module), name)()
     converted_dir = Path(work_dir) / "converted"
-    Eagle3Converter().convert(eagle3_dir, converted_dir, verifier, validate=True)
+    converter.convert(release_dir, converted_dir, verifier, validate=True)
     converted_config, converted = read_export(converted_dir)
     ours_config, ours = read_export(Path(speculators_dir))
     differing = sorted(
@@ -79,17 +100,20 @@ def convert_export(eagle3_dir: str, speculators_dir: str, verifier: str, work_di
     )
     config_differences = {
         name: {"converted": converted_config.get(name), "ours": ours_config.get(name)}
-        for name in COMPARED_FIELDS
+        for name in COMPARED_FIELDS[algorithm]
         if converted_config.get(name) != ours_config.get(name)
     }
-    # The converter leaves the capture layers unset when the source did not name them; both mean
-    # what speculators resolves them to (its default (2, L // 2, L - 3) for an unset list).
-    layers = {
-        side: resolve_target_layer_ids(config.get("eagle_aux_hidden_state_layer_ids"), verifier)
-        for side, config in (("converted", converted_config), ("ours", ours_config))
-    }
-    if layers["converted"] != layers["ours"]:
-        config_differences["eagle_aux_hidden_state_layer_ids (resolved)"] = layers
+    if algorithm == "eagle3":
+        from speculators.models.utils import resolve_target_layer_ids
+
+        # The converter leaves the capture layers unset when the source did not name them; both mean
+        # what speculators resolves them to (its default (2, L // 2, L - 3) for an unset list).
+        layers = {
+            side: resolve_target_layer_ids(config.get("eagle_aux_hidden_state_layer_ids"), verifier)
+            for side, config in (("converted", converted_config), ("ours", ours_config))
+        }
+        if layers["converted"] != layers["ours"]:
+            config_differences["eagle_aux_hidden_state_layer_ids (resolved)"] = layers
     return {
         "converted_keys": len(converted),
         "ours_keys": len(ours),
@@ -113,7 +137,11 @@ def main(argv: list[str]) -> int:
         result["load"] = engine_error(err)
     try:
         result["convert"] = convert_export(
-            request["eagle3_export"], request["speculators_export"], request["verifier"], request["work_dir"]
+            request["algorithm"],
+            request["release_export"],
+            request["speculators_export"],
+            request["verifier"],
+            request["work_dir"],
         )
     except Exception as err:  # noqa: BLE001
         result["convert"] = engine_error(err)

@@ -70,6 +70,10 @@ def engine_layer_config(config, head: DraftHead, architecture: str, **fields) ->
     out.update(
         architectures=[architecture], tie_word_embeddings=False, torch_dtype=dtype_name(head), **fields
     )
+    if isinstance(out.get("layer_types"), list) and "num_hidden_layers" in fields:
+        # one entry per layer: transformers (>= 5) refuses a config whose layer_types is longer
+        # than num_hidden_layers, and the base's list is as long as the base
+        out["layer_types"] = out["layer_types"][: fields["num_hidden_layers"]]
     return out
 
 

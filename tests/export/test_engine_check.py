@@ -9,8 +9,11 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from draftheads.export import write_head
+from draftheads.heads import DFlashConfig, build_head
+from draftheads.heads.base import head_config_from_dict
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -81,7 +84,26 @@ def test_vllm_requests_name_the_method_or_let_a_speculators_export_name_its_veri
     assert medusa["speculative_config"]["method"] == "medusa"
     speculators = check.vllm_request(run, "speculators", tmp_path / "s", chain=3)
     assert speculators["model"] == str(tmp_path / "s") and speculators["speculative_config"] is None
+    dflash = check.vllm_request(run, "dflash", tmp_path / "d", chain=7)
+    assert dflash["speculative_config"] == {
+        "method": "dflash",
+        "model": str(tmp_path / "d"),
+        "num_speculative_tokens": 7,
+    }
+    dflash_speculators = check.vllm_request(run, "dflash-speculators", tmp_path / "ds", chain=7)
+    assert dflash_speculators["model"] == str(tmp_path / "ds")
+    assert dflash_speculators["speculative_config"] is None
     assert run.request == {"base": "/base", "prompts": [[1]]}  # not modified
+
+
+def test_a_block_head_drafts_its_whole_block_in_every_engine(check, tiny_llama):
+    """vLLM's DFlash block is 1 + num_speculative_tokens rows attending to each other, ours the trained
+    block: a shorter chain would draft other tokens, so a DFlash head is checked at block_size - 1."""
+    torch.manual_seed(0)
+    dflash = build_head(tiny_llama, DFlashConfig(block_size=5, feature_layers=(1, 2, 3)), "tiny")
+    assert check.engine_chain(dflash, chain=3) == 4
+    eagle = build_head(tiny_llama, head_config_from_dict(check.UNTRAINED_HEADS["eagle"]), "tiny")
+    assert check.engine_chain(eagle, chain=3) == 3
 
 
 def test_report_shows_failed_checks_and_the_engines_last_error_line(check):
@@ -122,6 +144,24 @@ def test_fresh_heads_fit_the_engine_formats_they_are_made_for(check, tiny_llama,
     medusa = load_head(directories[1], tiny_llama)
     write_head(medusa, tmp_path / "medusa-vllm", "medusa-vllm")
     assert json.loads((tmp_path / "medusa-vllm" / "config.json").read_text())["num_heads"] == 3
+
+
+def test_the_fresh_dflash_head_exports_layer_configs_the_engines_accept(check, tiny_llama, tmp_path):
+    """vLLM reads the dflash layout with transformers' AutoConfig (a Qwen3Config), speculators and vLLM
+    build Qwen3Config from the speculators layout's transformer_layer_config (speculators
+    models/dflash/config.py); transformers validates num_hidden_layers against layer_types."""
+    from transformers import AutoConfig, Qwen3Config
+
+    # The fresh head's config, with feature layers that exist in the tiny base (its defaults need 6+).
+    config = head_config_from_dict({**check.UNTRAINED_HEADS["dflash"], "feature_layers": [1, 2, 3]})
+    torch.manual_seed(0)
+    head = build_head(tiny_llama, config, "tiny")
+    assert check.engine_chain(head, chain=3) == 3  # as the other fresh heads
+    write_head(head, tmp_path / "dflash", "dflash")
+    assert AutoConfig.from_pretrained(tmp_path / "dflash").num_hidden_layers == 1
+    write_head(head, tmp_path / "dflash-speculators", "dflash-speculators")
+    speculators = json.loads((tmp_path / "dflash-speculators" / "config.json").read_text())
+    assert Qwen3Config(**speculators["transformer_layer_config"]).num_hidden_layers == 1
 
 
 def test_every_engine_format_no_head_reached_is_reported(check):
