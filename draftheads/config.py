@@ -152,6 +152,16 @@ class TrainConfig:
     # instead of fresh weights: continue training on other data. Its kind and head settings must
     # equal head.*, and it must fit the base; EAGLE-3 keeps its draft vocabulary.
     init_head: str | None = None
+    # Decode evaluation (``draftheads.train.decode_eval``): at every evaluation, the head's
+    # acceptance on the base model's greedy continuations of this many held-out prompts, measured
+    # through its Drafter as ``draftheads tune-tree`` measures it (0: off).
+    decode_eval_prompts: int = 0
+    # mt-bench | humaneval | a prompt .jsonl | a conversation source (its first user turns)
+    decode_eval_source: str = "mt-bench"
+    decode_eval_skip: int = 0  # skip the source's first N prompts (keep them out of the training data)
+    decode_eval_max_new_tokens: int = 64  # greedy continuation per prompt: the positions measured
+    decode_eval_max_prompt_tokens: int = 256  # longer prompts are passed over
+    decode_eval_depth: int = 6  # depths measured for heads without a fixed depth (EAGLE, EAGLE-3)
 
     def validate(self) -> None:
         """Refuse values that cannot work, naming the field and the value (ConfigError)."""
@@ -166,6 +176,11 @@ class TrainConfig:
             "eval_every": 0,
             "save_every": 0,
             "base_throughput_batches": 0,
+            "decode_eval_prompts": 0,
+            "decode_eval_skip": 0,
+            "decode_eval_max_new_tokens": 1,
+            "decode_eval_max_prompt_tokens": 1,
+            "decode_eval_depth": 1,
         }
         for name, minimum in at_least.items():
             if getattr(self, name) < minimum:
@@ -187,6 +202,11 @@ class TrainConfig:
             raise ConfigError(f"train.report_to must be one of {REPORT_TARGETS}, got '{self.report_to}'")
         if not 0.0 < self.loss_token_fraction <= 1.0:
             raise ConfigError(f"train.loss_token_fraction must be in (0, 1], got {self.loss_token_fraction}")
+        if not self.decode_eval_source.strip():
+            raise ConfigError(
+                "train.decode_eval_source must name prompts (mt-bench, humaneval, a .jsonl file or a "
+                f"conversation source), got {self.decode_eval_source!r}"
+            )
 
 
 # Peak head-loss weight lambda0 of Medusa-2 per base loss (Cai et al. 2024, "Medusa", sec. 2.2.2

@@ -40,8 +40,14 @@ from draftheads.heads.base import RUN_HEAD_DIR
 from draftheads.settings import ConfigError, to_dict
 from draftheads.train import checkpoint
 from draftheads.train.batching import BatchStream, fixed_batches
+from draftheads.train.decode_eval import Sequences, decode_acceptance, prepare_continuations
 from draftheads.train.lock import OutputDirLockedError, OutputLock
-from draftheads.train.metrics import EvalResult, base_forward_tokens_per_second, evaluate
+from draftheads.train.metrics import (
+    DecodeEvalResult,
+    EvalResult,
+    base_forward_tokens_per_second,
+    evaluate,
+)
 from draftheads.train.objective import micro_batch_seed
 from draftheads.train.recipe import Recipe, recipe_for
 from draftheads.train.reporting import Reporter, plot_curves
@@ -252,6 +258,8 @@ class Session:
     train_seconds: float = 0.0
     last_eval: EvalResult | None = None
     last_eval_step: int = -1
+    # The decode evaluation's sequences (train.decode_eval_prompts; decode_eval.py), None when off.
+    decode_sequences: Sequences | None = None
     data_history: list[dict] = dataclasses.field(default_factory=list)  # see TrainingSummary.data_history
     lock: OutputLock | None = None  # rank 0 holds the output directory's lock for the whole run
 
@@ -476,6 +484,14 @@ def build_session(
     pad_token_id = (
         (tokenizer.pad_token_id if tokenizer is not None else None) or base_model.config.pad_token_id or 0
     )
+    # Before the recipe and the engine: rank 0 alone generates, so nothing may be partitioned yet
+    # (ZeRO-3 partitions what the engine holds, Medusa-2's base included), and Medusa-2's adapter
+    # (zero at the start) is not in the base yet.
+    decode_sequences = None
+    if train.decode_eval_prompts:
+        decode_sequences = prepare_continuations(
+            run, base_model, tokenizer, pad_token_id, rank, world_size, partial(_log_rank0, rank)
+        )
 
     # The head's initial weights depend only on the seed, never on the rank or the data order.
     seed_everything(train.seed)
@@ -539,6 +555,7 @@ def build_session(
         total_steps=total_steps,
         train_examples=len(train_dataset),
         data_history=data_history,
+        decode_sequences=decode_sequences,
     )
     if latest is not None:
         check_resumable(latest, world_size)
@@ -588,25 +605,32 @@ def restore(session: Session, path: Path, restart_data: bool = False) -> None:
         session.stream.load_state_dict(state["data_position"])
     session.step, session.tokens = state["step"], state["tokens"]
     session.train_seconds = state["train_seconds"]
-    session.last_eval = EvalResult(**state["eval"]) if state["eval"] else None
+    session.last_eval = EvalResult.from_dict(state["eval"]) if state["eval"] else None
     session.last_eval_step = state["eval_step"]
     _log_rank0(session.rank, f"resumed from {path} at step {session.step}")
+
+
+def _decode_evaluate(session: Session) -> DecodeEvalResult:
+    """The recipe's head on the decode evaluation's sequences (``train/decode_eval.py``), through
+    the base model that decodes with it (Medusa-2's carries its adapter). Every rank measures the
+    same: under ZeRO-3 each of the head's modules gathers its parameters as it runs, and every
+    rank makes the same module calls, so the gathers line up."""
+    return decode_acceptance(
+        session.base_model, session.recipe.head, session.decode_sequences, session.run.train.decode_eval_depth
+    )
 
 
 def _evaluate(session: Session) -> EvalResult:
     session.engine.eval()
     try:
         result = evaluate(partial(session.engine, split="validation"), session.eval_batches, session.device)
+        if session.decode_sequences is not None:
+            result = dataclasses.replace(result, decode=_decode_evaluate(session))
     finally:
         session.engine.train()
     session.last_eval, session.last_eval_step = result, session.step
     session.reporter.log({"step": session.step, "eval": result.to_dict()})
-    _log_rank0(
-        session.rank,
-        f"step {session.step} eval: loss {result.loss:.4f} top-1 "
-        + " ".join(f"{a:.3f}" for a in result.top1)
-        + f" chain acceptance {result.chain_acceptance:.3f}",
-    )
+    _log_rank0(session.rank, f"step {session.step} eval: {result.summary()}")
     return result
 
 

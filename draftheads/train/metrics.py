@@ -1,4 +1,5 @@
-"""Held-out evaluation (per-step top-1/top-5, chain acceptance) and throughput measurement.
+"""Held-out evaluation (per-step top-1/top-5, chain acceptance), the record of the decode
+evaluation next to it (``draftheads.train.decode_eval``), and throughput measurement.
 
 The frozen base model's body produces the hidden states every head trains on; its lm_head is
 not run (heads call it themselves where their objective needs it, at the supervised rows only), so
@@ -36,6 +37,35 @@ def chain_acceptance(accuracies: Sequence[float]) -> float:
     return total
 
 
+def _decimals(values: Sequence[float]) -> str:
+    return " ".join(f"{value:.3f}" for value in values)
+
+
+@dataclass(frozen=True)
+class DecodeEvalResult:
+    """Acceptance as decoding sees it (``draftheads.train.decode_eval``); tuples have one entry
+    per draft depth: ``top1[d]`` = P(the drafter's first choice at depth d + 1 is the base model's
+    greedy token | every depth above it was), on the base's greedy continuations of held-out
+    prompts; ``counted[d]``: the positions behind it."""
+
+    top1: tuple[float, ...]
+    counted: tuple[int, ...]
+    chain_acceptance: float  # 1 + sum_d prod_{j<=d} top1_j: tokens per step of a greedy chain
+    prompts: int
+
+    @classmethod
+    def from_acceptance(cls, acceptance, prompts: int) -> DecodeEvalResult:
+        """From a ``draftheads.tuning.acceptance.AcceptanceModel``: its rank-0 column."""
+        top1 = tuple(row[0] for row in acceptance.probabilities)
+        return cls(top1, tuple(acceptance.counts), chain_acceptance(top1), prompts)
+
+    def summary(self) -> str:
+        return (
+            f"decode on {self.prompts} prompts: top-1 {_decimals(self.top1)} "
+            f"chain acceptance {self.chain_acceptance:.3f}"
+        )
+
+
 @dataclass(frozen=True)
 class EvalResult:
     """Held-out metrics; tuples have one entry per draft step (Medusa head / TTT step / module)."""
@@ -45,9 +75,25 @@ class EvalResult:
     top5: tuple[float, ...]
     counted: tuple[int, ...]
     chain_acceptance: float
+    decode: DecodeEvalResult | None = None  # with train.decode_eval_prompts > 0
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        """Plain data; no ``decode`` key when there is no decode evaluation."""
+        record = asdict(self)
+        if self.decode is None:
+            del record["decode"]
+        return record
+
+    @classmethod
+    def from_dict(cls, record: dict) -> EvalResult:
+        decode = record.get("decode")
+        return cls(**{**record, "decode": DecodeEvalResult(**decode) if decode else None})
+
+    def summary(self) -> str:
+        """One line: ``loss 2.1043 top-1 0.485 0.402 chain acceptance 1.680`` and the decode part."""
+        chain = f"chain acceptance {self.chain_acceptance:.3f}"
+        line = f"loss {self.loss:.4f} top-1 {_decimals(self.top1)} {chain}"
+        return line if self.decode is None else f"{line}; {self.decode.summary()}"
 
 
 def _all_reduce_sum(tensor: torch.Tensor) -> torch.Tensor:

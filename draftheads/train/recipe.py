@@ -34,6 +34,7 @@ class Recipe(Protocol):
     """What the training loop uses of a recipe, besides its being an ``nn.Module``."""
 
     exclude_frozen: bool  # save checkpoints without frozen parameters (they never change)
+    head: nn.Module  # the draft head it trains (what decoding drafts with)
 
     @staticmethod
     def check(run: RunConfig) -> None:

@@ -85,10 +85,13 @@ def read_metrics(output_dir: str | Path) -> list[dict[str, Any]]:
 
 
 def plot_curves(output_dir: str | Path) -> Path | None:
-    """Training loss and held-out top-1 per draft step against the optimiser step, as a PNG."""
+    """Training loss and held-out top-1 per draft step against the optimiser step, as a PNG; with
+    the decode evaluation, its top-1 acceptance per depth on the same axes."""
     records = read_metrics(output_dir)
     train_records = [r for r in records if "loss" in r]
     eval_records = [r for r in records if "eval" in r]
+    # The decode evaluation (train.decode_eval_prompts), where the run made one.
+    decode_records = [r for r in eval_records if "decode" in r["eval"]]
     if not train_records and not eval_records:
         return None
     import matplotlib
@@ -105,17 +108,34 @@ def plot_curves(output_dir: str | Path) -> Path | None:
             "o-",
             label="held-out",
         )
+        colors = {}
         for step_index in range(len(eval_records[-1]["eval"]["top1"])):
-            accuracy_axis.plot(
+            (line,) = accuracy_axis.plot(
                 [r["step"] for r in eval_records],
                 [r["eval"]["top1"][step_index] for r in eval_records],
                 "o-",
                 label=f"draft step {step_index + 1}",
             )
-        accuracy_axis.legend()
+            colors[step_index] = line.get_color()
+        depths = len(decode_records[-1]["eval"]["decode"]["top1"]) if decode_records else 0
+        for depth_index in range(depths):  # dashed, depth d in draft step d's color
+            accuracy_axis.plot(
+                [r["step"] for r in decode_records],
+                [r["eval"]["decode"]["top1"][depth_index] for r in decode_records],
+                "s--",
+                color=colors.get(depth_index),
+                label=f"decode depth {depth_index + 1}",
+            )
+        accuracy_axis.legend(fontsize="small")
     loss_axis.set(xlabel="optimizer step", ylabel="loss", title="loss")
     loss_axis.legend()
-    accuracy_axis.set(xlabel="optimizer step", ylabel="top-1 accuracy", title="held-out top-1 per draft step")
+    accuracy_axis.set(
+        xlabel="optimizer step",
+        ylabel="top-1 accuracy",
+        title="top-1 per draft step: held-out (solid), decode (dashed)"
+        if decode_records
+        else "held-out top-1 per draft step",
+    )
     figure.tight_layout()
     path = Path(output_dir) / CURVES_NAME
     figure.savefig(path, dpi=100)

@@ -31,6 +31,12 @@ FREE_ON_RESUME = (
     "train.resume",
     "train.output_dir",
     "train.base_throughput_batches",
+    "train.decode_eval_prompts",
+    "train.decode_eval_source",
+    "train.decode_eval_skip",
+    "train.decode_eval_max_new_tokens",
+    "train.decode_eval_max_prompt_tokens",
+    "train.decode_eval_depth",
     "data.cache_dir",
     "distill",  # read by `draftheads distill`, not by training
 )

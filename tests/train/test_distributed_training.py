@@ -40,11 +40,15 @@ from distributed_launch import (
 )
 from safetensors.torch import load_file
 
+from draftheads.base_model import load_base
 from draftheads.config import load_run_config
+from draftheads.heads import load_head
 from draftheads.settings import ConfigError
 from draftheads.train import checkpoint
+from draftheads.train.decode_eval import CONTINUATIONS_NAME
 from draftheads.train.loop import run_training
 from draftheads.train.reporting import read_metrics
+from draftheads.tuning.acceptance import measure_acceptance
 
 # 2 ranks vs 1 rank x accumulation 2: the same sums in another order. Measured max relative
 # weight difference after 6 steps: 0 (bit-identical) under ZeRO-0; ZeRO-2/3 reduce gradients in
@@ -239,3 +243,33 @@ def test_two_ranks_write_one_head_and_one_set_of_checkpoints(workspace):
     assert "model.safetensors" in files and "config.json" in files
     assert load_file(str(two / "head" / "model.safetensors"))
     assert [path.name for path in checkpoint.list_checkpoints(two)] == ["step-00000003", "step-00000006"]
+
+
+@pytest.mark.integration
+def test_two_ranks_take_the_decode_eval_in_step_under_zero3(workspace):
+    """Rank 0 generates the continuations and sends them; both ranks measure the same head on
+    them (under ZeRO-3 each module gathers its parameters as it runs, the same calls on both), so
+    neither waits on the other; rank 0 records what ``measure_acceptance`` gives on the head."""
+    prompts = workspace.root / "decode-prompts.jsonl"
+    prompts.write_text("".join(json.dumps({"id": i, "turns": [f"Count from {i}."]}) + "\n" for i in range(3)))
+    output_dir = workspace.root / "decode-eval-2ranks"
+    options = workspace.options(
+        output_dir,
+        "eagle3",
+        3,
+        "train.decode_eval_prompts=2",
+        f"train.decode_eval_source={prompts}",
+        "train.decode_eval_max_new_tokens=8",
+        "train.decode_eval_depth=2",
+    )
+    result = launch_train(2, options, workspace.config)
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-4000:]
+    evaluations = [record["eval"] for record in read_metrics(output_dir) if "eval" in record]
+    assert len(evaluations) == 2 and all(len(e["decode"]["top1"]) == 2 for e in evaluations)
+    model, _ = load_base(str(workspace.base), dtype="float32")
+    head = load_head(output_dir / "head", model).eval()
+    record = json.loads((output_dir / CONTINUATIONS_NAME).read_text())
+    sequences = [(torch.tensor(s["tokens"]), s["prompt_length"]) for s in record["sequences"]]
+    direct = measure_acceptance(model, head, sequences, 2, top_k=1, progress=False)
+    assert evaluations[-1]["decode"]["top1"] == [row[0] for row in direct.probabilities]
+    assert evaluations[-1]["decode"]["counted"] == list(direct.counts)
