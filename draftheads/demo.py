@@ -261,9 +261,20 @@ def speculative_answer(model, head, tokenizer, input_ids, tree, settings: DemoSe
     return pieces.result
 
 
-def compare(result, plain_tokens: list[int], plain_seconds: float) -> dict:
+@dataclass(frozen=True)
+class PlainRun:
+    """Plain greedy ``generate`` on the demo's question: the prompt every method answers, the answer
+    and its time (stages 4 and 5 compare against the same run)."""
+
+    input_ids: object  # (1, T) tensor
+    tokens: list[int]
+    seconds: float
+
+
+def compare(result, plain: PlainRun) -> dict:
     """What ``demo.json`` records of one speculative answer against plain ``generate``."""
     stats = result.stats
+    plain_tokens, plain_seconds = plain.tokens, plain.seconds
     plain_rate = len(plain_tokens) / plain_seconds
     return {
         "tree": stats.tree,
@@ -300,9 +311,9 @@ def prompt_ids(tokenizer, settings: DemoSettings, device):
     return text, torch.tensor([ids], device=device)  # (1, T): the same ids for every method
 
 
-def generate_stage(model, head, tokenizer, settings: DemoSettings, head_dir: Path) -> tuple[dict, tuple]:
+def generate_stage(model, head, tokenizer, settings: DemoSettings, head_dir: Path) -> tuple[dict, PlainRun]:
     """Stream the head's answer, then time plain greedy generate on the same prompt; returns the
-    comparison and the plain answer with its time (stage 5 compares against the same)."""
+    comparison and the plain run (stage 5 compares against the same)."""
     from draftheads.infer.tree import load_tuned_tree
 
     text, input_ids = prompt_ids(tokenizer, settings, model.device)
@@ -310,11 +321,11 @@ def generate_stage(model, head, tokenizer, settings: DemoSettings, head_dir: Pat
     print(f"MT-bench question {settings.question_id}: {text}\n")
     tree = load_tuned_tree(head_dir, model.dtype, model.device)
     result = speculative_answer(model, head, tokenizer, input_ids, tree, settings, stream=True)
-    plain = plain_generate(model, tokenizer, input_ids, settings.max_new_tokens)
-    return {"question_id": settings.question_id, **compare(result, *plain)}, plain
+    plain = PlainRun(input_ids, *plain_generate(model, tokenizer, input_ids, settings.max_new_tokens))
+    return {"question_id": settings.question_id, **compare(result, plain)}, plain
 
 
-def shipped_stage(model, tokenizer, settings: DemoSettings, plain: tuple) -> dict | None:
+def shipped_stage(model, tokenizer, settings: DemoSettings, plain: PlainRun) -> dict | None:
     """The same question with the shipped head (its own tuned tree), against the same plain run;
     None when there is none to use (not configured, not found, or made for another base)."""
     from draftheads.heads import load_head_and_base
@@ -339,10 +350,9 @@ def shipped_stage(model, tokenizer, settings: DemoSettings, plain: tuple) -> dic
     training = json.loads((head_dir / "config.json").read_text()).get("training") or {}
     steps = f", {training['steps']} training steps" if "steps" in training else ""
     print(f"{head.kind} head from {head_dir}{steps}; answer not shown (greedy: the same text)")
-    _, input_ids = prompt_ids(tokenizer, settings, model.device)
     tree = load_tuned_tree(head_dir, shipped_model.dtype, shipped_model.device)
-    result = speculative_answer(shipped_model, head, tokenizer, input_ids, tree, settings, stream=False)
-    return {"head": str(settings.shipped_head), **compare(result, *plain)}
+    result = speculative_answer(shipped_model, head, tokenizer, plain.input_ids, tree, settings, stream=False)
+    return {"head": str(settings.shipped_head), **compare(result, plain)}
 
 
 # ---- the whole demo -----------------------------------------------------------------------------
