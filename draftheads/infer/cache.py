@@ -101,27 +101,31 @@ def keep_accepted_rows(
         return [tree_start + accepted[0].numel()]
     layers = _layers(cache)
     total = cache.get_seq_length()
-    kept = [a.numel() for a in accepted]
+    nodes = [a.tolist() for a in accepted]
+    kept = [len(path) for path in nodes]
     new_lengths = [length + count for length, count in zip(lengths, kept)]
-    if min(kept) == 0 or max(accepted[b].max().item() for b in range(len(kept))) >= total - tree_start:
+    if min(kept) == 0 or max(path[-1] for path in nodes) >= total - tree_start:
         raise ValueError(f"cannot keep {kept} tree entries after {tree_start} in a cache of {total}")
+    # Per row, source and destination slots, padded to the longest path by repeating the row's last
+    # pair (the same write twice). A row whose path already sits where it belongs needs no move
+    # (the longest rows in a step that accepts a tree's prefix, every row of equal length in a
+    # plain step); if no row needs one, only the crop is left.
     width = max(kept)
-    # Per row, source and destination slots; a short row repeats its last pair (the same write twice).
-    source = torch.stack([torch.cat([a, a[-1:].expand(width - a.numel())]) for a in accepted]) + tree_start
-    destination = torch.stack(
-        [
-            torch.cat([torch.arange(n), torch.full((width - n,), n - 1, dtype=torch.long)]) + length
-            for n, length in zip(kept, lengths)
-        ]
-    )  # (B, width)
-    device = layers[0].keys.device
-    source, destination = source.to(device), destination.to(device)
-    for layer in layers:
-        for name in ("keys", "values"):
-            tensor = getattr(layer, name)  # (B, H, L, D)
-            shape = (*tensor.shape[:2], width, tensor.shape[-1])
-            moved = tensor.gather(2, source[:, None, :, None].expand(shape))
-            tensor.scatter_(2, destination[:, None, :, None].expand(shape), moved)
+    source = [[tree_start + n for n in path + path[-1:] * (width - len(path))] for path in nodes]
+    destination = [
+        list(range(length, length + len(path))) + [length + len(path) - 1] * (width - len(path))
+        for length, path in zip(lengths, nodes)
+    ]
+    moving = [b for b in range(len(nodes)) if source[b] != destination[b]]
+    if moving:
+        device = layers[0].keys.device
+        rows = torch.tensor(moving, device=device)[:, None]  # (M, 1)
+        source_slots = torch.tensor([source[b] for b in moving], device=device)  # (M, width)
+        destination_slots = torch.tensor([destination[b] for b in moving], device=device)
+        for layer in layers:
+            for name in ("keys", "values"):
+                tensor = getattr(layer, name)  # (B, H, L, D); advanced indices give (M, width, H, D)
+                tensor[rows, :, destination_slots] = tensor[rows, :, source_slots]
     excess = total - max(new_lengths)
     if excess:
         for layer in layers:

@@ -37,7 +37,7 @@ from draftheads.infer.packed import has_packed_linears, pack_linears
 from draftheads.infer.step_gate import StepGate
 from draftheads.infer.stopping import StopRule
 from draftheads.infer.tree import load_tuned_tree, padded_size, resolve_tree
-from draftheads.infer.verify import SamplingParams, next_token, verify_tree
+from draftheads.infer.verify import Acceptance, SamplingParams, next_token, verify_tree
 
 DEFAULT_MAX_NEW_TOKENS = 256
 COST_SIZES = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)  # tree sizes adaptive drafting measures
@@ -561,10 +561,14 @@ class SpeculativeGenerator:
                 # The gate weighs a drafting step by the tokens it was expected to emit (calibrated
                 # path probabilities): one step's 1, 2 or 3 accepted tokens are too noisy to compare.
                 step_expected = sum(sum(d.path_probabilities(x)) for d, x in zip(drafters, drafts))
-            acceptances = [
-                verify_tree(output.logits[b, : tokens.numel()], tokens, draft.topology, params, generator)
-                for b, (tokens, draft) in enumerate(zip(tokens_in_trees, drafts))
-            ]
+            if not drafting and params.greedy:  # every row verifies its root alone: one argmax for all
+                roots_verified = output.logits[:, 0].argmax(dim=-1).tolist()
+                acceptances = [Acceptance((0,), token) for token in roots_verified]
+            else:
+                acceptances = [
+                    verify_tree(output.logits[b, : tokens.numel()], tokens, draft.topology, params, generator)
+                    for b, (tokens, draft) in enumerate(zip(tokens_in_trees, drafts))
+                ]
             accepted = [torch.tensor(a.nodes, dtype=torch.long) for a in acceptances]  # (A_b,) each
             new_lengths = keep_accepted_rows(cache, lengths, tree_start, accepted)
             chunks, step_tokens = [], 0
@@ -589,8 +593,11 @@ class SpeculativeGenerator:
                 roots[b] = acceptance.next_token
             lengths = new_lengths
             if self.adaptive and gated:
-                tokens = step_expected if drafting else step_tokens
-                self.step_gate.record(len(rows), drafting, tokens, time.perf_counter() - step_started)
+                seconds = time.perf_counter() - step_started
+                if drafting:
+                    self.step_gate.record(len(rows), True, step_expected, seconds, emitted=step_tokens)
+                else:
+                    self.step_gate.record(len(rows), False, step_tokens, seconds)
             yield chunks
 
     # ---- public API ---------------------------------------------------------------------------

@@ -17,8 +17,21 @@ head, a few unlucky steps would otherwise send the gate to plain steps for many 
 the faster of the two and tries the other every
 ``probe_every`` steps (less often the slower the other kind was), so it follows the text
 (repetitive passages make drafting pay, then stop) and the batch (it shrinks as rows finish; each
-size has its own measurements, and starts from the nearest size's). A plain step is what
-the base model's own decoding does, so a gated loop costs at most the probes over plain decoding.
+size has its own measurements). A plain step is what the base model's own decoding does, so a
+gated loop costs at most the probes over plain decoding.
+
+A batch size not yet measured both ways borrows another's choice only where the cost of
+verification makes it safe: drafting pays less the bigger the batch (a batched forward over B rows
+of N tokens costs more relative to B rows of one as B grows, until every extra token costs what a
+row's plain step does), so drafting that lost at a smaller batch loses at this one, and drafting
+that won at a larger one wins here. A batch that lost a row or two also follows its near
+neighbours (within a factor of 2). Anything else (drafting won with one row: does it with four?)
+is measured: a few steps of each kind before the gate chooses.
+
+Expected tokens are calibrated probabilities, and the trees keep the nodes whose estimates
+came out highest, so they run a little high (a winner's curse): the gate scales a drafting step's
+expected tokens by what drafting steps actually emitted over what they were expected to, summed
+over every drafting step so far.
 """
 
 from __future__ import annotations
@@ -59,16 +72,25 @@ class StepGate:
     was much slower, so that probing costs at most ``probe_budget`` of the time (a probe of a kind
     r times slower costs r - 1 steps' worth), up to every ``max_probe_every`` steps. A batch size
     not yet measured both ways follows the nearest one that is (a batch that lost a row behaves as
-    it did), measuring its own steps until it has both.
+    it did), measuring its own steps until it has both: see the module's docstring for which.
     """
 
     probe_every: int = 12
-    max_probe_every: int = 64
+    max_probe_every: int = 256
     probe_budget: float = 0.02
     warmup_steps: int = 3
     smoothing: float = 0.2
     measured: dict[tuple[int, bool], Throughput] = field(default_factory=dict)  # (batch, drafted) ->
     since_probe: dict[int, int] = field(default_factory=dict)  # batch -> steps since the last probe
+    expected_tokens: float = 0.0  # over every drafting step: the tokens expected of it ...
+    emitted_tokens: float = 0.0  # ... and those it emitted
+
+    @property
+    def correction(self) -> float:
+        """Emitted over expected tokens of drafting steps (1 until a few dozen tokens are in)."""
+        if self.expected_tokens < 32 or self.emitted_tokens <= 0:
+            return 1.0
+        return self.emitted_tokens / self.expected_tokens
 
     def _arm(self, batch: int, drafted: bool) -> Throughput:
         return self.measured.setdefault((batch, drafted), Throughput())
@@ -79,19 +101,27 @@ class StepGate:
         drafting, plain = self.measured.get((batch, True)), self.measured.get((batch, False))
         if drafting is None or plain is None or min(drafting.steps, plain.steps) < self.warmup_steps:
             return None
-        faster, slower = (drafting, plain) if drafting.rate > plain.rate else (plain, drafting)
-        ratio = faster.rate / slower.rate if slower.rate > 0 else math.inf
-        return drafting.rate > plain.rate, ratio
+        drafting_rate = drafting.rate * self.correction
+        faster, slower = max(drafting_rate, plain.rate), min(drafting_rate, plain.rate)
+        ratio = faster / slower if slower > 0 else math.inf
+        return drafting_rate > plain.rate, ratio
 
     def _decision(self, batch: int) -> tuple[bool, float] | None:
-        """``_compare`` for ``batch``, else for the nearest batch size measured both ways."""
+        """``_compare`` for ``batch``; else another batch size's where that is safe (the module's
+        docstring), the nearest first; else None (``batch`` warms up)."""
         own = self._compare(batch)
         if own is not None:
             return own
-        measured = sorted({b for b, _ in self.measured if self._compare(b) is not None})
-        if not measured:
-            return None
-        return self._compare(min(measured, key=lambda b: (abs(b - batch), b)))
+        measured = {b: self._compare(b) for b, _ in self.measured if b != batch}
+        measured = {b: decision for b, decision in measured.items() if decision is not None}
+        safe = [
+            b for b, (drafting_faster, _) in measured.items() if (b > batch) == drafting_faster
+        ]  # drafting lost with fewer rows, or won with more
+        near = [b for b in measured if batch / 2 <= b <= 2 * batch]
+        for candidates in (safe, near):
+            if candidates:
+                return measured[min(candidates, key=lambda b: (abs(b - batch), b))]
+        return None
 
     def probe_interval(self, ratio: float) -> int:
         """Steps between probes of a kind ``ratio`` times slower than the kept one."""
@@ -110,12 +140,20 @@ class StepGate:
             return not drafting_faster
         return drafting_faster
 
-    def record(self, batch: int, drafted: bool, tokens: float, seconds: float) -> None:
+    def record(
+        self, batch: int, drafted: bool, tokens: float, seconds: float, emitted: float | None = None
+    ) -> None:
         """One step of a ``batch``-row batch: whether it drafted, the tokens it emitted (or was
         expected to) over all rows, and the seconds it took from drafting to the last row's
-        bookkeeping."""
-        if seconds < 0 or tokens < 0:
-            raise ValueError(f"a step emits tokens >= 0 in seconds >= 0, got {tokens} in {seconds}")
+        bookkeeping. ``emitted``: for a drafting step weighed by its expected ``tokens``, the tokens
+        it did emit (they correct the expectations: ``correction``)."""
+        if seconds < 0 or tokens < 0 or (emitted is not None and emitted < 0):
+            raise ValueError(
+                f"a step emits tokens >= 0 in seconds >= 0, got {tokens} ({emitted} emitted) in {seconds}"
+            )
+        if drafted and emitted is not None:
+            self.expected_tokens += tokens
+            self.emitted_tokens += emitted
         decision = self._decision(batch)
         self._arm(batch, drafted).record(tokens, seconds, self.smoothing)
         if decision is not None and drafted != decision[0]:  # a probe of the other kind of step
@@ -130,7 +168,12 @@ class StepGate:
             drafting = self.measured.get((batch, True), Throughput())
             plain = self.measured.get((batch, False), Throughput())
             lines.append(
-                f"batch {batch}: drafting {drafting.rate:.1f} tokens/s over {drafting.steps} steps, "
-                f"plain {plain.rate:.1f} tokens/s over {plain.steps} steps"
+                f"batch {batch}: drafting {drafting.rate * self.correction:.1f} tokens/s over "
+                f"{drafting.steps} steps, plain {plain.rate:.1f} tokens/s over {plain.steps} steps"
+            )
+        if self.expected_tokens:
+            lines.append(
+                f"drafting steps emitted {self.emitted_tokens:.0f} tokens of {self.expected_tokens:.1f} "
+                f"expected (rates scaled by {self.correction:.3f})"
             )
         return "\n".join(lines)

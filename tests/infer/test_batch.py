@@ -147,6 +147,35 @@ def test_rows_forward_equals_each_row_alone(model):
     assert cache.get_seq_length() == 8 and cache.layers[0].keys.shape[0] == 1
 
 
+def test_keeping_accepted_entries_moves_only_the_rows_whose_path_is_out_of_place(model):
+    """Row 0 (as long as the cache) accepts its tree's prefix: its entries are already in place.
+    Row 1 is shorter: its accepted entries move to just after its prompt. A plain step whose rows
+    are all as long as the cache moves nothing."""
+    prompts = [torch.arange(3, 14), torch.arange(20, 25)]
+    cache, _, _ = prefill_rows(model, prompts, ())
+    topology = tree_topology([-1, 0, 1])
+    rows_forward(
+        model, cache, [torch.tensor([30, 31, 32]), torch.tensor([40, 41, 42])], [topology] * 2, [11, 5], ()
+    )
+    before = [(layer.keys.clone(), layer.values.clone()) for layer in cache.layers]
+    kept = keep_accepted_rows(cache, [11, 5], 11, [torch.tensor([0, 1]), torch.tensor([0, 2])])
+    assert kept == [13, 7] and cache.get_seq_length() == 13
+    for layer, (keys, values) in zip(cache.layers, before):
+        for now, then in ((layer.keys, keys), (layer.values, values)):
+            torch.testing.assert_close(now[0], then[0, :, :13], rtol=0, atol=0)  # untouched
+            torch.testing.assert_close(now[1, :, :5], then[1, :, :5], rtol=0, atol=0)  # the prompt
+            torch.testing.assert_close(now[1, :, 5:7], then[1, :, [11, 13]], rtol=0, atol=0)  # the path
+    equal = [torch.arange(3, 10), torch.arange(20, 27)]
+    cache, _, _ = prefill_rows(model, equal, ())
+    rows_forward(
+        model, cache, [torch.tensor([30]), torch.tensor([40])], [tree_topology([-1])] * 2, [7, 7], ()
+    )
+    before = [layer.keys.clone() for layer in cache.layers]
+    assert keep_accepted_rows(cache, [7, 7], 7, [torch.tensor([0])] * 2) == [8, 8]
+    for layer, keys in zip(cache.layers, before):
+        torch.testing.assert_close(layer.keys, keys, rtol=0, atol=0)
+
+
 def test_one_full_row_mask_is_the_single_tree_mask():
     topology = tree_topology([-1, 0, 0, 1, 2], pad_to_multiple=4)
     single = tree_attention_mask(topology, 7, torch.float32)

@@ -68,15 +68,43 @@ def test_each_batch_size_has_its_own_measurements():
     assert not gate.drafts(16) and gate.drafts(1)
 
 
-def test_a_new_batch_size_follows_the_nearest_measured_one_until_it_has_its_own():
+def test_a_new_batch_size_follows_a_near_measured_one_until_it_has_its_own():
     gate = StepGate(probe_every=8, max_probe_every=8, warmup_steps=2)
     assert gate.drafts(12)  # nothing measured: the warm-up drafts first
     _run(gate, 16, 10, drafting_rate=lambda step: 5.0)
-    assert not gate.drafts(12) and not gate.drafts(1)  # nearest measured: 16, where plain steps won
+    assert not gate.drafts(12)  # 16, within a factor of 2, found plain steps faster
+    assert gate.drafts(1)  # 16 says nothing safe about 1 row: 1 warms up, drafting first
     decisions = _run(gate, 15, 40, drafting_rate=lambda step: 30.0)  # but at 15 drafting pays
     assert not any(decisions[:8])  # no warm-up: 16's choice until the first probe
     assert decisions[-10:].count(True) >= 8  # two probes later 15 has both kinds measured: it drafts
     assert gate.drafts(14)  # and 14 now follows 15
+
+
+def test_drafting_that_lost_with_fewer_rows_loses_with_more_and_won_with_more_wins_with_fewer():
+    """Verification costs relatively more the bigger the batch, so only those two conclusions
+    carry over to a batch size however far; drafting that won with one row is measured again
+    with four."""
+    gate = StepGate(probe_every=8, warmup_steps=2)
+    _run(gate, 4, 10, drafting_rate=lambda step: 5.0)  # lost with 4 rows
+    assert not gate.drafts(16) and not gate.drafts(64)
+    _run(gate, 1, 10, drafting_rate=lambda step: 30.0)  # won with 1 row
+    assert gate.drafts(1)
+    assert not gate.drafts(3)  # within a factor of 2 of 4, which lost; 1 says nothing about more
+    fresh = StepGate(probe_every=8, warmup_steps=2)
+    _run(fresh, 1, 10, drafting_rate=lambda step: 30.0)
+    assert fresh._decision(4) is None  # measured at 4 from its own warm-up
+    _run(fresh, 32, 10, drafting_rate=lambda step: 30.0)  # won with 32 rows
+    assert fresh._decision(4) == fresh._compare(32)
+
+
+def test_the_gate_scales_expected_tokens_by_what_drafting_steps_emitted():
+    gate = StepGate(probe_every=8, warmup_steps=2)
+    for _ in range(20):  # drafting expected 2.4 tokens per step at 20 steps/s, emitted 1.8
+        gate.record(1, True, tokens=2.4, seconds=0.05, emitted=1.8)
+        gate.record(1, False, tokens=1.0, seconds=0.025)  # plain: 40 tokens/s
+    assert gate.correction == pytest.approx(0.75)
+    assert gate._compare(1)[0] is False  # 48 expected tokens/s, 36 emitted: plain steps win
+    assert "emitted 36 tokens of 48.0 expected" in gate.summary()
 
 
 def test_a_step_cannot_take_negative_time():
@@ -116,14 +144,19 @@ def test_the_generator_weighs_a_drafting_step_by_its_expected_tokens():
     recorded = []
     record = generator.step_gate.record
 
-    def spy(batch, drafted, tokens, seconds):
-        recorded.append((drafted, tokens))
-        record(batch, drafted, tokens, seconds)
+    def spy(batch, drafted, tokens, seconds, emitted=None):
+        recorded.append((drafted, tokens, emitted))
+        record(batch, drafted, tokens, seconds, emitted)
 
     generator.step_gate.record = spy
     prompt = torch.randint(3, 256, (12,), generator=torch.Generator().manual_seed(5))
     result = generator.generate(prompt, max_new_tokens=30)
-    drafted = [tokens for did, tokens in recorded if did]
+    drafted = [tokens for did, tokens, _ in recorded if did]
     assert drafted and all(tokens >= 1.0 for tokens in drafted)
     assert any(tokens != int(tokens) for tokens in drafted)  # expected, not counted
     assert sum(drafted) != result.stats.new_tokens - 1  # not the tokens the steps emitted
+    # ... which come along, to correct the expectations; plain steps count what they emit
+    emitted = [count for did, _, count in recorded if did]
+    assert all(count is not None and count >= 1 for count in emitted)
+    assert all(count is None for did, _, count in recorded if not did)
+    assert generator.step_gate.emitted_tokens == sum(emitted)
