@@ -560,7 +560,10 @@ class SpeculativeGenerator:
             if self.adaptive and gated and drafting:
                 # The gate weighs a drafting step by the tokens it was expected to emit (calibrated
                 # path probabilities): one step's 1, 2 or 3 accepted tokens are too noisy to compare.
-                step_expected = sum(sum(d.path_probabilities(x)) for d, x in zip(drafters, drafts))
+                # A batch is done when its slowest row is: rows that draft drift apart, and the rows
+                # left behind then decode in small, inefficient batches. So the step advances the
+                # batch by its least-advanced row's tokens, in every row.
+                row_expected = [sum(d.path_probabilities(x)) for d, x in zip(drafters, drafts)]
             if not drafting and params.greedy:  # every row verifies its root alone: one argmax for all
                 roots_verified = output.logits[:, 0].argmax(dim=-1).tolist()
                 acceptances = [Acceptance((0,), token) for token in roots_verified]
@@ -595,7 +598,14 @@ class SpeculativeGenerator:
             if self.adaptive and gated:
                 seconds = time.perf_counter() - step_started
                 if drafting:
-                    self.step_gate.record(len(rows), True, step_expected, seconds, emitted=step_tokens)
+                    self.step_gate.record(
+                        len(rows),
+                        True,
+                        len(rows) * min(row_expected),
+                        seconds,
+                        emitted=step_tokens,
+                        expected=sum(row_expected),
+                    )
                 else:
                     self.step_gate.record(len(rows), False, step_tokens, seconds)
             yield chunks

@@ -13,7 +13,9 @@ steps that drafted and for plain steps (the root alone, every row), per batch si
 exponential moving averages. A plain step emits one token per row; a drafting step counts the
 tokens it was expected to emit (1 + the calibrated path probabilities of its nodes, per row),
 since the 1, 2 or 3 tokens one step happens to accept are too noisy to compare on: with a weak
-head, a few unlucky steps would otherwise send the gate to plain steps for many steps. It keeps
+head, a few unlucky steps would otherwise send the gate to plain steps for many steps. (The decode
+loop counts a batch's drafting step as its rows times its least-advanced row's expected tokens:
+the batch is done when its slowest row is.) It keeps
 the faster of the two and tries the other every
 ``probe_every`` steps (less often the slower the other kind was), so it follows the text
 (repetitive passages make drafting pay, then stop) and the batch (it shrinks as rows finish; each
@@ -141,18 +143,26 @@ class StepGate:
         return drafting_faster
 
     def record(
-        self, batch: int, drafted: bool, tokens: float, seconds: float, emitted: float | None = None
+        self,
+        batch: int,
+        drafted: bool,
+        tokens: float,
+        seconds: float,
+        emitted: float | None = None,
+        expected: float | None = None,
     ) -> None:
         """One step of a ``batch``-row batch: whether it drafted, the tokens it emitted (or was
         expected to) over all rows, and the seconds it took from drafting to the last row's
-        bookkeeping. ``emitted``: for a drafting step weighed by its expected ``tokens``, the tokens
-        it did emit (they correct the expectations: ``correction``)."""
-        if seconds < 0 or tokens < 0 or (emitted is not None and emitted < 0):
+        bookkeeping. ``emitted``: for a drafting step weighed by expected ``tokens``, the tokens it
+        did emit, and ``expected`` (default ``tokens``) the expectation to hold them against
+        (together they correct the expectations: ``correction``)."""
+        expected = tokens if expected is None else expected
+        if seconds < 0 or min(tokens, expected, 0 if emitted is None else emitted) < 0:
             raise ValueError(
                 f"a step emits tokens >= 0 in seconds >= 0, got {tokens} ({emitted} emitted) in {seconds}"
             )
         if drafted and emitted is not None:
-            self.expected_tokens += tokens
+            self.expected_tokens += expected
             self.emitted_tokens += emitted
         decision = self._decision(batch)
         self._arm(batch, drafted).record(tokens, seconds, self.smoothing)

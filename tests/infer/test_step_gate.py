@@ -144,9 +144,10 @@ def test_the_generator_weighs_a_drafting_step_by_its_expected_tokens():
     recorded = []
     record = generator.step_gate.record
 
-    def spy(batch, drafted, tokens, seconds, emitted=None):
+    def spy(batch, drafted, tokens, seconds, emitted=None, expected=None):
         recorded.append((drafted, tokens, emitted))
-        record(batch, drafted, tokens, seconds, emitted)
+        assert expected is None or expected == pytest.approx(tokens)  # one row: its own expectation
+        record(batch, drafted, tokens, seconds, emitted, expected)
 
     generator.step_gate.record = spy
     prompt = torch.randint(3, 256, (12,), generator=torch.Generator().manual_seed(5))
@@ -160,3 +161,33 @@ def test_the_generator_weighs_a_drafting_step_by_its_expected_tokens():
     assert all(count is not None and count >= 1 for count in emitted)
     assert all(count is None for did, _, count in recorded if not did)
     assert generator.step_gate.emitted_tokens == sum(emitted)
+
+
+def test_a_batch_drafting_step_counts_its_least_advanced_row_in_every_row():
+    """A batch is done when its slowest row is, so a drafting step is weighed by the rows times the
+    smallest of the rows' expected tokens; the corrections still hold all rows' expectations
+    against all rows' emitted tokens."""
+    model = make_tiny_llama()
+    torch.manual_seed(0)
+    head = build_head(model, EagleConfig())
+    cost = CostCurve((1, 4, 8, 16), (1.0, 1.05, 1.1, 1.2))
+    generator = SpeculativeGenerator(model, head, context=True, adaptive=True, cost=cost)
+    generator.batch_costs[2] = cost
+    generator.step_gate = gate_that_measured(drafting_pays=True, batch=2)
+    recorded = []
+    record = generator.step_gate.record
+
+    def spy(batch, drafted, tokens, seconds, emitted=None, expected=None):
+        recorded.append((batch, drafted, tokens, emitted, expected))
+        record(batch, drafted, tokens, seconds, emitted, expected)
+
+    generator.step_gate.record = spy
+    repeat = torch.tensor([7, 8, 9, 10] * 5)  # the context drafter expects much of this row
+    other = torch.randint(3, 256, (17,), generator=torch.Generator().manual_seed(5))
+    generator.generate([repeat, other], max_new_tokens=24)
+    drafting = [(tokens, expected) for batch, did, tokens, _, expected in recorded if did and batch == 2]
+    assert drafting and all(2.0 <= tokens <= expected + 1e-9 for tokens, expected in drafting)
+    assert any(tokens < expected - 0.1 for tokens, expected in drafting)  # the rows' expectations differ
+    assert generator.step_gate.expected_tokens == pytest.approx(
+        sum(expected for batch, did, _, _, expected in recorded if did)
+    )
