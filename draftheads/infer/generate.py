@@ -565,8 +565,8 @@ class SpeculativeGenerator:
                 # batch by its least-advanced row's tokens, in every row.
                 row_expected = [sum(d.path_probabilities(x)) for d, x in zip(drafters, drafts)]
             if not drafting and params.greedy:  # every row verifies its root alone: one argmax for all
-                roots_verified = output.logits[:, 0].argmax(dim=-1).tolist()
-                acceptances = [Acceptance((0,), token) for token in roots_verified]
+                next_tokens = output.logits[:, 0].argmax(dim=-1).tolist()
+                acceptances = [Acceptance((0,), token) for token in next_tokens]
             else:
                 acceptances = [
                     verify_tree(output.logits[b, : tokens.numel()], tokens, draft.topology, params, generator)

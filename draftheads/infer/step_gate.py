@@ -15,9 +15,8 @@ tokens it was expected to emit (1 + the calibrated path probabilities of its nod
 since the 1, 2 or 3 tokens one step happens to accept are too noisy to compare on: with a weak
 head, a few unlucky steps would otherwise send the gate to plain steps for many steps. (The decode
 loop counts a batch's drafting step as its rows times its least-advanced row's expected tokens:
-the batch is done when its slowest row is.) It keeps
-the faster of the two and tries the other every
-``probe_every`` steps (less often the slower the other kind was), so it follows the text
+the batch is done when its slowest row is.) It keeps the faster of the two and tries the other
+every ``probe_every`` steps (less often the slower the other kind was), so it follows the text
 (repetitive passages make drafting pay, then stop) and the batch (it shrinks as rows finish; each
 size has its own measurements). A plain step is what the base model's own decoding does, so a
 gated loop costs at most the probes over plain decoding.
@@ -73,8 +72,8 @@ class StepGate:
     then to keep that estimate fresh: every ``probe_every`` steps, or less often when the other kind
     was much slower, so that probing costs at most ``probe_budget`` of the time (a probe of a kind
     r times slower costs r - 1 steps' worth), up to every ``max_probe_every`` steps. A batch size
-    not yet measured both ways follows the nearest one that is (a batch that lost a row behaves as
-    it did), measuring its own steps until it has both: see the module's docstring for which.
+    not yet measured both ways borrows another's choice where that is safe (the module's
+    docstring says which), else warms up, measuring its own steps until it has both.
     """
 
     probe_every: int = 12
@@ -114,8 +113,8 @@ class StepGate:
         own = self._compare(batch)
         if own is not None:
             return own
-        measured = {b: self._compare(b) for b, _ in self.measured if b != batch}
-        measured = {b: decision for b, decision in measured.items() if decision is not None}
+        others = {b: self._compare(b) for b in {b for b, _ in self.measured} - {batch}}
+        measured = {b: decision for b, decision in others.items() if decision is not None}
         safe = [
             b for b, (drafting_faster, _) in measured.items() if (b > batch) == drafting_faster
         ]  # drafting lost with fewer rows, or won with more
