@@ -148,12 +148,16 @@ def run(args: argparse.Namespace) -> int:
         if args.limit is not None:
             raise SystemExit("distill: --limit does not apply to --corpus (its chunks say which to answer)")
         corpus = open_corpus(args, config)
-        out, first, last = corpus.begin_chunk(args.chunk, config.resolved_engine())
-        print(f"[distill] {corpus.summary()}; this chunk: source conversations {first}..{last - 1}")
+        first, last = corpus.chunk_range(args.chunk)
         conversations, source_report = read_conversations(args.data, args.split, last)
         conversations = conversations[first:]
-        if not conversations:
-            raise SystemExit(f"distill: {args.data} has nothing after conversation {first - 1}: all answered")
+        if not conversations:  # checked before a chunk is begun: a finished corpus stays as it is
+            raise SystemExit(
+                f"distill: {args.data} has nothing after conversation {first - 1}: the corpus answers "
+                f"all of it ({corpus.summary()})"
+            )
+        out, first, last = corpus.begin_chunk(args.chunk, config.resolved_engine())
+        print(f"[distill] {corpus.summary()}; this chunk: source conversations {first}..{last - 1}")
     else:
         out = args.out
         conversations, source_report = read_conversations(args.data, args.split, args.limit)

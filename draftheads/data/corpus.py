@@ -211,17 +211,24 @@ class Corpus:
         stem = f"part-{len(self.chunks):05d}"
         return self.directory / f"{stem}.jsonl", self.directory / f"{stem}.pending.json"
 
-    def begin_chunk(self, size: int, engine: str) -> tuple[Path, int, int]:
-        """The file to distill the next chunk into and its source range ``(path, start, end)``: a
-        pending chunk's own (an interrupted run resumes it), else the next ``size`` conversations."""
-        path, pending = self._pending_paths()
+    def chunk_range(self, size: int) -> tuple[int, int]:
+        """The source range ``(start, end)`` the next run answers: a pending chunk's own (an
+        interrupted run resumes it), else the next ``size`` conversations. Records nothing."""
+        _, pending = self._pending_paths()
         if pending.is_file():
             state = json.loads(pending.read_text(encoding="utf-8"))
-            return path, state["start"], state["end"]
-        start = self.next_start
-        state = {"start": start, "end": start + size, "seconds": 0.0, "engine": engine}
-        pending.write_text(json.dumps(state) + "\n", encoding="utf-8")
-        return path, start, start + size
+            return state["start"], state["end"]
+        return self.next_start, self.next_start + size
+
+    def begin_chunk(self, size: int, engine: str) -> tuple[Path, int, int]:
+        """The file to distill the next chunk into and its source range ``(path, start, end)``
+        (``chunk_range``), recorded as pending so that an interrupted run resumes it."""
+        path, pending = self._pending_paths()
+        start, end = self.chunk_range(size)
+        if not pending.is_file():
+            state = {"start": start, "end": end, "seconds": 0.0, "engine": engine}
+            pending.write_text(json.dumps(state) + "\n", encoding="utf-8")
+        return path, start, end
 
     def add_seconds(self, seconds: float, engine: str) -> None:
         """Count a run's distillation time towards the pending chunk (it may take several runs)."""

@@ -58,8 +58,9 @@ def test_a_corpus_grows_chunk_by_chunk_and_reads_as_a_source(tmp_path, tiny_base
         "part-00001.jsonl.gz",
         "part-00002.jsonl.gz",
     ]
-    with pytest.raises(SystemExit, match="nothing after conversation 4"):
+    with pytest.raises(SystemExit, match="nothing after conversation 4: the corpus answers all of it"):
         _distill(tiny_base_dir, source, corpus_dir)
+    assert len(list(corpus_dir.iterdir())) == 4  # no pending chunk left behind for the next run
 
     conversations, report = read_conversations(str(corpus_dir))
     assert [c.id for c in conversations] == ["c0", "c1", "c2", "c3", "c4"] and report.dropped == {}
