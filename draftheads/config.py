@@ -21,6 +21,7 @@ from draftheads.heads.base import head_config_from_dict
 from draftheads.settings import ConfigError, from_dict, merge, parse_overrides, read_yaml
 
 PRECISIONS = ("auto", "fp32", "bf16")  # train.precision
+AUTOCASTS = ("none", "bf16")  # train.autocast
 REPORT_TARGETS = ("none", "wandb")  # train.report_to
 DISTILL_ENGINES = ("auto", "hf", "vllm")  # distill.engine
 
@@ -138,6 +139,10 @@ class TrainConfig:
     resume: bool = False
     deepspeed_config: str = "configs/deepspeed/zero0.json"
     precision: str = "auto"  # auto | fp32 | bf16 (auto: bf16 on GPU, fp32 on CPU)
+    # none | bf16: run a fp32 head's training forward under torch.autocast(bf16) (matmuls in bf16,
+    # weights, optimiser and losses in fp32); evaluation stays fp32, as decoding computes. For CPUs
+    # with AVX512_BF16 or AMX: without them it ran 18x slower (docs/training.md); frozen-base heads only.
+    autocast: str = "none"
     report_to: str = "none"  # none | wandb
     wandb_project: str = "draftheads"
     log_every: int = 10
@@ -198,6 +203,8 @@ class TrainConfig:
             )
         if self.precision not in PRECISIONS:
             raise ConfigError(f"train.precision must be one of {PRECISIONS}, got '{self.precision}'")
+        if self.autocast not in AUTOCASTS:
+            raise ConfigError(f"train.autocast must be one of {AUTOCASTS}, got '{self.autocast}'")
         if self.report_to not in REPORT_TARGETS:
             raise ConfigError(f"train.report_to must be one of {REPORT_TARGETS}, got '{self.report_to}'")
         if not 0.0 < self.loss_token_fraction <= 1.0:

@@ -80,6 +80,11 @@ class JointRecipe(nn.Module):
                 f"data.features ({run.data.features}) cannot feed head.joint training: the adapted base's "
                 "hidden states change every step; unset one of them"
             )
+        if run.train.autocast != "none":
+            raise ConfigError(
+                f"train.autocast={run.train.autocast}: not supported for joint (Medusa-2) heads, whose "
+                "base trains with them; use train.precision instead"
+            )
         if run.train.init_head:
             raise ConfigError(
                 f"train.init_head={run.train.init_head}: not supported for joint (Medusa-2) heads, whose "

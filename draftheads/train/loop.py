@@ -37,6 +37,7 @@ from draftheads.base_model import DTYPES, load_base, resolve_dtype
 from draftheads.config import RunConfig, TrainConfig
 from draftheads.distributed import apply_timeout_to_every_group, distributed_timeout, local_device
 from draftheads.heads.base import RUN_HEAD_DIR
+from draftheads.machine import cpu_flags
 from draftheads.settings import ConfigError, to_dict
 from draftheads.train import checkpoint
 from draftheads.train.batching import BatchStream, fixed_batches
@@ -89,7 +90,24 @@ def resolve_precision(run: RunConfig, device: torch.device) -> torch.dtype:
             )
     if dtype not in (torch.float32, torch.bfloat16):
         raise ConfigError(f"training supports fp32 and bf16, not {dtype} (model.dtype '{run.model.dtype}')")
+    if run.train.autocast != "none" and dtype != torch.float32:
+        raise ConfigError(
+            f"train.autocast '{run.train.autocast}' runs a fp32 head's forward in lower precision, but "
+            f"the head trains in {dtype} (train.precision '{run.train.precision}', model.dtype "
+            f"'{run.model.dtype}'); set train.autocast=none or train.precision=fp32"
+        )
+    if run.train.autocast == "bf16" and device.type == "cpu" and not _cpu_has_bf16():
+        warnings.warn(
+            "train.autocast=bf16 on a CPU without AVX512_BF16 or AMX: bf16 matmuls are emulated and "
+            "likely slower than fp32 (lscpu flags)",
+            stacklevel=2,
+        )
     return dtype
+
+
+def _cpu_has_bf16() -> bool:
+    flags = set(cpu_flags())
+    return "avx512_bf16" in flags or "amx_bf16" in flags
 
 
 def resolve_deepspeed_path(path: str) -> Path:

@@ -49,6 +49,13 @@ class ObjectiveOutput:
     loss_parts: dict[str, torch.Tensor] = field(default_factory=dict)
 
 
+def base_precision(like: torch.Tensor):
+    """Where the frozen base computes targets (its lm_head on its own hidden states): in the
+    weights' precision even inside ``train.autocast``, so the head learns the distribution that
+    decoding verifies against."""
+    return torch.autocast(like.device.type, enabled=False)
+
+
 def supervised_mask(loss_mask: torch.Tensor, attention_mask: torch.Tensor | None) -> torch.Tensor:
     """(B, T) bool: the supervised tokens (``loss_mask`` 1, not padding)."""
     supervised = loss_mask.bool()
@@ -156,7 +163,7 @@ def eagle_objective(
     predicted_rows = predicted[batch, rows]  # (M, h)
     target_rows = features[batch, rows + 1]  # (M, h) the clean f_{q-1}
     predicted_logits = head.base_lm_head(predicted_rows)  # (M, V)
-    with torch.no_grad():
+    with torch.no_grad(), base_precision(target_rows):
         target_logits = head.base_lm_head(target_rows)  # (M, V)
     loss = eagle_loss(predicted_rows, target_rows, predicted_logits, target_logits, ones_like_rows(rows))
     accuracy = StepAccuracy()
@@ -195,7 +202,7 @@ def eagle3_objective(
     needed_batch, needed_position = needed.nonzero(as_tuple=True)
     lookup = torch.full(needed.shape, -1, dtype=torch.long, device=needed.device)
     lookup[needed_batch, needed_position] = torch.arange(needed_batch.numel(), device=needed.device)
-    with torch.no_grad():
+    with torch.no_grad(), base_precision(last_hidden):
         target_logits = head.base_lm_head(last_hidden[needed_batch, needed_position - 1])  # (M, V)
         target_probs, in_draft_vocab = eagle3_targets(target_logits, head.t2d)  # (M, N), (M,)
         target_ids = target_logits.argmax(-1)  # (M,)
@@ -342,7 +349,7 @@ def dflash_objective(
         batch, position = needed.nonzero(as_tuple=True)
         last_hidden = hidden_states[head.base_spec.num_hidden_layers]  # (B, T, h), enters lm_head
         targets_at = input_ids.clone()
-        with torch.no_grad():
+        with torch.no_grad(), base_precision(last_hidden):
             targets_at[batch, position] = head.base_lm_head(last_hidden[batch, position - 1]).argmax(-1)
 
     accuracy = StepAccuracy()

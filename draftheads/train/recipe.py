@@ -7,8 +7,9 @@ between ways of training a head: which parameters train at which learning rate
 optimiser step to the next (``begin_step``) and what is written at the end (``saved_parameters``,
 ``save_head``); ``check`` refuses settings the recipe cannot train before anything loads.
 
-- ``FrozenBaseRecipe`` (Medusa-1, EAGLE, EAGLE-3, MTP): the base stays frozen and only the head
-  trains, on hidden states from the base's forward (online) or a feature cache (offline).
+- ``FrozenBaseRecipe`` (Medusa-1, EAGLE, EAGLE-3, MTP, DFlash): the base stays frozen and only the
+  head trains, on hidden states from the base's forward (online) or a feature cache (offline);
+  ``train.autocast`` runs the head's training forward (not the base's) under ``torch.autocast``.
 - ``JointRecipe`` (Medusa-2, ``draftheads.train.joint``): a LoRA adapter on the base trains with
   the heads (Cai et al. 2024, "Medusa", sec. 2.2.2).
 
@@ -24,6 +25,7 @@ from typing import Protocol
 import torch
 from torch import nn
 
+from draftheads.base_model import DTYPES
 from draftheads.config import RunConfig
 from draftheads.train.hidden_states import HiddenStateSource, OnlineHiddenStates, open_feature_cache
 from draftheads.train.joint import JointRecipe
@@ -79,11 +81,18 @@ class FrozenBaseRecipe(nn.Module):
 
     exclude_frozen = False
 
-    def __init__(self, head: nn.Module, hidden_states: HiddenStateSource, token_fraction: float = 1.0):
+    def __init__(
+        self,
+        head: nn.Module,
+        hidden_states: HiddenStateSource,
+        token_fraction: float = 1.0,
+        autocast: torch.dtype | None = None,
+    ):
         super().__init__()
         self.head = head
         self.hidden_states = hidden_states
         self.token_fraction = token_fraction
+        self.autocast = autocast  # the training forward's autocast dtype; None: the weights' dtype
 
     @staticmethod
     def check(run: RunConfig) -> None:
@@ -99,19 +108,23 @@ class FrozenBaseRecipe(nn.Module):
             log(f"offline: hidden states {list(hidden_states.cache.layers)} from {features}")
         else:
             hidden_states = OnlineHiddenStates(base_model)
-        return cls(head, hidden_states, run.train.loss_token_fraction)
+        autocast = None if run.train.autocast == "none" else DTYPES[run.train.autocast]
+        return cls(head, hidden_states, run.train.loss_token_fraction, autocast)
 
     def forward(self, batch: dict, split: str) -> ObjectiveOutput:
-        hidden_states = self.hidden_states(batch, split)
-        return compute_objective(
-            self.head,
-            hidden_states,
-            batch["input_ids"],
-            batch["loss_mask"],
-            batch["attention_mask"],
-            self.token_fraction,
-            batch.get("sample_seed"),
-        )
+        hidden_states = self.hidden_states(batch, split)  # the base's own precision, never autocast
+        autocast = self.autocast if split == "train" else None  # evaluation computes as decoding does
+        device_type = batch["input_ids"].device.type
+        with torch.autocast(device_type, dtype=autocast or torch.float32, enabled=autocast is not None):
+            return compute_objective(
+                self.head,
+                hidden_states,
+                batch["input_ids"],
+                batch["loss_mask"],
+                batch["attention_mask"],
+                self.token_fraction,
+                batch.get("sample_seed"),
+            )
 
     def parameter_groups(self, learning_rate: float) -> list[dict]:
         return [{"params": [p for p in self.parameters() if p.requires_grad]}]

@@ -31,6 +31,7 @@ FREE_ON_RESUME = (
     "train.resume",
     "train.output_dir",
     "train.base_throughput_batches",
+    "train.autocast",  # fp32 weights and optimizer state either way: a resume may turn it on or off
     "train.decode_eval_prompts",
     "train.decode_eval_source",
     "train.decode_eval_skip",

@@ -109,6 +109,8 @@ def test_a_resumed_run_ends_with_the_same_weights(tmp_path, tiny_llama, kind):
         (["train.precision=fp16"], "train.precision must be one of"),
         (["train.report_to=tensorboard"], "train.report_to"),
         (["model.dtype=bfloat16", "train.precision=fp32"], "disagrees with model.dtype"),
+        (["train.autocast=fp16"], "train.autocast must be one of"),
+        (["train.precision=bf16", "train.autocast=bf16"], "train.autocast 'bf16' runs a fp32 head"),
     ],
 )
 def test_config_errors_name_the_field(tmp_path, tiny_llama, overrides, message):
@@ -177,6 +179,24 @@ def test_bf16_training_on_cpu(tmp_path, tiny_llama):
     losses = [r["loss"] for r in read_metrics(tmp_path / "medusa") if "loss" in r]
     assert losses[-1] < 0.6 * losses[0], losses
     assert load_head(tmp_path / "medusa" / "head", base).heads[0].lm_head.weight.dtype == torch.bfloat16
+
+
+def test_bf16_autocast_trains_a_fp32_head(tmp_path, confident_llama):
+    """train.autocast=bf16 keeps fp32 weights (saved as fp32) and still learns."""
+    dataset = patterned_dataset()
+    run = _config(tmp_path, "eagle3", "train.autocast=bf16", "train.base_throughput_batches=0")
+    run_training(run, base_model=confident_llama, datasets=(dataset, dataset))
+    losses = [r["loss"] for r in read_metrics(tmp_path / "eagle3") if "loss" in r]
+    assert sum(losses[-3:]) / 3 < 0.6 * sum(losses[:3]) / 3, losses
+    head = load_head(tmp_path / "eagle3" / "head", confident_llama)
+    assert {p.dtype for p in head.parameters()} == {torch.float32}
+
+
+def test_joint_heads_refuse_autocast(tmp_path, tiny_llama):
+    dataset = patterned_dataset(4)
+    run = _config(tmp_path, "medusa", "head.joint=true", "train.autocast=bf16")
+    with pytest.raises(ConfigError, match="train.autocast=bf16: not supported for joint"):
+        run_training(run, base_model=tiny_llama, datasets=(dataset, dataset))
 
 
 def test_init_head_continues_from_a_saved_head_and_refuses_a_different_one(tmp_path, confident_llama):
