@@ -52,8 +52,12 @@ from draftheads.tuning.acceptance import measure_acceptance
 
 # 2 ranks vs 1 rank x accumulation 2: the same sums in another order. Measured max relative
 # weight difference after 6 steps: 0 (bit-identical) under ZeRO-0; ZeRO-2/3 reduce gradients in
-# buckets. The issue's per-process token sampling gave 0.15 here.
-TOLERANCE = 1e-5
+# buckets, and Adam's m / sqrt(v) magnifies that rounding where an element's gradients are tiny.
+# On an AVX2-only EPYC Zen 2, Medusa-2 under ZeRO-2 gives 1.3e-4: typical elements differ by
+# ~1e-8, five of 4,096 in a zero-initialised Medusa residual layer (scale 0.027) by up to 3.4e-6.
+# Sampling each process's loss tokens on its own (a real bug) gave 0.15, 1000x this bound.
+TOLERANCE = 1e-3
+LOSS_TOLERANCE = 1e-5  # the logged losses: rounding that no optimiser state has magnified
 SMOKE = {("eagle3", 2), ("eagle3", 3)}
 KINDS = ("medusa", "eagle", "eagle3", "mtp", "medusa2")
 
@@ -113,7 +117,7 @@ def test_two_ranks_train_what_one_rank_trains_with_accumulation(workspace, kind,
     assert difference <= TOLERANCE, difference
     # Rank 0 alone writes metrics, curves and the head; the loss it logs is both ranks' mean.
     assert len(_losses(two)) == 6
-    assert _losses(two) == pytest.approx(_losses(one), rel=TOLERANCE)
+    assert _losses(two) == pytest.approx(_losses(one), rel=LOSS_TOLERANCE)
     assert (two / "curves.png").stat().st_size > 0
     saved = json.loads((two / "head" / "config.json").read_text())
     assert saved["training"]["steps"] == 6
