@@ -1,0 +1,98 @@
+"""Write the training record of a run that continued a saved head (``train.init_head``).
+
+A record (the other JSON files beside this script) holds the run's training summary and its
+held-out evaluations. A continued run also needs where it started: the saved head scored on the
+run's own held-out split and decode prompts before the first step, and the tokens that head had
+trained on, so that docs/results/scaling/fit.py can place its points on one token axis.
+
+The starting score comes from a one-step run at learning rate 1e-12 on the same config:
+
+    draftheads train --config CONFIG train.init_head=HEAD train.output_dir=START_DIR \\
+        train.max_steps=1 train.learning_rate=1e-12 train.warmup_steps=0 train.eval_every=1
+
+    python docs/results/training/continued_record.py RUN_DIR START_DIR START_RECORD.json OUT.json \\
+        --config CONFIG --init-head HEAD --machine "$(lscpu | grep Flags)"
+
+RUN_DIR is the continued run's ``train.output_dir`` (its ``head/config.json`` and
+``metrics.jsonl``), START_RECORD.json the record of the run that trained HEAD (its
+``summary.tokens`` is the starting token count).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+
+def read_json(path: Path) -> dict:
+    try:
+        return json.loads(path.read_text())
+    except FileNotFoundError:
+        raise SystemExit(f"{path}: not found") from None
+    except json.JSONDecodeError as error:
+        raise SystemExit(f"{path}: not JSON ({error})") from None
+
+
+def field(record: dict, path: Path, *keys: str):
+    value = record
+    for depth, key in enumerate(keys):
+        if not isinstance(value, dict) or key not in value:
+            raise SystemExit(f"{path}: no field {'.'.join(keys[: depth + 1])}")
+        value = value[key]
+    return value
+
+
+def evaluations(metrics: Path) -> list[dict]:
+    """Each held-out evaluation with the tokens trained on when it ran."""
+    tokens_at, scored = {}, []
+    for number, line in enumerate(metrics.read_text().splitlines(), 1):
+        try:
+            entry = json.loads(line)
+        except json.JSONDecodeError as error:
+            raise SystemExit(f"{metrics}:{number}: not JSON ({error})") from None
+        if "tokens" in entry:
+            tokens_at[entry["step"]] = entry["tokens"]
+        if "eval" in entry:
+            scored.append({"step": entry["step"], "tokens": tokens_at.get(entry["step"]), **entry["eval"]})
+    return scored
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("run_dir", type=Path)
+    parser.add_argument("start_dir", type=Path)
+    parser.add_argument("start_record", type=Path)
+    parser.add_argument("out", type=Path)
+    parser.add_argument("--config", required=True)
+    parser.add_argument("--init-head", required=True)
+    parser.add_argument("--machine", required=True, help="the CPU it ran on (lscpu flags)")
+    args = parser.parse_args()
+
+    head_config = args.run_dir / "head" / "config.json"
+    start_config = args.start_dir / "head" / "config.json"
+    summary = field(read_json(head_config), head_config, "training")
+    start_eval = field(read_json(start_config), start_config, "training", "eval")
+    start_tokens = field(read_json(args.start_record), args.start_record, "summary", "tokens")
+    record = {
+        "run": args.run_dir.name,
+        "config": args.config,
+        "overrides": [f"train.init_head={args.init_head}"],
+        "start": {
+            "head": args.init_head,
+            "tokens": start_tokens,
+            **start_eval,
+            "how": "the starting head scored on this run's held-out split and decode prompts: one step at "
+            "learning rate 1e-12 (train.max_steps=1 train.learning_rate=1e-12 train.warmup_steps=0 "
+            "train.eval_every=1)",
+        },
+        "summary": summary,
+        "evaluations": evaluations(args.run_dir / "metrics.jsonl"),
+        "machine": args.machine,
+    }
+    args.out.write_text(json.dumps(record, indent=1) + "\n")
+    print(f"wrote {args.out}: {len(record['evaluations'])} evaluations, {summary['tokens']:,} tokens")
+
+
+if __name__ == "__main__":
+    main()
