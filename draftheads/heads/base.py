@@ -51,6 +51,11 @@ class HeadFormatError(ValueError):
     reader knows); names the file and the field."""
 
 
+# Field metadata key of a head setting that only chooses the initial weights (it does not shape
+# the head): a run that continues a saved head (``train.init_head``) need not repeat it.
+INIT_ONLY = "init_only"
+
+
 @dataclass
 class HeadConfig:
     """Fields common to every head kind; subclasses add their own (with defaults)."""

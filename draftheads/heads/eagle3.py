@@ -28,14 +28,14 @@ Drafting state (see ``DraftHead.catch_up`` / ``draft_step``):
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import ClassVar
 
 import torch
 from torch import nn
 from transformers import DynamicCache
 
-from draftheads.heads.base import DraftHead, HeadConfig, register_head
+from draftheads.heads.base import INIT_ONLY, DraftHead, HeadConfig, register_head
 from draftheads.heads.layers import (
     additive_mask,
     build_decoder_layer,
@@ -67,6 +67,12 @@ class Eagle3Config(HeadConfig):
     # paper 5; 7 matches the draft depth EAGLE-2 trees use (SafeAILab/EAGLE eagle/model/ea_model.py,
     # ``EaModel.from_pretrained(depth=7)``).
     ttt_steps: int = 7
+    # Start from the base model's weights where they fit, not from random ones: the draft layer
+    # from the base's last decoder layer (q/k/v read its weights on the g half of their input and
+    # start at zero on the embedding half; hidden_norm is that layer's input norm), the final norm
+    # from the base's, and lm_head from the base lm_head's rows of the draft vocabulary. ``fc``
+    # stays random. Measured against random initialisation in docs/training.md.
+    init_from_base: bool = field(default=False, metadata={INIT_ONLY: True})
 
     def __post_init__(self):
         if self.feature_layers is not None:
@@ -176,9 +182,34 @@ class Eagle3Head(DraftHead):
         """(B, T, 3h): the ``feature_layers`` entries of ``hidden_states``, concatenated in order."""
         return torch.cat([hidden_states[index] for index in self._feature_layers], dim=-1)
 
+    def init_from_base(self, base_model) -> None:
+        """With ``init_from_base``: the draft layer, final norm (and, once the draft vocabulary is
+        known, lm_head) start as the base's; without it, nothing is copied."""
+        if not self.config.init_from_base:
+            return
+        decoder = base_model.get_decoder()
+        state = dict(decoder.layers[-1].state_dict())
+        # The base layer's input norm normalises hidden states: here that is g's norm; the
+        # embedding's norm keeps its fresh weights.
+        state["hidden_norm.weight"] = state.pop("input_layernorm.weight")
+        for name in ("q_proj", "k_proj", "v_proj"):
+            weight = state[f"self_attn.{name}.weight"]  # (out, h) -> (out, 2h): [embedding | g]
+            state[f"self_attn.{name}.weight"] = torch.cat([torch.zeros_like(weight), weight], dim=1)
+        missing, unexpected = self.midlayer.load_state_dict(state, strict=False)
+        if unexpected or set(missing) != {"input_layernorm.weight"}:
+            raise ValueError(
+                f"head.init_from_base: the base's last decoder layer does not fit the draft layer "
+                f"(missing {missing}, unexpected {unexpected})"
+            )
+        with torch.no_grad():
+            self.norm.load_state_dict(decoder.norm.state_dict())
+            self.lm_head.weight.copy_(base_model.get_output_embeddings().weight[: self.draft_vocab_size])
+
     def init_from_data(self, token_counts: torch.Tensor) -> None:
         """Draft vocabulary = the N most frequent target ids (ties: lower id first), kept in id
-        order as the EAGLE-3 reference does, so ``d2t[d] = target_id(d) - d`` is non-decreasing."""
+        order as the EAGLE-3 reference does, so ``d2t[d] = target_id(d) - d`` is non-decreasing.
+        With ``init_from_base``, lm_head's rows follow: row d is the base lm_head's row of id d's
+        target."""
         vocab_size = self.base_spec.vocab_size
         if token_counts.shape != (vocab_size,):
             raise ValueError(f"token_counts must have shape ({vocab_size},), got {tuple(token_counts.shape)}")
@@ -188,6 +219,9 @@ class Eagle3Head(DraftHead):
             self.d2t.copy_(draft_ids - torch.arange(self.draft_vocab_size))
             self.t2d.zero_()
             self.t2d[draft_ids.to(self.t2d.device)] = True
+            if self.config.init_from_base:
+                base_rows = self.base_lm_head.weight[draft_ids.to(self.lm_head.weight.device)]
+                self.lm_head.weight.copy_(base_rows)
 
     def draft_to_target(self, token_ids: torch.Tensor) -> torch.Tensor:
         return token_ids + self.d2t[token_ids]

@@ -198,6 +198,7 @@ def init_from_saved_head(head, directory: str, base_model) -> None:
     (``train.init_head``); refused unless the saved head is the same kind with the same settings
     and fits ``base_model``."""
     from draftheads.heads import HeadMismatchError, load_head
+    from draftheads.heads.base import INIT_ONLY
 
     where = f"train.init_head={directory}"
     try:
@@ -208,6 +209,8 @@ def init_from_saved_head(head, directory: str, base_model) -> None:
     if saved.kind != head.kind:
         raise ConfigError(f"{where}: a '{saved.kind}' head, but head.kind is '{head.kind}'")
     for field in dataclasses.fields(head.config):
+        if field.metadata.get(INIT_ONLY):
+            continue  # it chose the saved head's first weights; the saved weights replace them
         ours, theirs = getattr(head.config, field.name), getattr(saved.config, field.name)
         if ours != theirs:
             raise ConfigError(f"{where}: its head.{field.name} is {theirs!r}, this run's is {ours!r}")

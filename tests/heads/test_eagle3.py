@@ -9,6 +9,7 @@ from transformers import LlamaConfig
 
 from draftheads.heads import Eagle3Config, Eagle3Head, build_head
 from draftheads.heads.base import head_config_from_dict
+from draftheads.heads.layers import prefix_causal_mask
 from draftheads.settings import ConfigError
 
 
@@ -85,3 +86,37 @@ def test_checkpoint_names_match_the_sglang_format(tiny_llama):
         "d2t": (64,),
         "t2d": (256,),
     }
+
+
+def test_init_from_base_makes_the_draft_layer_the_base_last_layer(tiny_llama):
+    """Fed the hidden states entering the base's last layer as g, a head initialised from the base
+    reproduces the base's logits over its draft vocabulary: the copied layer ignores the token
+    embedding (its half of q/k/v starts at zero) and the norm and lm_head are the base's."""
+    config = Eagle3Config(feature_layers=(1, 2, 3), draft_vocab_size=64, init_from_base=True)
+    head = build_head(tiny_llama, config)
+    input_ids = torch.randint(0, 256, (2, 9), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        out = tiny_llama(input_ids, output_hidden_states=True)
+        positions = torch.arange(9)[None].expand(2, 9)
+        mask = prefix_causal_mask(2, 0, 9, torch.float32, input_ids.device)
+        state = head.step(out.hidden_states[-2], input_ids, positions, mask, None)
+        drafted = head.logits(state)
+    torch.testing.assert_close(drafted, out.logits[..., :64], rtol=1e-5, atol=1e-5)
+
+    fresh = build_head(tiny_llama, Eagle3Config(feature_layers=(1, 2, 3), draft_vocab_size=64))
+    with torch.no_grad():
+        control = fresh.logits(fresh.step(out.hidden_states[-2], input_ids, positions, mask, None))
+    assert not torch.allclose(control, out.logits[..., :64], atol=1e-2)  # random weights do not
+
+
+def test_init_from_base_gives_lm_head_the_rows_of_the_draft_vocabulary(tiny_llama):
+    head = build_head(
+        tiny_llama, Eagle3Config(feature_layers=(1, 2, 3), draft_vocab_size=4, init_from_base=True)
+    )
+    counts = torch.zeros(256, dtype=torch.long)
+    counts[torch.tensor([200, 7, 90, 31, 5])] = torch.tensor([50, 40, 30, 20, 10])
+    head.init_from_data(counts)
+    base_rows = tiny_llama.get_output_embeddings().weight[torch.tensor([7, 31, 90, 200])]
+    assert torch.equal(head.lm_head.weight, base_rows)
+    # The embedding's norm keeps its fresh weights.
+    assert torch.equal(head.midlayer.input_layernorm.weight, torch.ones(64))

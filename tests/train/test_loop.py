@@ -217,6 +217,15 @@ def test_init_head_continues_from_a_saved_head_and_refuses_a_different_one(tmp_p
     )
     assert torch.equal(load_head(tmp_path / "continued" / "head").t2d, saved.t2d)
     assert continued.eval["top1"] == pytest.approx(first.eval["top1"], abs=1e-6)
+    # A setting that only chose the first weights need not match: the saved weights replace them.
+    from_base = run_training(
+        _config(
+            tmp_path, "eagle3", *overrides, "head.init_from_base=true", f"train.output_dir={tmp_path / 'b'}"
+        ),
+        base_model=confident_llama,
+        datasets=(dataset, dataset),
+    )
+    assert from_base.eval["top1"] == pytest.approx(first.eval["top1"], abs=1e-6)
 
     with pytest.raises(ConfigError, match=r"head.ttt_steps is 2, this run's is 3"):
         run_training(
