@@ -1,21 +1,21 @@
-"""Write the training record of a run that continued a saved head (``train.init_head``).
+"""Write the training record of a finished run (the JSON files beside this script).
 
-A record (the other JSON files beside this script) holds the run's training summary and its
-held-out evaluations. A continued run also needs where it started: the saved head scored on the
-run's own held-out split and decode prompts before the first step, and the tokens that head had
-trained on, so that docs/results/scaling/fit.py can place its points on one token axis.
-
-The starting score comes from a one-step run at learning rate 1e-12 on the same config:
+A record holds the run's training summary (from its ``head/config.json``) and its held-out
+evaluations (from ``metrics.jsonl``), each with the tokens trained on when it ran. A run that
+continued a saved head (``train.init_head``) also records where it started: the saved head scored
+on the run's own held-out split and decode prompts before the first step, and the tokens that
+head had trained on, so that docs/results/scaling/fit.py can place its points on one token axis.
+That starting score comes from a one-step run at learning rate 1e-12 on the same config:
 
     draftheads train --config CONFIG train.init_head=HEAD train.output_dir=START_DIR \\
         train.max_steps=1 train.learning_rate=1e-12 train.warmup_steps=0 train.eval_every=1
 
-    python docs/results/training/continued_record.py RUN_DIR START_DIR START_RECORD.json OUT.json \\
-        --config CONFIG --init-head HEAD --machine "$(lscpu | grep Flags)"
+    python docs/results/training/record.py RUN_DIR OUT.json --config CONFIG [--overrides K=V ...] \\
+        [--start-dir START_DIR --start-record START_RECORD.json --init-head HEAD] \\
+        --machine "$(lscpu | grep Flags)"
 
-RUN_DIR is the continued run's ``train.output_dir`` (its ``head/config.json`` and
-``metrics.jsonl``), START_RECORD.json the record of the run that trained HEAD (its
-``summary.tokens`` is the starting token count).
+START_RECORD.json is the record of the run that trained HEAD (its ``summary.tokens`` is the
+starting token count).
 """
 
 from __future__ import annotations
@@ -61,35 +61,40 @@ def evaluations(metrics: Path) -> list[dict]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("run_dir", type=Path)
-    parser.add_argument("start_dir", type=Path)
-    parser.add_argument("start_record", type=Path)
     parser.add_argument("out", type=Path)
     parser.add_argument("--config", required=True)
-    parser.add_argument("--init-head", required=True)
+    parser.add_argument("--overrides", nargs="*", default=[], help="the run's command-line settings")
+    parser.add_argument("--start-dir", type=Path, help="a continued run: its one-step scoring run")
+    parser.add_argument("--start-record", type=Path, help="a continued run: the record of its head")
+    parser.add_argument("--init-head", help="a continued run: its train.init_head")
     parser.add_argument("--machine", required=True, help="the CPU it ran on (lscpu flags)")
+    parser.add_argument("--note", help="anything a reader of the numbers should know")
     args = parser.parse_args()
+    continued = (args.start_dir, args.start_record, args.init_head)
+    if any(continued) and not all(continued):
+        parser.error("--start-dir, --start-record and --init-head go together")
 
     head_config = args.run_dir / "head" / "config.json"
-    start_config = args.start_dir / "head" / "config.json"
-    summary = field(read_json(head_config), head_config, "training")
-    start_eval = field(read_json(start_config), start_config, "training", "eval")
-    start_tokens = field(read_json(args.start_record), args.start_record, "summary", "tokens")
     record = {
         "run": args.run_dir.name,
         "config": args.config,
-        "overrides": [f"train.init_head={args.init_head}"],
-        "start": {
+        "overrides": args.overrides + ([f"train.init_head={args.init_head}"] if args.init_head else []),
+    }
+    if args.start_dir:
+        start_config = args.start_dir / "head" / "config.json"
+        record["start"] = {
             "head": args.init_head,
-            "tokens": start_tokens,
-            **start_eval,
+            "tokens": field(read_json(args.start_record), args.start_record, "summary", "tokens"),
+            **field(read_json(start_config), start_config, "training", "eval"),
             "how": "the starting head scored on this run's held-out split and decode prompts: one step at "
             "learning rate 1e-12 (train.max_steps=1 train.learning_rate=1e-12 train.warmup_steps=0 "
             "train.eval_every=1)",
-        },
-        "summary": summary,
-        "evaluations": evaluations(args.run_dir / "metrics.jsonl"),
-        "machine": args.machine,
-    }
+        }
+    summary = field(read_json(head_config), head_config, "training")
+    record |= {"summary": summary, "evaluations": evaluations(args.run_dir / "metrics.jsonl")}
+    record["machine"] = args.machine
+    if args.note:
+        record["note"] = args.note
     args.out.write_text(json.dumps(record, indent=1) + "\n")
     print(f"wrote {args.out}: {len(record['evaluations'])} evaluations, {summary['tokens']:,} tokens")
 
