@@ -197,7 +197,7 @@ class Eagle3Head(DraftHead):
             state[f"self_attn.{name}.weight"] = torch.cat([torch.zeros_like(weight), weight], dim=1)
         missing, unexpected = self.midlayer.load_state_dict(state, strict=False)
         if unexpected or set(missing) != {"input_layernorm.weight"}:
-            raise ValueError(
+            raise ConfigError(
                 f"head.init_from_base: the base's last decoder layer does not fit the draft layer "
                 f"(missing {missing}, unexpected {unexpected})"
             )
