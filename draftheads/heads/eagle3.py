@@ -201,9 +201,14 @@ class Eagle3Head(DraftHead):
                 f"head.init_from_base: the base's last decoder layer does not fit the draft layer "
                 f"(missing {missing}, unexpected {unexpected})"
             )
+        self.norm.load_state_dict(decoder.norm.state_dict())
+        self._lm_head_from_base(base_model.get_output_embeddings().weight)
+
+    def _lm_head_from_base(self, base_lm_head_weight: torch.Tensor) -> None:
+        """lm_head row d := the base lm_head's row of draft id d's target (``init_from_base``)."""
+        targets = self.draft_to_target(torch.arange(self.draft_vocab_size, device=self.d2t.device))
         with torch.no_grad():
-            self.norm.load_state_dict(decoder.norm.state_dict())
-            self.lm_head.weight.copy_(base_model.get_output_embeddings().weight[: self.draft_vocab_size])
+            self.lm_head.weight.copy_(base_lm_head_weight[targets.to(base_lm_head_weight.device)])
 
     def init_from_data(self, token_counts: torch.Tensor) -> None:
         """Draft vocabulary = the N most frequent target ids (ties: lower id first), kept in id
@@ -219,9 +224,8 @@ class Eagle3Head(DraftHead):
             self.d2t.copy_(draft_ids - torch.arange(self.draft_vocab_size))
             self.t2d.zero_()
             self.t2d[draft_ids.to(self.t2d.device)] = True
-            if self.config.init_from_base:
-                base_rows = self.base_lm_head.weight[draft_ids.to(self.lm_head.weight.device)]
-                self.lm_head.weight.copy_(base_rows)
+        if self.config.init_from_base:
+            self._lm_head_from_base(self.base_lm_head.weight)
 
     def draft_to_target(self, token_ids: torch.Tensor) -> torch.Tensor:
         return token_ids + self.d2t[token_ids]
