@@ -24,6 +24,8 @@ import argparse
 import json
 from pathlib import Path
 
+from draftheads.train.reporting import METRICS_NAME, read_metrics
+
 
 def read_json(path: Path) -> dict:
     try:
@@ -43,19 +45,20 @@ def field(record: dict, path: Path, *keys: str):
     return value
 
 
-def evaluations(metrics: Path) -> list[dict]:
-    """Each held-out evaluation with the tokens trained on when it ran."""
-    tokens_at, scored = {}, []
-    for number, line in enumerate(metrics.read_text().splitlines(), 1):
-        try:
-            entry = json.loads(line)
-        except json.JSONDecodeError as error:
-            raise SystemExit(f"{metrics}:{number}: not JSON ({error})") from None
-        if "tokens" in entry:
-            tokens_at[entry["step"]] = entry["tokens"]
-        if "eval" in entry:
-            scored.append({"step": entry["step"], "tokens": tokens_at.get(entry["step"]), **entry["eval"]})
-    return scored
+def evaluations(run_dir: Path) -> list[dict]:
+    """Each held-out evaluation in the run's metrics.jsonl, with the tokens trained on when it ran."""
+    if not (run_dir / METRICS_NAME).is_file():
+        raise SystemExit(f"{run_dir / METRICS_NAME}: not found")
+    try:
+        entries = read_metrics(run_dir)
+    except json.JSONDecodeError as error:
+        raise SystemExit(f"{run_dir / METRICS_NAME}: not JSON Lines ({error})") from None
+    tokens_at = {entry["step"]: entry["tokens"] for entry in entries if "tokens" in entry}
+    return [
+        {"step": entry["step"], "tokens": tokens_at.get(entry["step"]), **entry["eval"]}
+        for entry in entries
+        if "eval" in entry
+    ]
 
 
 def main() -> None:
@@ -91,7 +94,7 @@ def main() -> None:
             "train.eval_every=1)",
         }
     summary = field(read_json(head_config), head_config, "training")
-    record |= {"summary": summary, "evaluations": evaluations(args.run_dir / "metrics.jsonl")}
+    record |= {"summary": summary, "evaluations": evaluations(args.run_dir)}
     record["machine"] = args.machine
     if args.note:
         record["note"] = args.note
