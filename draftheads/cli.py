@@ -19,6 +19,10 @@ import traceback
 # name -> (module, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
     "data": ("draftheads.commands.data", "inspect a data pipeline: conversations, tokens, masks"),
+    "synth-prompts": (
+        "draftheads.commands.synth_prompts",
+        "sample user prompts from the base model's chat template (Magpie)",
+    ),
     "distill": ("draftheads.commands.distill", "regenerate assistant turns with the base model"),
     "train": ("draftheads.commands.train", "train a draft head on a frozen base model"),
     "cache-features": ("draftheads.commands.cache_features", "cache base hidden states for offline training"),

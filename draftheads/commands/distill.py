@@ -13,7 +13,7 @@ from pathlib import Path
 from draftheads.arguments import add_no_pack_argument, positive_int
 from draftheads.config import DISTILL_ENGINES, DataConfig, DistillConfig, ModelConfig
 from draftheads.data.distill import DistillCounts, context_limit, distill
-from draftheads.data.sources import read_conversations
+from draftheads.data.sources import SourceReport, read_conversations
 from draftheads.settings import ConfigError
 
 DEFAULT_CHUNK = 1000  # source conversations per corpus chunk: about 10 minutes with vLLM on 2 cores
@@ -26,6 +26,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--data",
         default=data.source,
         help="conversations: sharegpt, a .json/.jsonl/.parquet file, or a dataset",
+    )
+    parser.add_argument(
+        "--prompts",
+        default=None,
+        help="answer these user prompts instead of --data's conversations: a prompts .jsonl "
+        "({id, turns}; `draftheads synth-prompts` writes one), mt-bench or humaneval",
     )
     parser.add_argument("--split", default=data.split, help="split name for datasets")
     parser.add_argument(
@@ -149,18 +155,18 @@ def run(args: argparse.Namespace) -> int:
             raise SystemExit("distill: --limit does not apply to --corpus (its chunks say which to answer)")
         corpus = open_corpus(args, config)
         first, last = corpus.chunk_range(args.chunk)
-        conversations, source_report = read_conversations(args.data, args.split, last)
+        conversations, source_report = read_source(args, last)
         conversations = conversations[first:]
         if not conversations:  # checked before a chunk is begun: a finished corpus stays as it is
             raise SystemExit(
-                f"distill: {args.data} has nothing after conversation {first - 1}: the corpus answers "
-                f"all of it ({corpus.summary()})"
+                f"distill: {args.prompts or args.data} has nothing after conversation {first - 1}: "
+                f"the corpus answers all of it ({corpus.summary()})"
             )
         out, first, last = corpus.begin_chunk(args.chunk, config.resolved_engine())
         print(f"[distill] {corpus.summary()}; this chunk: source conversations {first}..{last - 1}")
     else:
         out = args.out
-        conversations, source_report = read_conversations(args.data, args.split, args.limit)
+        conversations, source_report = read_source(args, args.limit)
     print(
         f"[distill] {source_report.conversations} conversations from {source_report.source} "
         f"(dropped: {source_report.dropped or 'none'})"
@@ -198,21 +204,42 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def read_source(args, limit: int | None) -> tuple[list, SourceReport]:
+    """The first ``limit`` conversations to distill: ``--prompts`` (each user turn answered in
+    turn) or ``--data``."""
+    if args.prompts is None:
+        return read_conversations(args.data, args.split, limit)
+    from draftheads.data.distill import conversations_from_prompts
+    from draftheads.data.prompts import load_prompts
+
+    prompts = load_prompts(args.prompts)[:limit]
+    report = SourceReport(source=args.prompts, records=len(prompts), conversations=len(prompts))
+    return conversations_from_prompts(prompts), report
+
+
 def open_corpus(args, config: DistillConfig):
     """The corpus ``--corpus`` names, created with this run's settings or checked against them."""
     from draftheads.base_model import ALIASES, locate_embedded, resolve_dtype
     from draftheads.data.corpus import Corpus, CorpusSettings, tree_sha256
     from draftheads.data.sources import resolve_source
 
-    kind, location = resolve_source(args.data)
+    if args.prompts is not None:
+        from draftheads.data.prompts import EMBEDDED, locate_prompts
+
+        source = args.prompts
+        source_sha256 = tree_sha256(locate_prompts(source) if source in EMBEDDED else Path(source))
+    else:
+        kind, location = resolve_source(args.data)
+        source = args.data
+        source_sha256 = None if kind == "dataset" else tree_sha256(Path(location))
     base = Path(args.base)
     if args.base in ALIASES:
         base = locate_embedded(args.base)
     elif not base.exists():
         raise SystemExit(f"distill: --corpus records the base's sha256: give a local base, not {args.base}")
     settings = CorpusSettings(
-        source=args.data,
-        source_sha256=None if kind == "dataset" else tree_sha256(Path(location)),
+        source=source,
+        source_sha256=source_sha256,
         split=args.split,
         base=args.base,
         base_sha256=tree_sha256(base),

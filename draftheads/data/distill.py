@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from draftheads.config import DistillConfig
+from draftheads.data.prompts import Prompt
 from draftheads.data.sources import Conversation
 
 SHAREGPT_SPEAKERS = {"user": "human", "assistant": "gpt", "system": "system"}
@@ -59,6 +60,19 @@ class DistillState:
             self.done.pop()
         turns = [{"from": SHAREGPT_SPEAKERS[m["role"]], "value": m["content"]} for m in self.done]
         return {"id": self.conversation.id, "conversations": turns}
+
+
+def conversations_from_prompts(prompts: list[Prompt]) -> list[Conversation]:
+    """Prompts (``draftheads.data.prompts``: user turns only) as conversations to distill: each user
+    turn followed by the assistant turn to generate. Those assistant turns are empty and never read:
+    ``DistillState`` regenerates every assistant turn."""
+    conversations = []
+    for prompt in prompts:
+        messages = []
+        for turn in prompt.turns:
+            messages += [{"role": "user", "content": turn}, {"role": "assistant", "content": ""}]
+        conversations.append(Conversation(id=prompt.id, messages=messages))
+    return conversations
 
 
 def written_ids(path: Path) -> set[str]:

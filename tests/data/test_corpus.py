@@ -118,3 +118,39 @@ def test_bad_manifests_are_named(tmp_path):
         Corpus.load(corpus_dir)
     with pytest.raises(CorpusError, match="no manifest.json"):
         Corpus.load(tmp_path)
+
+
+def test_a_corpus_of_answers_to_a_prompts_file(tmp_path, tiny_base_dir, capsys):
+    prompts = write_jsonl(
+        tmp_path / "prompts.jsonl",
+        [
+            {"id": "p0", "turns": ["first", "and then?"]},
+            {"id": "p1", "turns": ["second"]},
+            {"prompt": "third"},
+        ],
+    )
+    corpus_dir = tmp_path / "corpus"
+    arguments = [
+        "distill",
+        "--base",
+        str(tiny_base_dir),
+        "--prompts",
+        str(prompts),
+        "--corpus",
+        str(corpus_dir),
+    ]
+    arguments += ["--chunk", "2", "--max-new-tokens", "4", "--batch-size", "2"]
+    assert main(arguments) == 0 and main(arguments) == 0
+    corpus = Corpus.load(corpus_dir)
+    assert [(c.start, c.end, c.answers) for c in corpus.chunks] == [(0, 2, 3), (2, 3, 1)]
+    assert corpus.settings.source == str(prompts)
+    conversations, _ = read_conversations(str(corpus_dir))
+    assert sorted(c.id for c in conversations) == sorted(["p0", "p1", f"{prompts.name} line 3"])
+    first = next(c for c in conversations if c.id == "p0")  # a chunk is written shortest first
+    assert [m["role"] for m in first.messages] == ["user", "assistant", "user", "assistant"]
+    assert first.messages[2]["content"] == "and then?"
+    # a prompts file that changed under the corpus is refused before any work
+    prompts.write_text(prompts.read_text() + json.dumps({"id": "p3", "turns": ["fourth"]}) + "\n")
+    assert main(arguments) == 1
+    assert "source_sha256" in capsys.readouterr().err
+    assert len(Corpus.load(corpus_dir).chunks) == 2
