@@ -11,7 +11,11 @@ recorded per position and then split by what differs between training and decodi
   long the context is (under 192 tokens, the old training windows, or 192-511);
 - which answer of a conversation (the first, or a later one after the model's own earlier answers);
 - the features' precision: fp32 as decoding computes them, or rounded to bf16 as the feature
-  cache stored them for training (first head, corpus text).
+  cache stored them for training (first head, corpus text);
+- how sure the base itself is of the token the draft must match (its softmax probability of its
+  own greedy token there): a text whose answers the base writes with less confidence is harder to
+  draft whatever the head trained on, so comparing texts within one confidence bucket separates
+  what the text's prompts cost from what data could fix.
 
     python docs/results/acceptance-gap/measure.py OUT_DIR --heads HEAD [HEAD ...] \
         [--chunks 5 6] [--conversations 48] [--prompts 48] [--max-new-tokens 192] [--depth 4]
@@ -40,13 +44,14 @@ from draftheads.heads.base import resolve_head_dir
 from draftheads.infer.draft import drafter_for
 from draftheads.infer.generate import SpeculativeGenerator
 from draftheads.machine import machine_info
-from draftheads.tuning.acceptance import acceptance_from_ranks, base_pass, drafter_ranks
+from draftheads.tuning.acceptance import acceptance_from_ranks, drafter_ranks
 from draftheads.tuning.held_out import held_out_prompts
 
 CORPUS = "docs/results/corpus/smollm2-sharegpt"
 MAX_LENGTH = 512  # the corpus's windows
 ANSWER_BUCKETS = ((0, 32), (32, 64), (64, 128), (128, 256))
 CONTEXT_BUCKETS = ((0, 192), (192, MAX_LENGTH))
+CONFIDENCE_BUCKETS = ((0.0, 0.5), (0.5, 0.8), (0.8, 0.95), (0.95, 1.0))  # the base's p(greedy token)
 TOP_K = 8
 
 
@@ -113,7 +118,7 @@ def position_ranks(model, head, sequence: dict, depth: int, bf16_features: bool)
     """Ranks (P, depth) of the true token among the drafter's top-8 at every root inside an answer,
     with the root's answer index, answer offset and context length."""
     tokens = sequence["tokens"]
-    greedy, features = base_pass(model, head, tokens)
+    greedy, features, confidence = base_pass_with_confidence(model, head, tokens)
     if bf16_features:
         features = features.to(torch.bfloat16).to(features.dtype)
     first = int((sequence["answer"] >= 0).nonzero()[0])  # the first answer token
@@ -129,14 +134,24 @@ def position_ranks(model, head, sequence: dict, depth: int, bf16_features: bool)
         "answer": sequence["answer"][roots][keep],
         "offset": sequence["offset"][roots][keep],
         "context": roots[keep] + 1,
+        # depth 1 drafts g[t+1], the base's greedy token at the root's position
+        "confidence": confidence[roots][keep],
     }
+
+
+@torch.no_grad()
+def base_pass_with_confidence(model, head, tokens: torch.Tensor):
+    """``base_pass`` plus (T,) the base's softmax probability of its own greedy token."""
+    output = model(tokens[None].to(model.device), output_hidden_states=list(head.feature_layers))
+    top = output.logits[0].float().softmax(dim=-1).max(dim=-1)
+    return top.indices.cpu(), head.select_features(output.hidden_states), top.values.cpu()
 
 
 def merged(parts: list[dict]) -> dict:
     return {key: torch.cat([part[key] for part in parts]) for key in parts[0]}
 
 
-def summary(ranks: torch.Tensor) -> dict:
+def summary(ranks: torch.Tensor, confidence: torch.Tensor) -> dict:
     model = acceptance_from_ranks(ranks, TOP_K)
     top1 = [row[0] for row in model.probabilities]
     chain, product = 1.0, 1.0
@@ -148,6 +163,7 @@ def summary(ranks: torch.Tensor) -> dict:
         "top8_depth1": round(sum(model.probabilities[0]), 4),
         "greedy_chain_tokens": round(chain, 4),
         "positions": list(model.counts),
+        "mean_base_confidence": round(float(confidence.mean()), 4),
     }
 
 
@@ -160,7 +176,14 @@ def splits(data: dict) -> dict:
     if (data["answer"] > 0).any():
         rows["first answer"] = data["answer"] == 0
         rows["later answers"] = data["answer"] > 0
-    return {name: summary(data["ranks"][mask]) for name, mask in rows.items() if mask.any()}
+    for low, high in CONFIDENCE_BUCKETS:
+        upper = data["confidence"] <= high if high == 1.0 else data["confidence"] < high
+        rows[f"base p {low:.2f}-{high:.2f}"] = (data["confidence"] >= low) & upper
+    return {
+        name: summary(data["ranks"][mask], data["confidence"][mask])
+        for name, mask in rows.items()
+        if mask.any()
+    }
 
 
 def _label(head: str) -> str:
@@ -249,13 +272,15 @@ def main() -> None:
     (args.out / "results.json").write_text(json.dumps(results, indent=2) + "\n")
     plot(results, args.out / "top1_by_split.png")
     for head_dir, by_text in results["heads"].items():
-        print(f"\n{head_dir}\n| text | split | top-1 by depth | top-8, depth 1 | chain | positions |")
-        print("|---|---|---|---:|---:|---:|")
+        header = "| text | split | top-1 by depth | top-8, depth 1 | chain | positions | base p |"
+        print(f"\n{head_dir}\n{header}")
+        print("|---|---|---|---:|---:|---:|---:|")
         for name, rows in by_text.items():
             for split, s in rows.items():
                 depths = " / ".join(f"{p:.3f}" for p in s["top1_by_depth"])
                 chain, top8, count = s["greedy_chain_tokens"], s["top8_depth1"], s["positions"][0]
-                print(f"| {name} | {split} | {depths} | {top8:.3f} | {chain:.2f} | {count} |")
+                numbers = f"{top8:.3f} | {chain:.2f} | {count} | {s['mean_base_confidence']:.3f}"
+                print(f"| {name} | {split} | {depths} | {numbers} |")
 
 
 if __name__ == "__main__":
