@@ -99,6 +99,29 @@ def check_server(url: str, base_path: str, tokenizer, context: int | None) -> st
     return model_id
 
 
+def completion_body(
+    model_id: str, prompt_ids: list[int], max_tokens: int, temperature: float, seed: int
+) -> dict:
+    """A ``/v1/completions`` body with every sampling setting spelled out, so no server default
+    (penalties, top-p / top-k from the model's generation_config) applies; token ids in and out."""
+    return {
+        "model": model_id,
+        "prompt": prompt_ids,
+        "max_tokens": max_tokens,
+        "temperature": temperature,
+        "top_p": 1.0,
+        "top_k": -1,
+        "min_p": 0.0,
+        "repetition_penalty": 1.0,
+        "frequency_penalty": 0.0,
+        "presence_penalty": 0.0,
+        "seed": seed,
+        "return_token_ids": True,
+        "n": 1,
+        "stream": False,
+    }
+
+
 class ServerEngine:
     """Answer a ``TurnQueue`` with up to ``config.requests_in_flight`` completions in flight."""
 
@@ -109,24 +132,11 @@ class ServerEngine:
         self.seed = seed
 
     def completion_request(self, turn: Turn) -> dict:
-        """The ``/v1/completions`` body for one turn: sampling settings spelled out in full, so no
-        server default (penalties, top-p / top-k from the model's generation_config) applies."""
-        return {
-            "model": self.model_id,
-            "prompt": turn.prompt_ids,
-            "max_tokens": self.config.max_new_tokens,
-            "temperature": self.config.temperature,
-            "top_p": 1.0,
-            "top_k": -1,
-            "min_p": 0.0,
-            "repetition_penalty": 1.0,
-            "frequency_penalty": 0.0,
-            "presence_penalty": 0.0,
-            "seed": self.seed + turn.key,
-            "return_token_ids": True,
-            "n": 1,
-            "stream": False,
-        }
+        """The ``/v1/completions`` body for one turn, seeded per turn."""
+        config = self.config
+        return completion_body(
+            self.model_id, turn.prompt_ids, config.max_new_tokens, config.temperature, self.seed + turn.key
+        )
 
     def answer(self, turn: Turn) -> list[int]:
         """The answer's token ids (EOS included when the model emitted it)."""

@@ -223,25 +223,10 @@ def server_sampler(url: str, model_id: str, settings: SynthSettings, in_flight: 
     row, seeded ``seed * rows + row``, up to ``in_flight`` at once."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from draftheads.data.distill_vllm import REQUEST_TIMEOUT_S, request_json
+    from draftheads.data.distill_vllm import REQUEST_TIMEOUT_S, completion_body, request_json
 
     def one(prefix: list[int], seed: int) -> list[int]:
-        body = {
-            "model": model_id,
-            "prompt": prefix,
-            "max_tokens": settings.max_new_tokens,
-            "temperature": settings.temperature,
-            "top_p": 1.0,
-            "top_k": -1,
-            "min_p": 0.0,
-            "repetition_penalty": 1.0,
-            "frequency_penalty": 0.0,
-            "presence_penalty": 0.0,
-            "seed": seed,
-            "return_token_ids": True,
-            "n": 1,
-            "stream": False,
-        }
+        body = completion_body(model_id, prefix, settings.max_new_tokens, settings.temperature, seed)
         choice = request_json(url, "/v1/completions", body, REQUEST_TIMEOUT_S)["choices"][0]
         return list(choice.get("token_ids") or [])
 
