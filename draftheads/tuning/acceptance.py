@@ -89,11 +89,16 @@ def judgeable(tokens: torch.Tensor, greedy: torch.Tensor, start: int, depth: int
 
 
 @torch.no_grad()
+def base_forward(model, head, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """One base forward over (T,) tokens: (T, V) next-token logits and (1, T, F) head features."""
+    output = model(tokens[None].to(model.device), output_hidden_states=list(head.feature_layers))
+    return output.logits[0], head.select_features(output.hidden_states)
+
+
 def base_pass(model, head, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """One base forward over (T,) tokens: (T,) greedy next tokens and (1, T, F) head features."""
-    output = model(tokens[None].to(model.device), output_hidden_states=list(head.feature_layers))
-    greedy = output.logits[0].argmax(dim=-1).cpu()  # (T,)
-    return greedy, head.select_features(output.hidden_states)
+    logits, features = base_forward(model, head, tokens)
+    return logits.argmax(dim=-1).cpu(), features
 
 
 @torch.no_grad()

@@ -44,14 +44,14 @@ from draftheads.heads.base import resolve_head_dir
 from draftheads.infer.draft import drafter_for
 from draftheads.infer.generate import SpeculativeGenerator
 from draftheads.machine import machine_info
-from draftheads.tuning.acceptance import acceptance_from_ranks, drafter_ranks
+from draftheads.tuning.acceptance import acceptance_from_ranks, base_forward, drafter_ranks
 from draftheads.tuning.held_out import held_out_prompts
 
 CORPUS = "docs/results/corpus/smollm2-sharegpt"
 MAX_LENGTH = 512  # the corpus's windows
 ANSWER_BUCKETS = ((0, 32), (32, 64), (64, 128), (128, 256))
 CONTEXT_BUCKETS = ((0, 192), (192, MAX_LENGTH))
-CONFIDENCE_BUCKETS = ((0.0, 0.5), (0.5, 0.8), (0.8, 0.95), (0.95, 1.0))  # the base's p(greedy token)
+CONFIDENCE_EDGES = (0.5, 0.8, 0.95)  # buckets of the base's p(greedy token): [0, 0.5), ..., [0.95, 1]
 TOP_K = 8
 
 
@@ -118,7 +118,8 @@ def position_ranks(model, head, sequence: dict, depth: int, bf16_features: bool)
     """Ranks (P, depth) of the true token among the drafter's top-8 at every root inside an answer,
     with the root's answer index, answer offset and context length."""
     tokens = sequence["tokens"]
-    greedy, features, confidence = base_pass_with_confidence(model, head, tokens)
+    logits, features = base_forward(model, head, tokens)
+    confidence, greedy = (part.cpu() for part in logits.float().softmax(dim=-1).max(dim=-1))
     if bf16_features:
         features = features.to(torch.bfloat16).to(features.dtype)
     first = int((sequence["answer"] >= 0).nonzero()[0])  # the first answer token
@@ -137,14 +138,6 @@ def position_ranks(model, head, sequence: dict, depth: int, bf16_features: bool)
         # depth 1 drafts g[t+1], the base's greedy token at the root's position
         "confidence": confidence[roots][keep],
     }
-
-
-@torch.no_grad()
-def base_pass_with_confidence(model, head, tokens: torch.Tensor):
-    """``base_pass`` plus (T,) the base's softmax probability of its own greedy token."""
-    output = model(tokens[None].to(model.device), output_hidden_states=list(head.feature_layers))
-    top = output.logits[0].float().softmax(dim=-1).max(dim=-1)
-    return top.indices.cpu(), head.select_features(output.hidden_states), top.values.cpu()
 
 
 def merged(parts: list[dict]) -> dict:
@@ -176,9 +169,9 @@ def splits(data: dict) -> dict:
     if (data["answer"] > 0).any():
         rows["first answer"] = data["answer"] == 0
         rows["later answers"] = data["answer"] > 0
-    for low, high in CONFIDENCE_BUCKETS:
-        upper = data["confidence"] <= high if high == 1.0 else data["confidence"] < high
-        rows[f"base p {low:.2f}-{high:.2f}"] = (data["confidence"] >= low) & upper
+    bucket = torch.bucketize(data["confidence"], torch.tensor(CONFIDENCE_EDGES), right=True)
+    for index, (low, high) in enumerate(zip((0.0, *CONFIDENCE_EDGES), (*CONFIDENCE_EDGES, 1.0))):
+        rows[f"base p {low:.2f}-{high:.2f}"] = bucket == index
     return {
         name: summary(data["ranks"][mask], data["confidence"][mask])
         for name, mask in rows.items()
