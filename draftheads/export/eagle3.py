@@ -67,6 +67,14 @@ def layer_id_fields(head: DraftHead) -> dict[str, Any]:
     }
 
 
+def eagle3_layer_config(head: DraftHead, architecture: str) -> dict[str, Any]:
+    """The draft layer's config as engines build it, its MLP as wide as the head's (engines read
+    ``intermediate_size`` from the drafter's own config, not the base's)."""
+    config = draft_layer_config(head, architecture)
+    config["intermediate_size"] = head.intermediate_size
+    return config
+
+
 def capture_layer_ids(config: dict[str, Any]) -> list[int] | None:
     """Capture layers as HF hidden_states indices, from whichever engine field is present."""
     if config.get("eagle_aux_hidden_state_layer_ids"):
@@ -107,7 +115,7 @@ def eagle3_tensors(head: DraftHead, layer_prefix: str) -> dict[str, torch.Tensor
 def write_eagle3(head: DraftHead, directory: Path, options: ExportOptions) -> dict[str, Any]:
     require_llama(head, "eagle3")
     tensors = eagle3_tensors(head, "midlayer.")
-    config = draft_layer_config(head, "LlamaForCausalLMEagle3")
+    config = eagle3_layer_config(head, "LlamaForCausalLMEagle3")
     config["draft_vocab_size"] = int(tensors["lm_head.weight"].shape[0])
     config["vocab_size"] = head.base_spec.vocab_size
     config.update(layer_id_fields(head))
@@ -122,7 +130,7 @@ def write_speculators(head: DraftHead, directory: Path, options: ExportOptions) 
     # speculators' own Eagle3DraftModel names the layer ``layers.0.``; vLLM's loader prefixes
     # "model." and reads it directly (llama_eagle3.py load_weights).
     tensors = eagle3_tensors(head, "layers.0.")
-    layer_config = draft_layer_config(head, "LlamaForCausalLM")
+    layer_config = eagle3_layer_config(head, "LlamaForCausalLM")
     layer_config["vocab_size"] = head.base_spec.vocab_size
     verifier = options.verifier or hub_name(head.base_spec.name_or_path)
     config = {
@@ -165,7 +173,8 @@ class Eagle3Reader(EngineReader):
     name = "eagle3"
     kind = "eagle3"
     description = f"eagle3 ({', '.join(ARCHITECTURES)})"
-    geometry_fields = LAYER_GEOMETRY
+    # The MLP width is the head's own (``Eagle3Config.intermediate_size``), not the base's.
+    geometry_fields = tuple(name for name in LAYER_GEOMETRY if name != "intermediate_size")
 
     def recognises(self, saved):
         return any(architecture in ARCHITECTURES for architecture in saved.get("architectures") or [])
@@ -185,6 +194,8 @@ class Eagle3Reader(EngineReader):
 
     def head_config_values(self, config, base_num_layers):
         values: dict[str, Any] = {"draft_vocab_size": config.get("draft_vocab_size") or config["vocab_size"]}
+        if "intermediate_size" in config:
+            values["intermediate_size"] = config["intermediate_size"]
         layers = capture_layer_ids(config)
         if layers is not None and tuple(layers) != default_feature_layers(base_num_layers):
             values["feature_layers"] = list(layers)

@@ -54,6 +54,9 @@ class HeadFormatError(ValueError):
 # Field metadata key of a head setting that only chooses the initial weights (it does not shape
 # the head): a run that continues a saved head (``train.init_head``) need not repeat it.
 INIT_ONLY = "init_only"
+# Field metadata key of a head setting a continued run may raise above the saved head's: the head
+# grows the saved weights into its larger shape (``DraftHead.load_saved``).
+GROWABLE = "growable"
 
 
 @dataclass
@@ -128,6 +131,11 @@ class DraftHead(nn.Module):
 
     def init_from_base(self, base_model) -> None:
         """Copy initial weights from the base model (default: nothing to copy)."""
+
+    def load_saved(self, saved: DraftHead) -> None:
+        """Take the weights (and buffers) of ``saved``, a head of the same kind and settings except
+        ``GROWABLE`` ones (``train.init_head``); default: as they are."""
+        self.load_state_dict(saved.state_dict())
 
     def init_from_data(self, token_counts: torch.Tensor) -> None:
         """Set data-dependent state from (V,) target-token counts over the training split's

@@ -35,7 +35,7 @@ import torch
 from torch import nn
 from transformers import DynamicCache
 
-from draftheads.heads.base import INIT_ONLY, DraftHead, HeadConfig, register_head
+from draftheads.heads.base import GROWABLE, INIT_ONLY, DraftHead, HeadConfig, register_head
 from draftheads.heads.layers import (
     additive_mask,
     build_decoder_layer,
@@ -67,6 +67,11 @@ class Eagle3Config(HeadConfig):
     # paper 5; 7 matches the draft depth EAGLE-2 trees use (SafeAILab/EAGLE eagle/model/ea_model.py,
     # ``EaModel.from_pretrained(depth=7)``).
     ttt_steps: int = 7
+    # Width of the draft layer's MLP. None: the base's ``intermediate_size``. A wider MLP gives
+    # the one draft layer more capacity; the engine formats carry it in the draft layer's
+    # config.json. A run continuing a narrower saved head grows it (``load_saved``). Measured in
+    # docs/training.md.
+    intermediate_size: int | None = field(default=None, metadata={GROWABLE: True})
     # Start from the base model's weights where they fit, not from random ones: the draft layer
     # from the base's last decoder layer (q/k/v read its weights on the g half of their input and
     # start at zero on the embedding half; hidden_norm is that layer's input norm), the final norm
@@ -84,6 +89,8 @@ class Eagle3Config(HeadConfig):
             raise ValueError(f"draft_vocab_size must be >= 1, got {self.draft_vocab_size}")
         if self.ttt_steps < 1:
             raise ValueError(f"ttt_steps must be >= 1, got {self.ttt_steps}")
+        if self.intermediate_size is not None and self.intermediate_size < 1:
+            raise ValueError(f"intermediate_size must be >= 1, got {self.intermediate_size}")
 
 
 def default_feature_layers(num_hidden_layers: int) -> tuple[int, int, int]:
@@ -156,7 +163,10 @@ class Eagle3Head(DraftHead):
         self.draft_vocab_size = resolve_draft_vocab_size(config, vocab_size)
 
         self.fc = nn.Linear(len(self._feature_layers) * hidden_size, hidden_size, bias=False)
-        self.midlayer = build_decoder_layer(base_config, layer_idx=0)
+        self.intermediate_size = config.intermediate_size or base_config.intermediate_size
+        self.midlayer = build_decoder_layer(
+            base_config, layer_idx=0, intermediate_size=self.intermediate_size
+        )
         attention = self.midlayer.self_attn
         attention.q_proj = replace_linear_input(attention.q_proj, 2 * hidden_size)
         attention.k_proj = replace_linear_input(attention.k_proj, 2 * hidden_size)
@@ -187,6 +197,12 @@ class Eagle3Head(DraftHead):
         known, lm_head) start as the base's; without it, nothing is copied."""
         if not self.config.init_from_base:
             return
+        if self.intermediate_size != base_model.config.intermediate_size:
+            base_width = base_model.config.intermediate_size
+            raise ConfigError(
+                f"head.init_from_base copies the base's last decoder layer, whose MLP is {base_width} "
+                f"wide; head.intermediate_size={self.intermediate_size} does not fit it (drop one of the two)"
+            )
         decoder = base_model.get_decoder()
         state = dict(decoder.layers[-1].state_dict())
         # The base layer's input norm normalises hidden states: here that is g's norm; the
@@ -203,6 +219,28 @@ class Eagle3Head(DraftHead):
             )
         self.norm.load_state_dict(decoder.norm.state_dict())
         self._lm_head_from_base(base_model.get_output_embeddings().weight)
+
+    def load_saved(self, saved: DraftHead) -> None:
+        """Take ``saved``'s weights; if its MLP is narrower, grow it without changing what it drafts
+        (function-preserving widening, Chen et al. 2016, "Net2Net", arXiv 1511.05641): its units
+        fill the first rows of gate/up and columns of down_proj; the new units keep their fresh
+        gate/up weights and start with zero down_proj columns, so they add nothing until trained."""
+        width, saved_width = self.intermediate_size, saved.intermediate_size
+        if saved_width > width:
+            raise ConfigError(
+                f"the saved head's draft MLP is {saved_width} wide, this run's head.intermediate_size "
+                f"is {width}: a head can grow, not shrink"
+            )
+        state = saved.state_dict()
+        if saved_width < width:
+            mlp = "midlayer.mlp."
+            ours = self.state_dict()
+            for name in ("gate_proj.weight", "up_proj.weight"):  # (I, h): fresh rows for new units
+                state[mlp + name] = torch.cat([state[mlp + name], ours[mlp + name][saved_width:]], dim=0)
+            down = state[mlp + "down_proj.weight"]  # (h, I): new units' columns start at zero
+            new_columns = down.new_zeros(down.shape[0], width - saved_width)
+            state[mlp + "down_proj.weight"] = torch.cat([down, new_columns], dim=1)
+        self.load_state_dict(state)
 
     def _lm_head_from_base(self, base_lm_head_weight: torch.Tensor) -> None:
         """lm_head row d := the base lm_head's row of draft id d's target (``init_from_base``)."""

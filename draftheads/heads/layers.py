@@ -54,16 +54,22 @@ def architecture(model_type: str) -> Architecture:
     return ARCHITECTURES[model_type]
 
 
-def draft_layer_config(base_config):
-    """A copy of the base config for building draft layers (attention pinned to ``DRAFT_ATTENTION``)."""
+def draft_layer_config(base_config, **overrides):
+    """A copy of the base config for building draft layers (attention pinned to ``DRAFT_ATTENTION``),
+    with ``overrides`` (e.g. ``intermediate_size``) set on it."""
     config = copy.deepcopy(base_config)
     config._attn_implementation = DRAFT_ATTENTION
+    for name, value in overrides.items():
+        if not hasattr(config, name):
+            raise ValueError(f"draft layer override '{name}': the base config has no such field")
+        setattr(config, name, value)
     return config
 
 
-def build_decoder_layer(base_config, layer_idx: int = 0) -> nn.Module:
-    """One decoder layer of the base architecture; ``layer_idx`` is its slot in the draft cache."""
-    config = draft_layer_config(base_config)
+def build_decoder_layer(base_config, layer_idx: int = 0, **overrides) -> nn.Module:
+    """One decoder layer of the base architecture, its config changed by ``overrides``;
+    ``layer_idx`` is its slot in the draft cache."""
+    config = draft_layer_config(base_config, **overrides)
     return architecture(config.model_type).component("DecoderLayer")(config, layer_idx)
 
 

@@ -196,9 +196,9 @@ def seed_everything(seed: int) -> None:
 def init_from_saved_head(head, directory: str, base_model) -> None:
     """Copy a saved head's weights (and buffers, e.g. EAGLE-3's vocabulary maps) into ``head``
     (``train.init_head``); refused unless the saved head is the same kind with the same settings
-    and fits ``base_model``."""
+    (a ``GROWABLE`` one may be larger here: the head grows the saved weights) and fits ``base_model``."""
     from draftheads.heads import HeadMismatchError, load_head
-    from draftheads.heads.base import INIT_ONLY
+    from draftheads.heads.base import GROWABLE, INIT_ONLY
 
     where = f"train.init_head={directory}"
     try:
@@ -209,12 +209,15 @@ def init_from_saved_head(head, directory: str, base_model) -> None:
     if saved.kind != head.kind:
         raise ConfigError(f"{where}: a '{saved.kind}' head, but head.kind is '{head.kind}'")
     for field in dataclasses.fields(head.config):
-        if field.metadata.get(INIT_ONLY):
-            continue  # it chose the saved head's first weights; the saved weights replace them
+        if field.metadata.get(INIT_ONLY) or field.metadata.get(GROWABLE):
+            continue  # INIT_ONLY: it chose the first weights, replaced here; GROWABLE: load_saved checks
         ours, theirs = getattr(head.config, field.name), getattr(saved.config, field.name)
         if ours != theirs:
             raise ConfigError(f"{where}: its head.{field.name} is {theirs!r}, this run's is {ours!r}")
-    head.load_state_dict(saved.state_dict())
+    try:
+        head.load_saved(saved)
+    except ConfigError as err:
+        raise ConfigError(f"{where}: {err}") from err
 
 
 def supervised_token_counts(dataset, vocab_size: int) -> torch.Tensor:

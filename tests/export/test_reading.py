@@ -36,6 +36,25 @@ def test_round_trip_gives_identical_drafts(tiny_llama, tmp_path, format_name, ki
     assert_same_drafts(head, loaded, tiny_llama)
 
 
+@pytest.mark.parametrize("format_name", ["draftheads", "eagle3", "speculators"])
+def test_eagle3_with_a_wider_mlp_round_trips(tiny_llama, tmp_path, format_name):
+    head = make_head(
+        tiny_llama, "eagle3", draft_vocab_size=DRAFT_VOCAB, feature_layers=(1, 2, 3), intermediate_size=192
+    )
+    written = write_head(head, tmp_path, format_name)
+    if format_name != "draftheads":  # engines build the drafter's MLP from its own config
+        layer = written.get("transformer_layer_config", written)
+        assert layer["intermediate_size"] == 192 != tiny_llama.config.intermediate_size
+    loaded = load_head(tmp_path, base_model=tiny_llama)
+    assert loaded.config == head.config and loaded.midlayer.mlp.up_proj.weight.shape == (192, HIDDEN)
+    assert_same_drafts(head, loaded, tiny_llama)
+    if format_name == "eagle3":  # published by others: the width comes from the engine config
+        strip_metadata(tmp_path)
+        third_party = load_head(tmp_path, base_model=tiny_llama)
+        assert third_party.config.intermediate_size == 192
+        assert_same_drafts(head, third_party, tiny_llama)
+
+
 def test_third_party_eagle3_without_base_says_what_was_not_checked(tiny_llama, tmp_path):
     head = make_head(tiny_llama, "eagle3")
     write_head(head, tmp_path, "eagle3")

@@ -120,3 +120,57 @@ def test_init_from_base_gives_lm_head_the_rows_of_the_draft_vocabulary(tiny_llam
     assert torch.equal(head.lm_head.weight, base_rows)
     # The embedding's norm keeps its fresh weights.
     assert torch.equal(head.midlayer.input_layernorm.weight, torch.ones(64))
+
+
+def test_intermediate_size_widens_the_draft_mlp_only(tiny_llama):
+    base_width = tiny_llama.config.intermediate_size
+    default = build_head(tiny_llama, Eagle3Config(feature_layers=(1, 2, 3), draft_vocab_size=64))
+    config = Eagle3Config(feature_layers=(1, 2, 3), draft_vocab_size=64, intermediate_size=3 * base_width)
+    wide = build_head(tiny_llama, config)
+    assert default.midlayer.mlp.up_proj.weight.shape == (base_width, 64)
+    assert wide.midlayer.mlp.up_proj.weight.shape == (3 * base_width, 64)
+    assert wide.midlayer.mlp.down_proj.weight.shape == (64, 3 * base_width)
+    narrow = {k: v.shape for k, v in default.state_dict().items() if ".mlp." not in k}
+    assert {k: v.shape for k, v in wide.state_dict().items() if ".mlp." not in k} == narrow
+    assert tiny_llama.config.intermediate_size == base_width  # the base's config is not touched
+
+
+def test_init_from_base_refuses_a_draft_mlp_of_another_width(tiny_llama):
+    config = Eagle3Config(
+        feature_layers=(1, 2, 3), draft_vocab_size=64, init_from_base=True, intermediate_size=96
+    )
+    with pytest.raises(ConfigError, match="head.intermediate_size=96 does not fit"):
+        build_head(tiny_llama, config)
+
+
+def test_intermediate_size_must_be_positive():
+    with pytest.raises(ValueError, match="intermediate_size must be >= 1, got 0"):
+        Eagle3Config(intermediate_size=0)
+
+
+def test_a_narrower_saved_head_grows_into_a_wider_mlp_and_drafts_the_same(tiny_llama):
+    """load_saved widens the MLP without changing the drafts: the new units' down_proj columns
+    start at zero. Training then moves them (their gate/up rows are fresh, not zero)."""
+    narrow = build_head(tiny_llama, Eagle3Config(feature_layers=(1, 2, 3), draft_vocab_size=64))
+    with torch.no_grad():
+        for parameter in narrow.parameters():
+            parameter.add_(torch.randn(parameter.shape, generator=torch.Generator().manual_seed(1)) * 0.05)
+    wide = build_head(
+        tiny_llama, Eagle3Config(feature_layers=(1, 2, 3), draft_vocab_size=64, intermediate_size=200)
+    )
+    wide.load_saved(narrow)
+    features = torch.randn(2, 9, 3 * 64, generator=torch.Generator().manual_seed(2))
+    input_ids = torch.randint(0, 256, (2, 9), generator=torch.Generator().manual_seed(3))
+    positions = torch.arange(9)[None].expand(2, 9)
+    mask = prefix_causal_mask(2, 0, 9, torch.float32, input_ids.device)
+    with torch.no_grad():
+        drafted = [
+            h.logits(h.step(h.fuse(features), input_ids, positions, mask, None)) for h in (narrow, wide)
+        ]
+    torch.testing.assert_close(drafted[1], drafted[0], rtol=1e-5, atol=1e-5)
+    new_units = wide.midlayer.mlp
+    assert torch.count_nonzero(new_units.down_proj.weight[:, 128:]) == 0
+    assert torch.count_nonzero(new_units.up_proj.weight[128:]) > 0
+
+    with pytest.raises(ConfigError, match="saved head's draft MLP is 200 wide.*can grow, not shrink"):
+        narrow.load_saved(wide)

@@ -227,6 +227,28 @@ def test_init_head_continues_from_a_saved_head_and_refuses_a_different_one(tmp_p
     )
     assert from_base.eval["top1"] == pytest.approx(first.eval["top1"], abs=1e-6)
 
+    # A wider draft MLP grows from the saved head and starts where it left off; a narrower one is refused.
+    grown = run_training(
+        _config(
+            tmp_path, "eagle3", *overrides, "head.intermediate_size=192", f"train.output_dir={tmp_path / 'g'}"
+        ),
+        base_model=confident_llama,
+        datasets=(dataset, dataset),
+    )
+    assert grown.eval["top1"] == pytest.approx(first.eval["top1"], abs=1e-6)
+    assert load_head(tmp_path / "g" / "head").midlayer.mlp.up_proj.weight.shape[0] == 192
+    with pytest.raises(ConfigError, match=r"draft MLP is 128 wide.*head.intermediate_size is 64"):
+        run_training(
+            _config(
+                tmp_path,
+                "eagle3",
+                *overrides,
+                "head.intermediate_size=64",
+                f"train.output_dir={tmp_path / 's'}",
+            ),
+            base_model=confident_llama,
+            datasets=(dataset, dataset),
+        )
     with pytest.raises(ConfigError, match=r"head.ttt_steps is 2, this run's is 3"):
         run_training(
             _config(tmp_path, "eagle3", *overrides, "head.ttt_steps=3", f"train.output_dir={tmp_path / 'x'}"),
