@@ -163,10 +163,9 @@ class Eagle3Head(DraftHead):
         self.draft_vocab_size = resolve_draft_vocab_size(config, vocab_size)
 
         self.fc = nn.Linear(len(self._feature_layers) * hidden_size, hidden_size, bias=False)
+        width = {"intermediate_size": config.intermediate_size} if config.intermediate_size else {}
+        self.midlayer = build_decoder_layer(base_config, layer_idx=0, **width)  # checks the architecture
         self.intermediate_size = config.intermediate_size or base_config.intermediate_size
-        self.midlayer = build_decoder_layer(
-            base_config, layer_idx=0, intermediate_size=self.intermediate_size
-        )
         attention = self.midlayer.self_attn
         attention.q_proj = replace_linear_input(attention.q_proj, 2 * hidden_size)
         attention.k_proj = replace_linear_input(attention.k_proj, 2 * hidden_size)
