@@ -212,52 +212,29 @@ def test_init_head_continues_from_a_saved_head_and_refuses_a_different_one(tmp_p
         "train.max_steps=1",
     ]
     overrides += ["train.learning_rate=1e-12", "train.eval_every=1"]
-    continued = run_training(
-        _config(tmp_path, "eagle3", *overrides), base_model=confident_llama, datasets=(dataset, dataset)
-    )
+
+    def continue_saved(*settings: str, kind: str = "eagle3"):
+        """One step at learning rate 1e-12 from the saved head, with ``settings`` on top."""
+        return run_training(
+            _config(tmp_path, kind, *overrides, *settings),
+            base_model=confident_llama,
+            datasets=(dataset, dataset),
+        )
+
+    continued = continue_saved()
     assert torch.equal(load_head(tmp_path / "continued" / "head").t2d, saved.t2d)
     assert continued.eval["top1"] == pytest.approx(first.eval["top1"], abs=1e-6)
     # A setting that only chose the first weights need not match: the saved weights replace them.
-    from_base = run_training(
-        _config(
-            tmp_path, "eagle3", *overrides, "head.init_from_base=true", f"train.output_dir={tmp_path / 'b'}"
-        ),
-        base_model=confident_llama,
-        datasets=(dataset, dataset),
-    )
+    from_base = continue_saved("head.init_from_base=true", f"train.output_dir={tmp_path / 'b'}")
     assert from_base.eval["top1"] == pytest.approx(first.eval["top1"], abs=1e-6)
 
     # A wider draft MLP grows from the saved head and starts where it left off; a narrower one is refused.
-    grown = run_training(
-        _config(
-            tmp_path, "eagle3", *overrides, "head.intermediate_size=192", f"train.output_dir={tmp_path / 'g'}"
-        ),
-        base_model=confident_llama,
-        datasets=(dataset, dataset),
-    )
+    grown = continue_saved("head.intermediate_size=192", f"train.output_dir={tmp_path / 'g'}")
     assert grown.eval["top1"] == pytest.approx(first.eval["top1"], abs=1e-6)
     assert load_head(tmp_path / "g" / "head").midlayer.mlp.up_proj.weight.shape[0] == 192
     with pytest.raises(ConfigError, match=r"draft MLP is 128 wide.*head.intermediate_size is 64"):
-        run_training(
-            _config(
-                tmp_path,
-                "eagle3",
-                *overrides,
-                "head.intermediate_size=64",
-                f"train.output_dir={tmp_path / 's'}",
-            ),
-            base_model=confident_llama,
-            datasets=(dataset, dataset),
-        )
+        continue_saved("head.intermediate_size=64", f"train.output_dir={tmp_path / 's'}")
     with pytest.raises(ConfigError, match=r"head.ttt_steps is 2, this run's is 3"):
-        run_training(
-            _config(tmp_path, "eagle3", *overrides, "head.ttt_steps=3", f"train.output_dir={tmp_path / 'x'}"),
-            base_model=confident_llama,
-            datasets=(dataset, dataset),
-        )
+        continue_saved("head.ttt_steps=3", f"train.output_dir={tmp_path / 'x'}")
     with pytest.raises(ConfigError, match=r"a 'eagle3' head, but head.kind is 'medusa'"):
-        run_training(
-            _config(tmp_path, "medusa", *overrides, f"train.output_dir={tmp_path / 'y'}"),
-            base_model=confident_llama,
-            datasets=(dataset, dataset),
-        )
+        continue_saved(f"train.output_dir={tmp_path / 'y'}", kind="medusa")
