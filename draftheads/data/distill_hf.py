@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 import torch
 from transformers.cache_utils import Cache, CacheLayerMixin
 
+from draftheads.compat import cache_kwargs
 from draftheads.config import DistillConfig
 from draftheads.data.distill import Turn, TurnQueue
 
@@ -166,7 +167,7 @@ class ContinuousBatcher:
             input_ids=input_ids.to(device),
             attention_mask=mask[:, None].to(device),  # (k, 1, T, T)
             position_ids=positions.expand(len(turns), -1).to(device),
-            past_key_values=cache,
+            **cache_kwargs(cache),
             use_cache=True,
             logits_to_keep=keep.to(device),
         )
@@ -188,7 +189,7 @@ class ContinuousBatcher:
             input_ids=torch.tensor(last)[:, None].to(device),
             attention_mask=mask[:, None, None].to(device),  # (k, 1, 1, width)
             position_ids=lengths[:, None].to(device),
-            past_key_values=cache,
+            **cache_kwargs(cache),
             use_cache=True,
         )
         tokens = self._next_tokens(output.logits[:, -1])

@@ -31,6 +31,7 @@ import torch
 from torch import nn
 from transformers import DynamicCache
 
+from draftheads.compat import cache_kwargs
 from draftheads.heads.base import DraftHead, HeadConfig, register_head
 from draftheads.heads.layers import additive_mask, build_decoder_layer, build_rms_norm, build_rotary_embedding
 from draftheads.settings import ConfigError
@@ -306,7 +307,7 @@ class DFlashHead(DraftHead):
                 hidden_states=attention_input,
                 attention_mask=attention_mask,
                 position_ids=position_ids,
-                past_key_values=cache,
+                **cache_kwargs(cache),
                 position_embeddings=position_embeddings,
             )  # (B, C + Q, h)
             hidden = hidden + attended[:, width:]

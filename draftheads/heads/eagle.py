@@ -27,6 +27,7 @@ import torch
 from torch import nn
 from transformers import DynamicCache
 
+from draftheads.compat import cache_kwargs
 from draftheads.heads.base import DraftHead, HeadConfig, register_head
 from draftheads.heads.layers import build_decoder_layer, build_rotary_embedding, prefix_causal_mask
 
@@ -81,7 +82,7 @@ class EagleHead(DraftHead):
             hidden,
             attention_mask=attention_mask,
             position_ids=position_ids,
-            past_key_values=cache,
+            **cache_kwargs(cache),
             use_cache=cache is not None,
             position_embeddings=position_embeddings,
         )  # (B, T, h)

@@ -35,6 +35,7 @@ import torch
 from torch import nn
 from transformers import DynamicCache
 
+from draftheads.compat import cache_kwargs
 from draftheads.heads.base import GROWABLE, INIT_ONLY, DraftHead, HeadConfig, register_head
 from draftheads.heads.layers import (
     additive_mask,
@@ -292,7 +293,7 @@ class Eagle3Head(DraftHead):
             hidden_states=attention_input,
             attention_mask=attention_mask,
             position_ids=position_ids,
-            past_key_values=cache,
+            **cache_kwargs(cache),
             position_embeddings=self.rotary_emb(hidden, position_ids),
         )  # (B, T, h)
         hidden = hidden + attended

@@ -4,8 +4,9 @@ Draft layers are instances of the base model's *own* decoder-layer, rotary-embed
 classes, looked up by ``config.model_type`` in ``ARCHITECTURES`` (never a copied modeling file: a
 fork breaks with every transformers release, as SafeAILab/EAGLE issue #278 shows). An architecture
 is listed here once its decoder layer has been checked to take ``(hidden_states, attention_mask,
-position_ids, past_key_values, use_cache, position_embeddings=(cos, sin))`` and to update a
-``DynamicCache`` through ``past_key_values.update(keys, values, layer_idx)`` (transformers 5.23).
+position_ids, the KV cache (``draftheads.compat.cache_kwargs``), use_cache,
+position_embeddings=(cos, sin))`` and to update a ``DynamicCache`` through
+``cache.update(keys, values, layer_idx)`` (transformers 5.23 and 5.24).
 
 Masks are additive float tensors (0 = attend, dtype-min = masked) of shape (B, 1, Q, K), the form
 ``sdpa`` and ``eager`` attention take and tree verification uses too (``draftheads.infer.tree``).

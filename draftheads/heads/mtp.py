@@ -32,6 +32,7 @@ import torch
 from torch import nn
 from transformers import DynamicCache
 
+from draftheads.compat import cache_kwargs
 from draftheads.heads.base import DraftHead, HeadConfig, register_head
 from draftheads.heads.layers import (
     build_decoder_layer,
@@ -78,7 +79,7 @@ class MtpModule(nn.Module):
             projected,
             attention_mask=attention_mask,
             position_ids=position_ids,
-            past_key_values=cache,
+            **cache_kwargs(cache),
             use_cache=cache is not None,
             position_embeddings=position_embeddings,
         )

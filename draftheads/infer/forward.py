@@ -9,6 +9,7 @@ from collections.abc import Sequence
 import torch
 
 from draftheads.base_model import SUPPORTED_ATTENTION
+from draftheads.compat import cache_kwargs
 from draftheads.infer.cache import new_cache
 from draftheads.infer.tree import TreeTopology, rows_attention_mask, rows_position_ids
 
@@ -101,7 +102,7 @@ def rows_forward(
         input_ids=input_ids,
         attention_mask=attention_mask,
         position_ids=position_ids,
-        past_key_values=cache,
+        **cache_kwargs(cache),
         use_cache=True,
         output_hidden_states=list(hidden_layers),
     )
@@ -113,7 +114,7 @@ def prefill_forward(model, input_ids: torch.Tensor, hidden_layers: Sequence[int]
     cache = new_cache(model)
     output = model(
         input_ids=input_ids,
-        past_key_values=cache,
+        **cache_kwargs(cache),
         use_cache=True,
         output_hidden_states=list(hidden_layers),
         logits_to_keep=1,
@@ -143,7 +144,7 @@ def prefill_rows(model, prompts: Sequence[torch.Tensor], hidden_layers: Sequence
     output = model(
         input_ids=input_ids.to(model.device),
         attention_mask=attention_mask.to(model.device),
-        past_key_values=cache,
+        **cache_kwargs(cache),
         use_cache=True,
         output_hidden_states=list(hidden_layers),
         logits_to_keep=keep.to(model.device),

@@ -18,6 +18,7 @@ from typing import ClassVar
 import torch
 from transformers import DynamicCache
 
+from draftheads.compat import cache_kwargs
 from draftheads.heads.base import DraftHead, HeadConfig
 from draftheads.infer.step_gate import StepGate
 
@@ -29,10 +30,10 @@ def greedy_reference(model, prompt: torch.Tensor, new_tokens: int) -> torch.Tens
     """(T + new_tokens,) plain greedy decoding, token by token, ignoring EOS."""
     cache = DynamicCache(config=model.config)
     sequence = prompt[0].tolist()
-    logits = model(prompt, past_key_values=cache, use_cache=True).logits[0, -1]
+    logits = model(prompt, **cache_kwargs(cache), use_cache=True).logits[0, -1]
     for _ in range(new_tokens):
         sequence.append(int(logits.argmax()))
-        logits = model(torch.tensor([[sequence[-1]]]), past_key_values=cache, use_cache=True).logits[0, -1]
+        logits = model(torch.tensor([[sequence[-1]]]), **cache_kwargs(cache), use_cache=True).logits[0, -1]
     return torch.tensor(sequence)
 
 
