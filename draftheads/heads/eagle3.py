@@ -36,7 +36,7 @@ from torch import nn
 from transformers import DynamicCache
 
 from draftheads.compat import cache_kwargs
-from draftheads.heads.base import GROWABLE, INIT_ONLY, DraftHead, HeadConfig, register_head
+from draftheads.heads.base import GROWABLE, INIT_ONLY, TRAINING_ONLY, DraftHead, HeadConfig, register_head
 from draftheads.heads.layers import (
     additive_mask,
     build_decoder_layer,
@@ -79,6 +79,11 @@ class Eagle3Config(HeadConfig):
     # from the base's, and lm_head from the base lm_head's rows of the draft vocabulary. ``fc``
     # stays random. Measured against random initialisation in docs/training.md.
     init_from_base: bool = field(default=False, metadata={INIT_ONLY: True})
+    # Training loss per TTT step: (1 - w) x the soft cross-entropy against the base model's
+    # distribution over the draft vocabulary (the EAGLE-3 reference's target) + w x the
+    # cross-entropy on the base model's argmax, the one token greedy verification accepts.
+    # Measured in docs/training.md.
+    hard_target_weight: float = field(default=0.0, metadata={TRAINING_ONLY: True})
 
     def __post_init__(self):
         if self.feature_layers is not None:
@@ -92,6 +97,8 @@ class Eagle3Config(HeadConfig):
             raise ValueError(f"ttt_steps must be >= 1, got {self.ttt_steps}")
         if self.intermediate_size is not None and self.intermediate_size < 1:
             raise ValueError(f"intermediate_size must be >= 1, got {self.intermediate_size}")
+        if not 0.0 <= self.hard_target_weight <= 1.0:
+            raise ValueError(f"hard_target_weight must be in [0, 1], got {self.hard_target_weight}")
 
 
 def default_feature_layers(num_hidden_layers: int) -> tuple[int, int, int]:

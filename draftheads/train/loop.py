@@ -198,7 +198,7 @@ def init_from_saved_head(head, directory: str, base_model) -> None:
     (``train.init_head``); refused unless the saved head is the same kind with the same settings
     (a ``GROWABLE`` one may be larger here: the head grows the saved weights) and fits ``base_model``."""
     from draftheads.heads import HeadMismatchError, load_head
-    from draftheads.heads.base import GROWABLE, INIT_ONLY
+    from draftheads.heads.base import GROWABLE, INIT_ONLY, TRAINING_ONLY
 
     where = f"train.init_head={directory}"
     try:
@@ -209,8 +209,10 @@ def init_from_saved_head(head, directory: str, base_model) -> None:
     if saved.kind != head.kind:
         raise ConfigError(f"{where}: a '{saved.kind}' head, but head.kind is '{head.kind}'")
     for field in dataclasses.fields(head.config):
-        if field.metadata.get(INIT_ONLY) or field.metadata.get(GROWABLE):
-            continue  # INIT_ONLY: it chose the first weights, replaced here; GROWABLE: load_saved checks
+        if any(field.metadata.get(key) for key in (INIT_ONLY, GROWABLE, TRAINING_ONLY)):
+            # INIT_ONLY: it chose the first weights, replaced here; GROWABLE: load_saved checks;
+            # TRAINING_ONLY: it shapes this run's loss, not the saved weights
+            continue
         ours, theirs = getattr(head.config, field.name), getattr(saved.config, field.name)
         if ours != theirs:
             raise ConfigError(f"{where}: its head.{field.name} is {theirs!r}, this run's is {ours!r}")

@@ -102,11 +102,20 @@ def eagle3_loss(
     step_target_probs: Sequence[torch.Tensor],
     step_masks: Sequence[torch.Tensor],
     decay: float = EAGLE3_DECAY,
+    hard_target_weight: float = 0.0,
 ) -> torch.Tensor:
-    """sum_j decay^j * softCE_j over training-time-test steps; step j: (..., N) draft logits,
-    (..., N) target probabilities (``eagle3_targets``), (...) mask (supervised and in the draft vocab)."""
+    """sum_j decay^j * L_j over training-time-test steps, L_j = (1 - w) softCE_j + w CE_j(argmax)
+    with w = ``hard_target_weight``; step j: (..., N) draft logits, (..., N) target probabilities
+    (``eagle3_targets``; their argmax is the base model's where the mask holds), (...) mask
+    (supervised and in the draft vocab)."""
+
+    def step_loss(logits, target_probs):
+        soft = soft_cross_entropy(target_probs, logits) if hard_target_weight < 1 else 0.0
+        hard = cross_entropy(logits, target_probs.argmax(-1)) if hard_target_weight > 0 else 0.0
+        return (1 - hard_target_weight) * soft + hard_target_weight * hard
+
     terms = [
-        decay**j * masked_mean(soft_cross_entropy(target_probs, logits), mask)
+        decay**j * masked_mean(step_loss(logits, target_probs), mask)
         for j, (logits, target_probs, mask) in enumerate(
             zip(step_logits, step_target_probs, step_masks, strict=True)
         )

@@ -217,7 +217,8 @@ def eagle3_objective(
         all_logits.append(logits)
         all_probs.append(target_probs[at])
         all_masks.append(in_draft_vocab[at])
-    return accuracy.output(eagle3_loss(all_logits, all_probs, all_masks))
+    loss = eagle3_loss(all_logits, all_probs, all_masks, hard_target_weight=head.config.hard_target_weight)
+    return accuracy.output(loss)
 
 
 def mtp_objective(

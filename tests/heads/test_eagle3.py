@@ -148,6 +148,12 @@ def test_intermediate_size_must_be_positive():
         Eagle3Config(intermediate_size=0)
 
 
+@pytest.mark.parametrize("weight", [-0.1, 1.5])
+def test_hard_target_weight_must_be_a_mix(weight):
+    with pytest.raises(ValueError, match=f"hard_target_weight must be in \\[0, 1\\], got {weight}"):
+        Eagle3Config(hard_target_weight=weight)
+
+
 def test_a_narrower_saved_head_grows_into_a_wider_mlp_and_drafts_the_same(tiny_llama):
     """load_saved widens the MLP without changing the drafts: the new units' down_proj columns
     start at zero. Training then moves them (their gate/up rows are fresh, not zero)."""

@@ -74,6 +74,33 @@ def test_eagle3_loss_weights_steps():
     torch.testing.assert_close(eagle3_loss(logits, probs, masks), expected)
 
 
+@pytest.mark.parametrize("weight", [0.0, 0.25, 1.0])
+def test_eagle3_loss_mixes_in_the_cross_entropy_on_the_argmax(weight):
+    probs = [F.softmax(torch.randn(4, 6), -1) for _ in range(2)]
+    logits = [torch.randn(4, 6) for _ in range(2)]
+    masks = [torch.tensor([True, False, True, True])] * 2
+    expected = sum(
+        0.8**j
+        * (
+            (1 - weight) * soft_cross_entropy(probs[j], logits[j])
+            + weight * cross_entropy(logits[j], probs[j].argmax(-1))
+        )[[0, 2, 3]].mean()
+        for j in range(2)
+    )
+    torch.testing.assert_close(eagle3_loss(logits, probs, masks, hard_target_weight=weight), expected)
+
+
+def test_eagle3_hard_targets_are_minimised_by_the_argmax_alone():
+    """Logits that put all mass on the base's argmax: the hard loss goes to 0, the soft loss stays
+    at least the target's entropy (the draft is penalised for not hedging as the base does)."""
+    probs = [torch.tensor([[0.6, 0.3, 0.1]])]
+    sharp = [torch.tensor([[50.0, 0.0, 0.0]])]
+    masks = [torch.tensor([True])]
+    assert eagle3_loss(sharp, probs, masks, hard_target_weight=1.0).item() < 1e-6
+    entropy = -(probs[0] * probs[0].log()).sum()
+    assert eagle3_loss(sharp, probs, masks, hard_target_weight=0.0).item() > entropy.item()
+
+
 def test_mtp_loss_is_the_weighted_mean_over_modules():
     logits = [torch.zeros(2, 10), torch.zeros(3, 10)]  # uniform: CE = log 10 for any target
     targets = [torch.zeros(2, dtype=torch.long), torch.ones(3, dtype=torch.long)]

@@ -227,6 +227,9 @@ def test_init_head_continues_from_a_saved_head_and_refuses_a_different_one(tmp_p
     # A setting that only chose the first weights need not match: the saved weights replace them.
     from_base = continue_saved("head.init_from_base=true", f"train.output_dir={tmp_path / 'b'}")
     assert from_base.eval["top1"] == pytest.approx(first.eval["top1"], abs=1e-6)
+    # Nor one that only shapes the loss.
+    hard = continue_saved("head.hard_target_weight=1.0", f"train.output_dir={tmp_path / 'h'}")
+    assert hard.eval["top1"] == pytest.approx(first.eval["top1"], abs=1e-6)
 
     # A wider draft MLP grows from the saved head and starts where it left off; a narrower one is refused.
     grown = continue_saved("head.intermediate_size=192", f"train.output_dir={tmp_path / 'g'}")
