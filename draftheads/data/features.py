@@ -11,6 +11,12 @@ Soft targets (EAGLE-1, EAGLE-3) are ``lm_head(hs[L])``, recomputed at training t
 stored ``hs[L]``: exact, and h values per token. The base's top-k logits would cost k values plus
 k indices per token (6k bytes in bf16 + int32) and drop the tail of the distribution, so they are
 smaller only for k < h / 3 (192 for SmolLM2's h = 576) and never exact; this cache does not store them.
+It does store the base model's argmax at every position (4 bytes a token, computed from the
+unrounded ``hs[L]`` as the cache is written): EAGLE-3 needs the full-vocabulary argmax only to know
+whether the base's token is a draft token, and its soft targets only over the draft vocabulary, so
+with the argmax at hand it projects ``hs[L]`` onto the draft vocabulary's rows of lm_head alone
+(8,192 of SmolLM2's 49,152), which was most of the cost of a step read from a cache
+(docs/training.md). Caches written before it hold no argmax; training then recomputes it.
 
 Layout::
 
@@ -19,8 +25,9 @@ Layout::
     validation/shard-00000.safetensors
 
 A shard holds ``hidden_states.{i}`` (N, h) for each stored index i, concatenated over its
-examples' tokens (no padding), ``offsets`` (E' + 1,) int64 and ``input_ids`` (N,) int32 (checked
-against the batch on reading, so a cache can never be read against other rows). Shards are
+examples' tokens (no padding), ``offsets`` (E' + 1,) int64, ``input_ids`` (N,) int32 (checked
+against the batch on reading, so a cache can never be read against other rows) and
+``base_argmax`` (N,) int32, the base model's next-token argmax at each position. Shards are
 written atomically (a shard file exists only once complete), so an interrupted run resumes with
 the shards it lacks.
 
@@ -53,6 +60,7 @@ SPLITS = ("train", "validation")
 DEFAULT_DTYPE = "bfloat16"  # the issue's compact choice; float32 caches reproduce fp32 training bit for bit
 DEFAULT_EXAMPLES_PER_SHARD = 256
 DEFAULT_BATCH_SIZE = 8
+ARGMAX_KEY = "base_argmax"  # the shard tensor of the base's next-token argmax (absent in older caches)
 STORAGE_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 # Entries of the base config that do not change what the model computes.
 VOLATILE_CONFIG_KEYS = (
@@ -215,8 +223,9 @@ def _row_lengths(dataset) -> list[int]:
 
 
 def bytes_per_token(hidden_size: int, layers: int, dtype: torch.dtype) -> int:
-    """Disk bytes per cached token: ``layers`` states of ``hidden_size`` plus the int32 token id."""
-    return layers * hidden_size * torch.empty((), dtype=dtype).element_size() + 4
+    """Disk bytes per cached token: ``layers`` states of ``hidden_size`` plus the int32 token id and
+    the int32 argmax."""
+    return layers * hidden_size * torch.empty((), dtype=dtype).element_size() + 8
 
 
 def _write_index(directory: Path, index: dict) -> None:
@@ -283,11 +292,13 @@ def _open_shard(path: Path):
 
 
 @torch.no_grad()
-def _hidden_states(
+def _base_outputs(
     base_model, rows: list[list[int]], layers: tuple[int, ...]
-) -> list[dict[int, torch.Tensor]]:
-    """Per row, {index: (T_i, h)} of the base model's hidden_states for a right-padded batch.
-    Right padding with a causal mask leaves every real position's states as computed alone."""
+) -> list[tuple[dict[int, torch.Tensor], torch.Tensor]]:
+    """Per row, ``({index: (T_i, h)}, (T_i,) argmax)``: the base model's hidden_states for a
+    right-padded batch, and its next-token argmax at each position (lm_head on the normed last
+    state, one row at a time so the (T_i, V) logits stay small). Right padding with a causal mask
+    leaves every real position's states as computed alone."""
     device = base_model.device
     longest = max(len(row) for row in rows)
     input_ids = torch.zeros((len(rows), longest), dtype=torch.long, device=device)  # (B, T)
@@ -298,14 +309,23 @@ def _hidden_states(
     outputs = base_model.base_model(
         input_ids=input_ids, attention_mask=attention_mask, output_hidden_states=True, use_cache=False
     )
+    lm_head = base_model.get_output_embeddings()
+    last = outputs.hidden_states[-1]  # (B, T, h): transformers 5.x gives the normed state here
     return [
-        {layer: outputs.hidden_states[layer][index, : len(row)] for layer in layers}
+        (
+            {layer: outputs.hidden_states[layer][index, : len(row)] for layer in layers},
+            lm_head(last[index, : len(row)]).argmax(-1),
+        )
         for index, row in enumerate(rows)
     ]
 
 
 def _write_shard(
-    path: Path, examples: list[dict[int, torch.Tensor]], rows: list[list[int]], dtype: torch.dtype
+    path: Path,
+    examples: list[dict[int, torch.Tensor]],
+    argmaxes: list[torch.Tensor],
+    rows: list[list[int]],
+    dtype: torch.dtype,
 ) -> None:
     from safetensors.torch import save_file
 
@@ -318,6 +338,7 @@ def _write_shard(
     }  # each (N, h)
     tensors["offsets"] = lengths.cumsum(0)  # (E' + 1,)
     tensors["input_ids"] = torch.tensor([token for row in rows for token in row], dtype=torch.int32)  # (N,)
+    tensors[ARGMAX_KEY] = torch.cat(argmaxes).to(dtype=torch.int32, device="cpu")  # (N,)
     path.parent.mkdir(parents=True, exist_ok=True)
     temporary = path.with_suffix(".tmp")
     save_file(
@@ -445,15 +466,19 @@ def write_feature_cache(
             # Similar lengths share a forward (less padding); results go back to row order.
             order = sorted(range(len(rows)), key=lambda i: len(rows[i]))
             computed: dict[int, dict[int, torch.Tensor]] = {}
+            argmaxes: dict[int, torch.Tensor] = {}
             for first in range(0, len(order), batch_size):
                 group = order[first : first + batch_size]
-                for row, states in zip(group, _hidden_states(base_model, [rows[i] for i in group], layers)):
+                outputs = _base_outputs(base_model, [rows[i] for i in group], layers)
+                for row, (states, argmax) in zip(group, outputs):
                     computed[row] = {
                         layer: state.to(dtype=storage, device="cpu") for layer, state in states.items()
                     }
+                    argmaxes[row] = argmax.cpu()
                 bar.update(sum(len(rows[i]) for i in group))
             examples = [computed[i] for i in range(len(rows))]
-            _write_shard(shard_path(directory, name, shard), examples, rows, storage)
+            ordered_argmaxes = [argmaxes[i] for i in range(len(rows))]
+            _write_shard(shard_path(directory, name, shard), examples, ordered_argmaxes, rows, storage)
             written += len(rows)
             if world_size == 1 and shard == index["complete_shards"][name]:  # one writer: in order
                 index["complete_shards"][name] = shard + 1
@@ -562,6 +587,22 @@ class FeatureCache:
             layer: handle.get_slice(f"hidden_states.{layer}")[start:stop] for layer in layers or self.layers
         }  # (T, h)
         return input_ids, states
+
+    def base_argmax(self, split: str, rows: list[int], input_ids: torch.Tensor) -> torch.Tensor | None:
+        """(B, T) the base model's next-token argmax at each position of ``rows`` of ``split``
+        (padding 0), aligned with ``input_ids`` (B, T) as ``batch`` is; None if a shard they are in
+        was written before the cache stored it."""
+        out = torch.zeros(input_ids.shape, dtype=torch.long, device=input_ids.device)  # (B, T)
+        for position, row in enumerate(rows):
+            handle = self._handle(split, row // self.examples_per_shard)
+            stored = handle.keys()  # a list: safetensors' handle has no __contains__
+            if ARGMAX_KEY not in stored:
+                return None
+            local = row % self.examples_per_shard
+            start, stop = handle.get_slice("offsets")[local : local + 2].tolist()
+            argmax = handle.get_slice(ARGMAX_KEY)[start:stop]  # (T,)
+            out[position, : stop - start] = argmax.to(out.device, torch.long)
+        return out
 
     def batch(
         self,

@@ -2,20 +2,27 @@
 
 Each source is a callable ``(batch, split) -> hidden_states`` that ``FrozenBaseRecipe`` calls for
 every training and evaluation batch; ``compute_objective`` accepts what either returns (the HF
-tuple, or a dict index -> (B, T, h) holding the head's ``required_hidden_states``).
+tuple, or a dict index -> (B, T, h) holding the head's ``required_hidden_states``). A source's
+``base_argmax(batch, split)`` gives the base model's next-token argmax (B, T) where it is known
+without running lm_head (a feature cache stores it), else None.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 
 from draftheads.train.metrics import base_hidden_states
 
-HiddenStateSource = Callable[[dict, str], Any]  # (batch, split) -> the base's hidden states
+
+class HiddenStateSource(Protocol):
+    def __call__(self, batch: dict, split: str) -> Any:
+        """The base's hidden states for ``batch`` of ``split``."""
+
+    def base_argmax(self, batch: dict, split: str) -> torch.Tensor | None:
+        """(B, T) the base's next-token argmax at each position, or None where not at hand."""
 
 
 @dataclass(frozen=True)
@@ -26,6 +33,9 @@ class OnlineHiddenStates:
 
     def __call__(self, batch: dict, split: str) -> tuple:
         return base_hidden_states(self.base_model, batch["input_ids"], batch["attention_mask"])
+
+    def base_argmax(self, batch: dict, split: str) -> None:
+        return None  # the body runs without lm_head: the objective projects only the rows it needs
 
 
 @dataclass(frozen=True)
@@ -40,6 +50,9 @@ class CachedHiddenStates:
     def __call__(self, batch: dict, split: str) -> dict[int, torch.Tensor]:
         rows = batch["row_index"].tolist()
         return self.cache.batch(split, rows, batch["input_ids"], self.dtype, self.layers)
+
+    def base_argmax(self, batch: dict, split: str) -> torch.Tensor | None:
+        return self.cache.base_argmax(split, batch["row_index"].tolist(), batch["input_ids"])
 
 
 def open_feature_cache(

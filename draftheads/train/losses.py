@@ -82,19 +82,20 @@ def eagle_loss(
     return masked_mean(regression, mask) + probability_weight * masked_mean(classification, mask)
 
 
-def eagle3_targets(target_logits: torch.Tensor, t2d: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def eagle3_targets(
+    draft_logits: torch.Tensor, target_ids: torch.Tensor, t2d: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
     """The base model's distribution restricted to the draft vocabulary, and where it is usable.
 
     Args:
-        target_logits: (..., V) base logits; t2d: (V,) bool, the draft vocabulary.
+        draft_logits: (..., N) the base's logits at the draft-vocabulary ids (``logits[..., t2d]``);
+        target_ids: (...) the base's argmax over its whole vocabulary; t2d: (V,) bool, the draft vocabulary.
     Returns:
         ``(target_probs, in_draft_vocab)``: (..., N) softmax over the draft-vocabulary logits
         (renormalised, as the EAGLE-3 reference does), and (...) bool: the base argmax is a draft
         token (elsewhere the drafter cannot match the base model, so the loss skips the position).
     """
-    in_draft_vocab = t2d[target_logits.argmax(-1)]  # (...)
-    target_probs = F.softmax(target_logits[..., t2d].float(), dim=-1)  # (..., N)
-    return target_probs, in_draft_vocab
+    return F.softmax(draft_logits.float(), dim=-1), t2d[target_ids]
 
 
 def eagle3_loss(

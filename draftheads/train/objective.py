@@ -120,7 +120,7 @@ def ones_like_rows(rows: torch.Tensor) -> torch.Tensor:
 
 
 def medusa_objective(
-    head, hidden_states, input_ids, loss_mask, attention_mask, keep=None, generator=None
+    head, hidden_states, input_ids, loss_mask, attention_mask, keep=None, generator=None, base_argmax=None
 ) -> ObjectiveOutput:
     loss_mask = keep_tokens(loss_mask, keep)
     features = head.select_features(hidden_states)  # (B, T, h)
@@ -139,7 +139,7 @@ def medusa_objective(
 
 
 def eagle_objective(
-    head, hidden_states, input_ids, loss_mask, attention_mask, keep=None, generator=None
+    head, hidden_states, input_ids, loss_mask, attention_mask, keep=None, generator=None, base_argmax=None
 ) -> ObjectiveOutput:
     loss_mask = keep_tokens(loss_mask, keep)
     features = head.select_features(hidden_states)  # (B, T, h) = hs[L]
@@ -171,8 +171,16 @@ def eagle_objective(
     return accuracy.output(loss)
 
 
+def draft_vocab_logits(head, rows: torch.Tensor) -> torch.Tensor:
+    """(M, h) -> (M, N) the base lm_head's logits at EAGLE-3's draft-vocabulary ids only (ascending
+    target id, i.e. draft id order): ``base_lm_head(rows)[:, t2d]`` at N/V of its cost."""
+    lm_head = head.base_lm_head
+    bias = None if lm_head.bias is None else lm_head.bias[head.t2d]
+    return torch.nn.functional.linear(rows, lm_head.weight[head.t2d], bias)
+
+
 def eagle3_objective(
-    head, hidden_states, input_ids, loss_mask, attention_mask, keep=None, generator=None
+    head, hidden_states, input_ids, loss_mask, attention_mask, keep=None, generator=None, base_argmax=None
 ) -> ObjectiveOutput:
     features = head.select_features(hidden_states)  # (B, T, 3h)
     last_hidden = hidden_states[head.base_spec.num_hidden_layers]  # (B, T, h), what enters lm_head
@@ -203,10 +211,17 @@ def eagle3_objective(
     lookup = torch.full(needed.shape, -1, dtype=torch.long, device=needed.device)
     lookup[needed_batch, needed_position] = torch.arange(needed_batch.numel(), device=needed.device)
     with torch.no_grad(), base_precision(last_hidden):
-        target_logits = head.base_lm_head(last_hidden[needed_batch, needed_position - 1])  # (M, V)
-        target_probs, in_draft_vocab = eagle3_targets(target_logits, head.t2d)  # (M, N), (M,)
-        target_ids = target_logits.argmax(-1)  # (M,)
-        del target_logits
+        rows_before = last_hidden[needed_batch, needed_position - 1]  # (M, h)
+        if base_argmax is None:  # the full-vocabulary projection, for its argmax
+            target_logits = head.base_lm_head(rows_before)  # (M, V)
+            target_ids = target_logits.argmax(-1)  # (M,)
+            draft_logits = target_logits[:, head.t2d]  # (M, N)
+            del target_logits
+        else:  # the argmax is known: only the draft vocabulary's rows of lm_head
+            target_ids = base_argmax[needed_batch, needed_position - 1]  # (M,)
+            draft_logits = draft_vocab_logits(head, rows_before)  # (M, N)
+        target_probs, in_draft_vocab = eagle3_targets(draft_logits, target_ids, head.t2d)  # (M, N), (M,)
+        del draft_logits
 
     accuracy = StepAccuracy()
     all_logits, all_probs, all_masks = [], [], []
@@ -222,7 +237,7 @@ def eagle3_objective(
 
 
 def mtp_objective(
-    head, hidden_states, input_ids, loss_mask, attention_mask, keep=None, generator=None
+    head, hidden_states, input_ids, loss_mask, attention_mask, keep=None, generator=None, base_argmax=None
 ) -> ObjectiveOutput:
     loss_mask = keep_tokens(loss_mask, keep)
     features = head.select_features(hidden_states)  # (B, T, h) = hs[L] = h^0
@@ -288,6 +303,7 @@ def compute_objective(
     attention_mask,
     token_fraction: float = 1.0,
     sample_seed: int | None = None,
+    base_argmax: torch.Tensor | None = None,
 ) -> ObjectiveOutput:
     """Loss and per-step accuracy of ``head`` on one batch.
 
@@ -303,6 +319,10 @@ def compute_objective(
             steps after the first run on that fraction of rows. Evaluation scores everything.
         sample_seed: seeds every random draw of a training batch (``micro_batch_seed``); None
             draws from torch's global RNG.
+        base_argmax: (B, T) the base model's next-token argmax at each position, where it is known
+            without lm_head (a feature cache stores it): EAGLE-3 then projects only the draft
+            vocabulary's rows of lm_head, and DFlash's base targets need no projection. None:
+            computed here.
     """
     if head.kind not in OBJECTIVES:
         raise ValueError(
@@ -312,14 +332,16 @@ def compute_objective(
     keep = (
         sample_keep(loss_mask.shape, token_fraction, loss_mask.device, generator) if head.training else None
     )
-    return OBJECTIVES[head.kind](head, hidden_states, input_ids, loss_mask, attention_mask, keep, generator)
+    return OBJECTIVES[head.kind](
+        head, hidden_states, input_ids, loss_mask, attention_mask, keep, generator, base_argmax=base_argmax
+    )
 
 
 # ---- DFlash -----------------------------------------------------------------------------------
 
 
 def dflash_objective(
-    head, hidden_states, input_ids, loss_mask, attention_mask, keep=None, generator=None
+    head, hidden_states, input_ids, loss_mask, attention_mask, keep=None, generator=None, base_argmax=None
 ) -> ObjectiveOutput:
     """DFlash (arXiv 2602.06036, sec. 4): blocks anchored at positions a whose next token is
     supervised (up to ``anchors_per_sequence`` per sequence: at random in training, from
@@ -350,8 +372,11 @@ def dflash_objective(
         batch, position = needed.nonzero(as_tuple=True)
         last_hidden = hidden_states[head.base_spec.num_hidden_layers]  # (B, T, h), enters lm_head
         targets_at = input_ids.clone()
-        with torch.no_grad(), base_precision(last_hidden):
-            targets_at[batch, position] = head.base_lm_head(last_hidden[batch, position - 1]).argmax(-1)
+        if base_argmax is not None:  # a feature cache stored it
+            targets_at[batch, position] = base_argmax[batch, position - 1]
+        else:
+            with torch.no_grad(), base_precision(last_hidden):
+                targets_at[batch, position] = head.base_lm_head(last_hidden[batch, position - 1]).argmax(-1)
 
     accuracy = StepAccuracy()
     weighted_sum = states.new_zeros((), dtype=torch.float32)

@@ -124,6 +124,7 @@ class FrozenBaseRecipe(nn.Module):
                 batch["attention_mask"],
                 self.token_fraction,
                 batch.get("sample_seed"),
+                base_argmax=self.hidden_states.base_argmax(batch, split),
             )
 
     def parameter_groups(self, learning_rate: float) -> list[dict]:

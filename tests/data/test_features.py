@@ -73,11 +73,50 @@ def test_stores_exactly_the_required_hidden_states(tmp_path, tiny_llama, splits)
                 torch.testing.assert_close(state, reference[layer][0], rtol=1e-5, atol=1e-5)
 
 
+def test_stores_the_base_argmax_of_every_position(tmp_path, tiny_llama, splits):
+    """Computed before the states are rounded for storage: a bf16 cache holds the fp32 argmax."""
+    identity = _identity(tiny_llama, MedusaConfig(num_heads=2), splits)
+    write_feature_cache(
+        tiny_llama, splits, tmp_path, identity, examples_per_shard=3, batch_size=2, progress=False
+    )
+    cache = FeatureCache(tmp_path)
+    rows = [2, 0, 5]  # across shards, out of order
+    longest = max(len(splits["train"][row]["input_ids"]) for row in rows)
+    input_ids = torch.zeros((len(rows), longest), dtype=torch.long)
+    for position, row in enumerate(rows):
+        ids = splits["train"][row]["input_ids"]
+        input_ids[position, : len(ids)] = torch.tensor(ids)
+    argmax = cache.base_argmax("train", rows, input_ids)
+    assert argmax.shape == input_ids.shape
+    for position, row in enumerate(rows):
+        ids = splits["train"][row]["input_ids"]
+        with torch.no_grad():
+            expected = tiny_llama(input_ids=torch.tensor([ids])).logits[0].argmax(-1)
+        assert torch.equal(argmax[position, : len(ids)], expected)
+        assert not argmax[position, len(ids) :].any()  # padding
+
+
+def test_a_cache_written_before_the_argmax_gives_none(tmp_path, tiny_llama, splits):
+    from safetensors.torch import load_file, save_file
+
+    identity = _identity(tiny_llama, MedusaConfig(num_heads=2), splits)
+    write_feature_cache(tiny_llama, splits, tmp_path, identity, examples_per_shard=4, progress=False)
+    old = features.shard_path(tmp_path, "train", 1)  # rows 4-6, as an older release wrote them
+    tensors = load_file(old)
+    del tensors[features.ARGMAX_KEY]
+    save_file(tensors, old, metadata={"format": "pt"})
+    cache = FeatureCache(tmp_path)
+    ids = lambda row: torch.tensor([splits["train"][row]["input_ids"]])
+    assert cache.base_argmax("train", [1], ids(1)) is not None
+    assert cache.base_argmax("train", [5], ids(5)) is None
+    assert cache.batch("train", [5], ids(5), torch.float32)[4].shape[1] == ids(5).shape[1]  # still read
+
+
 def test_bf16_cache_size_matches_the_estimate(tmp_path, tiny_llama, splits, capsys):
     identity = _identity(tiny_llama, MedusaConfig(num_heads=2), splits)
     summary = write_feature_cache(tiny_llama, splits, tmp_path, identity, progress=False)
     tokens = sum(sum(d["length"]) for d in splits.values())
-    per_token = 64 * 2 + 4  # hs[L] in bf16 + the int32 token id
+    per_token = 64 * 2 + 4 + 4  # hs[L] in bf16 + the int32 token id and argmax
     assert summary.tokens == tokens and summary.estimated_bytes == tokens * per_token
     # Actual = estimate + safetensors headers, offsets and the index: small on any real cache.
     assert summary.estimated_bytes < summary.actual_bytes < summary.estimated_bytes + 8_000

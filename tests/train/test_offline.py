@@ -8,7 +8,7 @@ import torch
 
 from draftheads.config import load_run_config
 from draftheads.data.features import CacheIdentity, FeatureCacheError, write_feature_cache
-from draftheads.heads import Eagle3Config, EagleConfig, MedusaConfig, MtpConfig, build_head
+from draftheads.heads import DFlashConfig, Eagle3Config, EagleConfig, MedusaConfig, MtpConfig, build_head
 from draftheads.train.batching import fixed_batches
 from draftheads.train.hidden_states import OnlineHiddenStates, open_feature_cache
 from draftheads.train.loop import run_training, supervised_token_counts
@@ -20,6 +20,8 @@ HEAD_CONFIGS = {
     "eagle": EagleConfig(),
     "eagle3": Eagle3Config(feature_layers=(1, 2, 3), draft_vocab_size=64, ttt_steps=2),
     "mtp": MtpConfig(num_modules=2),
+    # the base's argmax as its targets: the one other objective a cache's stored argmax serves
+    "dflash": DFlashConfig(num_layers=1, block_size=4, feature_layers=(1, 2, 3), targets="base"),
 }
 HEAD_OVERRIDES = {
     "medusa": ["head.kind=medusa", "head.num_heads=2"],
@@ -77,9 +79,11 @@ def test_offline_loss_equals_online_loss_for_the_same_batch(tmp_path, tiny_llama
         for batch in fixed_batches(dataset, 4, 0, seed=0):
             padded += int(batch["attention_mask"].min() == 0)
             arguments = (batch["input_ids"], batch["loss_mask"], batch["attention_mask"])
+            argmax = offline.base_argmax(batch, split)
+            assert argmax is not None and online.base_argmax(batch, split) is None
             with torch.no_grad():
                 expected = compute_objective(head, online(batch, split), *arguments)
-                actual = compute_objective(head, offline(batch, split), *arguments)
+                actual = compute_objective(head, offline(batch, split), *arguments, base_argmax=argmax)
             torch.testing.assert_close(actual.loss, expected.loss, **TOLERANCE[dtype])
             if dtype == "float32":
                 assert torch.equal(actual.top1_correct, expected.top1_correct)
