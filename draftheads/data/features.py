@@ -11,12 +11,13 @@ Soft targets (EAGLE-1, EAGLE-3) are ``lm_head(hs[L])``, recomputed at training t
 stored ``hs[L]``: exact, and h values per token. The base's top-k logits would cost k values plus
 k indices per token (6k bytes in bf16 + int32) and drop the tail of the distribution, so they are
 smaller only for k < h / 3 (192 for SmolLM2's h = 576) and never exact; this cache does not store them.
-It does store the base model's argmax at every position (4 bytes a token, computed from the
-unrounded ``hs[L]`` as the cache is written): EAGLE-3 needs the full-vocabulary argmax only to know
-whether the base's token is a draft token, and its soft targets only over the draft vocabulary, so
-with the argmax at hand it projects ``hs[L]`` onto the draft vocabulary's rows of lm_head alone
-(8,192 of SmolLM2's 49,152), which was most of the cost of a step read from a cache
-(docs/training.md). Caches written before it hold no argmax; training then recomputes it.
+It does store the base model's argmax at every position whose next token is supervised (4 bytes
+a token, computed from the unrounded ``hs[L]`` as the cache is written): EAGLE-3 needs the
+full-vocabulary argmax only to know whether the base's token is a draft token, and its soft
+targets only over the draft vocabulary, so with the argmax at hand it projects ``hs[L]`` onto the
+draft vocabulary's rows of lm_head alone (8,192 of SmolLM2's 49,152 rows), which was a large part
+of the cost of a step read from a cache (docs/training.md). Caches written before it hold no
+argmax; training then recomputes it.
 
 Layout::
 
@@ -27,7 +28,8 @@ Layout::
 A shard holds ``hidden_states.{i}`` (N, h) for each stored index i, concatenated over its
 examples' tokens (no padding), ``offsets`` (E' + 1,) int64, ``input_ids`` (N,) int32 (checked
 against the batch on reading, so a cache can never be read against other rows) and
-``base_argmax`` (N,) int32, the base model's next-token argmax at each position. Shards are
+``base_argmax`` (N,) int32, the base model's next-token argmax at each position whose next token
+is supervised (-1 at the others). Shards are
 written atomically (a shard file exists only once complete), so an interrupted run resumes with
 the shards it lacks.
 
@@ -61,6 +63,8 @@ DEFAULT_DTYPE = "bfloat16"  # the issue's compact choice; float32 caches reprodu
 DEFAULT_EXAMPLES_PER_SHARD = 256
 DEFAULT_BATCH_SIZE = 8
 ARGMAX_KEY = "base_argmax"  # the shard tensor of the base's next-token argmax (absent in older caches)
+NO_ARGMAX = -1  # stored where the next token is not supervised (no objective reads it there)
+ARGMAX_CHUNK = 4096  # positions per lm_head call when writing the argmax
 STORAGE_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 # Entries of the base config that do not change what the model computes.
 VOLATILE_CONFIG_KEYS = (
@@ -293,31 +297,47 @@ def _open_shard(path: Path):
 
 @torch.no_grad()
 def _base_outputs(
-    base_model, rows: list[list[int]], layers: tuple[int, ...]
+    base_model, rows: list[list[int]], targets: list[list[bool]], layers: tuple[int, ...]
 ) -> list[tuple[dict[int, torch.Tensor], torch.Tensor]]:
     """Per row, ``({index: (T_i, h)}, (T_i,) argmax)``: the base model's hidden_states for a
-    right-padded batch, and its next-token argmax at each position (lm_head on the normed last
-    state, one row at a time so the (T_i, V) logits stay small). Right padding with a causal mask
-    leaves every real position's states as computed alone."""
+    right-padded batch, and its next-token argmax at the positions ``targets`` marks (the next
+    token is supervised: nothing reads it elsewhere, and lm_head over every position costs about a
+    third of the base's forward here); ``NO_ARGMAX`` at the others. Right padding with a causal
+    mask leaves every real position's states as computed alone."""
     device = base_model.device
     longest = max(len(row) for row in rows)
     input_ids = torch.zeros((len(rows), longest), dtype=torch.long, device=device)  # (B, T)
     attention_mask = torch.zeros_like(input_ids)  # (B, T)
-    for index, row in enumerate(rows):
+    wanted = torch.zeros((len(rows), longest), dtype=torch.bool, device=device)  # (B, T)
+    for index, (row, marks) in enumerate(zip(rows, targets, strict=True)):
         input_ids[index, : len(row)] = torch.as_tensor(row, dtype=torch.long)
         attention_mask[index, : len(row)] = 1
+        wanted[index, : len(row)] = torch.as_tensor(marks, dtype=torch.bool)
     outputs = base_model.base_model(
         input_ids=input_ids, attention_mask=attention_mask, output_hidden_states=True, use_cache=False
     )
     lm_head = base_model.get_output_embeddings()
-    last = outputs.hidden_states[-1]  # (B, T, h): transformers 5.x gives the normed state here
+    last = outputs.hidden_states[-1][wanted]  # (M, h): transformers 5.x gives the normed state here
+    argmax = torch.full((len(rows), longest), NO_ARGMAX, dtype=torch.long, device=device)  # (B, T)
+    if len(last):  # in chunks, so the (chunk, V) logits stay a few hundred MB
+        argmax[wanted] = torch.cat([lm_head(part).argmax(-1) for part in last.split(ARGMAX_CHUNK)])
     return [
         (
             {layer: outputs.hidden_states[layer][index, : len(row)] for layer in layers},
-            lm_head(last[index, : len(row)]).argmax(-1),
+            argmax[index, : len(row)],
         )
         for index, row in enumerate(rows)
     ]
+
+
+def argmax_positions(example: dict) -> list[bool]:
+    """Where a cache stores the base's argmax for one example: each position whose next token is
+    supervised (``loss_mask``); every position of an example without one."""
+    length = len(example["input_ids"])
+    mask = example.get("loss_mask")
+    if mask is None:
+        return [True] * length
+    return [bool(mask[position + 1]) for position in range(length - 1)] + [False]
 
 
 def _write_shard(
@@ -463,13 +483,16 @@ def write_feature_cache(
     for name, dataset in splits.items():
         for shard, start, stop in todo[name]:
             rows = [list(dataset[i]["input_ids"]) for i in range(start, stop)]
+            targets = [argmax_positions(dataset[i]) for i in range(start, stop)]
             # Similar lengths share a forward (less padding); results go back to row order.
             order = sorted(range(len(rows)), key=lambda i: len(rows[i]))
             computed: dict[int, dict[int, torch.Tensor]] = {}
             argmaxes: dict[int, torch.Tensor] = {}
             for first in range(0, len(order), batch_size):
                 group = order[first : first + batch_size]
-                outputs = _base_outputs(base_model, [rows[i] for i in group], layers)
+                outputs = _base_outputs(
+                    base_model, [rows[i] for i in group], [targets[i] for i in group], layers
+                )
                 for row, (states, argmax) in zip(group, outputs):
                     computed[row] = {
                         layer: state.to(dtype=storage, device="cpu") for layer, state in states.items()
@@ -590,8 +613,9 @@ class FeatureCache:
 
     def base_argmax(self, split: str, rows: list[int], input_ids: torch.Tensor) -> torch.Tensor | None:
         """(B, T) the base model's next-token argmax at each position of ``rows`` of ``split``
-        (padding 0), aligned with ``input_ids`` (B, T) as ``batch`` is; None if a shard they are in
-        was written before the cache stored it."""
+        whose next token is supervised (``NO_ARGMAX`` at the others, 0 on padding), aligned with
+        ``input_ids`` (B, T) as ``batch`` is; None if a shard they are in was written before the
+        cache stored it."""
         out = torch.zeros(input_ids.shape, dtype=torch.long, device=input_ids.device)  # (B, T)
         for position, row in enumerate(rows):
             handle = self._handle(split, row // self.examples_per_shard)

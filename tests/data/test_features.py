@@ -73,8 +73,9 @@ def test_stores_exactly_the_required_hidden_states(tmp_path, tiny_llama, splits)
                 torch.testing.assert_close(state, reference[layer][0], rtol=1e-5, atol=1e-5)
 
 
-def test_stores_the_base_argmax_of_every_position(tmp_path, tiny_llama, splits):
-    """Computed before the states are rounded for storage: a bf16 cache holds the fp32 argmax."""
+def test_stores_the_base_argmax_where_the_next_token_is_supervised(tmp_path, tiny_llama, splits):
+    """Computed before the states are rounded for storage: a bf16 cache holds the fp32 argmax;
+    ``NO_ARGMAX`` where the next token is not supervised (the rows' first two tokens are not)."""
     identity = _identity(tiny_llama, MedusaConfig(num_heads=2), splits)
     write_feature_cache(
         tiny_llama, splits, tmp_path, identity, examples_per_shard=3, batch_size=2, progress=False
@@ -92,7 +93,9 @@ def test_stores_the_base_argmax_of_every_position(tmp_path, tiny_llama, splits):
         ids = splits["train"][row]["input_ids"]
         with torch.no_grad():
             expected = tiny_llama(input_ids=torch.tensor([ids])).logits[0].argmax(-1)
-        assert torch.equal(argmax[position, : len(ids)], expected)
+        supervised_next = torch.tensor(splits["train"][row]["loss_mask"][1:] + [0], dtype=torch.bool)
+        assert torch.equal(argmax[position, : len(ids)][supervised_next], expected[supervised_next])
+        assert (argmax[position, : len(ids)][~supervised_next] == features.NO_ARGMAX).all()
         assert not argmax[position, len(ids) :].any()  # padding
 
 
