@@ -595,16 +595,21 @@ class FeatureCache:
             self._handles[path] = _open_shard(path)
         return self._handles[path]
 
-    def row(
-        self, split: str, row: int, layers: tuple[int, ...] | None = None
-    ) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
-        """``(input_ids (T,), {index: (T, h)})`` of example ``row`` of ``split``, for ``layers``
-        (default: every stored one)."""
+    def _span(self, split: str, row: int) -> tuple[Any, int, int]:
+        """``(shard handle, start, stop)``: where example ``row`` of ``split`` lies in its shard."""
         if not 0 <= row < self.identity.examples.get(split, 0):
             raise FeatureCacheError(f"feature cache {self.directory}: no row {row} in split '{split}'")
         handle = self._handle(split, row // self.examples_per_shard)
         local = row % self.examples_per_shard
         start, stop = handle.get_slice("offsets")[local : local + 2].tolist()
+        return handle, start, stop
+
+    def row(
+        self, split: str, row: int, layers: tuple[int, ...] | None = None
+    ) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
+        """``(input_ids (T,), {index: (T, h)})`` of example ``row`` of ``split``, for ``layers``
+        (default: every stored one)."""
+        handle, start, stop = self._span(split, row)
         input_ids = handle.get_slice("input_ids")[start:stop]  # (T,)
         states = {
             layer: handle.get_slice(f"hidden_states.{layer}")[start:stop] for layer in layers or self.layers
@@ -618,12 +623,10 @@ class FeatureCache:
         cache stored it."""
         out = torch.zeros(input_ids.shape, dtype=torch.long, device=input_ids.device)  # (B, T)
         for position, row in enumerate(rows):
-            handle = self._handle(split, row // self.examples_per_shard)
+            handle, start, stop = self._span(split, row)
             stored = handle.keys()  # a list: safetensors' handle has no __contains__
             if ARGMAX_KEY not in stored:
                 return None
-            local = row % self.examples_per_shard
-            start, stop = handle.get_slice("offsets")[local : local + 2].tolist()
             argmax = handle.get_slice(ARGMAX_KEY)[start:stop]  # (T,)
             out[position, : stop - start] = argmax.to(out.device, torch.long)
         return out
