@@ -121,7 +121,9 @@ class TrainConfig:
 
     output_dir: str = "runs/default"
     seed: int = 0
-    max_steps: int = 1000  # optimiser steps
+    # Optimiser steps. 0 (with epochs null): no step; the starting head (train.init_head, else the
+    # fresh one) is evaluated and exported as it is: how a saved head is scored on a run's data.
+    max_steps: int = 1000
     epochs: int | None = None  # if set, overrides max_steps with epochs over the train split
     micro_batch_size: int = 4
     gradient_accumulation_steps: int = 1
@@ -173,7 +175,7 @@ class TrainConfig:
         at_least = {
             "micro_batch_size": 1,
             "gradient_accumulation_steps": 1,
-            "max_steps": 1,
+            "max_steps": 0,
             "eval_batches": 1,
             "keep_checkpoints": 1,
             "log_every": 1,

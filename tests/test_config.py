@@ -75,3 +75,6 @@ def test_values_that_cannot_work_are_refused_when_loading(tmp_path):
         load_run_config(path)
     with pytest.raises(ConfigError, match=r"joint.lora_rank must be >= 1, got 0"):
         load_run_config(None, ["joint.lora_rank=0"])
+    with pytest.raises(ConfigError, match=r"train.max_steps must be >= 0, got -1"):
+        load_run_config(None, ["train.max_steps=-1"])
+    assert load_run_config(None, ["train.max_steps=0"]).train.max_steps == 0  # scores the starting head

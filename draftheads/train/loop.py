@@ -552,13 +552,15 @@ def build_session(
         world_size,
     )
     total_steps = total_optimizer_steps(train, stream.batches_per_epoch(), world_size)
-    if train.warmup_steps > total_steps and rank == 0:
+    if 0 < total_steps < train.warmup_steps and rank == 0:
         warnings.warn(
             f"train.warmup_steps ({train.warmup_steps}) exceeds the run's {total_steps} optimizer steps "
             f"(train.max_steps / train.epochs): the learning rate never reaches train.learning_rate "
             f"({train.learning_rate}), only {total_steps / train.warmup_steps:.0%} of it",
             stacklevel=2,
         )
+    if total_steps == 0:
+        _log_rank0(rank, "train.max_steps=0: no training step; the starting head is evaluated and exported")
     engine = build_engine(recipe, train, deepspeed_config, total_steps, device)
 
     validation = fixed_batches(
