@@ -5,10 +5,11 @@ evaluations (from ``metrics.jsonl``), each with the tokens trained on when it ra
 continued a saved head (``train.init_head``) also records where it started: the saved head scored
 on the run's own held-out split and decode prompts before the first step, and the tokens that
 head had trained on, so that docs/results/scaling/fit.py can place its points on one token axis.
-That starting score comes from a one-step run at learning rate 1e-12 on the same config:
+That starting score comes from a zero-step run on the same config (older records: one step at
+learning rate 1e-12; the record says which):
 
     draftheads train --config CONFIG train.init_head=HEAD train.output_dir=START_DIR \\
-        train.max_steps=1 train.learning_rate=1e-12 train.warmup_steps=0 train.eval_every=1
+        train.epochs=null train.max_steps=0
 
     python docs/results/training/record.py RUN_DIR OUT.json --config CONFIG [--overrides K=V ...] \\
         [--start-dir START_DIR --start-record START_RECORD.json --init-head HEAD] \\
@@ -85,13 +86,17 @@ def main() -> None:
     }
     if args.start_dir:
         start_config = args.start_dir / "head" / "config.json"
+        scored = "no step (train.max_steps=0)"
+        if field(read_json(start_config), start_config, "training", "steps"):
+            scored = (
+                "one step at learning rate 1e-12 "
+                "(train.max_steps=1 train.learning_rate=1e-12 train.warmup_steps=0)"
+            )
         record["start"] = {
             "head": args.init_head,
             "tokens": field(read_json(args.start_record), args.start_record, "summary", "tokens"),
             **field(read_json(start_config), start_config, "training", "eval"),
-            "how": "the starting head scored on this run's held-out split and decode prompts: one step at "
-            "learning rate 1e-12 (train.max_steps=1 train.learning_rate=1e-12 train.warmup_steps=0 "
-            "train.eval_every=1)",
+            "how": f"the starting head scored on this run's held-out split and decode prompts: {scored}",
         }
     summary = field(read_json(head_config), head_config, "training")
     record |= {"summary": summary, "evaluations": evaluations(args.run_dir)}
