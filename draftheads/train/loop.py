@@ -755,12 +755,14 @@ def train_steps(session: Session) -> None:
 
         evaluate_now = bool(train.eval_every) and session.step % train.eval_every == 0
         save_now = bool(train.save_every) and session.step % train.save_every == 0
+        paused_at = time.perf_counter()
         if evaluate_now:
             _evaluate(session)
         if save_now:
             save(session)
-        if evaluate_now or save_now:
-            window_start = time.perf_counter()  # evaluation and checkpoint time are not training throughput
+        # Evaluation and checkpoint time is not training throughput, but the steps of the window
+        # before them still are: the window's clock skips the pause rather than starting over.
+        window_start += time.perf_counter() - paused_at
     progress.close()
 
 

@@ -1,6 +1,7 @@
 """The real training loop (DeepSpeed on CPU, one gloo process) on a tiny random Llama."""
 
 import json
+import time
 
 import pytest
 import torch
@@ -148,6 +149,40 @@ def test_existing_checkpoints_need_resume(tmp_path, tiny_llama):
         run_training(run, base_model=tiny_llama, datasets=(dataset, dataset))
 
 
+def test_training_time_counts_every_step_and_no_evaluation(tmp_path, tiny_llama, monkeypatch):
+    """Each step costs 1 s and each evaluation or checkpoint 100 s on a simulated clock; with
+    evaluations between logs (eval_every=3, log_every=2) every step's second still counts and no
+    pause does, in the run's training time and in each logged window's tokens/s."""
+    from types import SimpleNamespace
+
+    from draftheads.train import loop
+
+    clock = {"offset": 0.0}
+    simulated = SimpleNamespace(perf_counter=lambda: time.perf_counter() + clock["offset"])
+    monkeypatch.setattr(loop, "time", simulated)
+    real_seed, real_evaluate, real_save = loop.micro_batch_seed, loop._evaluate, loop.save
+
+    def advancing(advance, function):
+        def call(*args, **kwargs):
+            clock["offset"] += advance
+            return function(*args, **kwargs)
+
+        return call
+
+    monkeypatch.setattr(loop, "micro_batch_seed", advancing(1.0, real_seed))  # once per step here
+    monkeypatch.setattr(loop, "_evaluate", advancing(100.0, real_evaluate))
+    monkeypatch.setattr(loop, "save", advancing(100.0, real_save))
+    dataset = patterned_dataset()
+    options = ["train.max_steps=6", "train.eval_every=3", "train.save_every=3", "train.log_every=2"]
+    run = _config(tmp_path, "medusa", *options, "train.base_throughput_batches=0")
+    summary = run_training(run, base_model=tiny_llama, datasets=(dataset, dataset))
+    assert 6.0 <= summary.train_seconds < 50.0, summary.train_seconds
+    windows = [r for r in read_metrics(tmp_path / "medusa") if "loss" in r]
+    assert [r["step"] for r in windows] == [2, 4, 6]
+    for window in windows:  # 2 steps of 4 rows of 24 tokens, in at least 2 simulated seconds
+        assert window["tokens_per_second"] <= 2 * 4 * 24 / 2.0, window
+
+
 def test_wandb_offline_and_zero2(tmp_path, tiny_llama, monkeypatch):
     monkeypatch.setenv("WANDB_MODE", "offline")
     monkeypatch.setenv("WANDB_SILENT", "true")
@@ -206,7 +241,11 @@ def test_init_head_continues_from_a_saved_head_and_refuses_a_different_one(tmp_p
     first = run_training(_config(tmp_path, "eagle3"), base_model=confident_llama, datasets=(dataset, dataset))
     saved_dir = tmp_path / "eagle3" / "head"
     saved = load_head(saved_dir)
-    overrides = [f"train.init_head={saved_dir}", f"train.output_dir={tmp_path / 'continued'}", "train.max_steps=0"]
+    overrides = [
+        f"train.init_head={saved_dir}",
+        f"train.output_dir={tmp_path / 'continued'}",
+        "train.max_steps=0",
+    ]
 
     def continue_saved(*settings: str, kind: str = "eagle3"):
         """The saved head scored without a step (train.max_steps=0), with ``settings`` on top."""
