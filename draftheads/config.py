@@ -194,6 +194,11 @@ class TrainConfig:
                 raise ConfigError(f"train.{name} must be >= {minimum}, got {getattr(self, name)}")
         if self.epochs is not None and self.epochs <= 0:
             raise ConfigError(f"train.epochs must be > 0 (or null to use train.max_steps), got {self.epochs}")
+        if self.max_steps == 0 and self.epochs is not None:
+            raise ConfigError(
+                f"train.max_steps=0 (score the starting head, no step) needs train.epochs=null; "
+                f"train.epochs={self.epochs} would override it and train"
+            )
         if not self.learning_rate > 0:
             raise ConfigError(f"train.learning_rate must be > 0, got {self.learning_rate}")
         if not 0.0 <= self.min_lr_ratio <= 1.0:

@@ -78,3 +78,5 @@ def test_values_that_cannot_work_are_refused_when_loading(tmp_path):
     with pytest.raises(ConfigError, match=r"train.max_steps must be >= 0, got -1"):
         load_run_config(None, ["train.max_steps=-1"])
     assert load_run_config(None, ["train.max_steps=0"]).train.max_steps == 0  # scores the starting head
+    with pytest.raises(ConfigError, match=r"train.max_steps=0 .* needs train.epochs=null; train.epochs=2"):
+        load_run_config(None, ["train.max_steps=0", "train.epochs=2"])
