@@ -259,8 +259,9 @@ def test_init_head_continues_from_a_saved_head_and_refuses_a_different_one(tmp_p
     assert continued.steps == 0 and continued.tokens == 0
     rescored = load_head(tmp_path / "continued" / "head")
     assert torch.equal(rescored.t2d, saved.t2d)
+    rescored_weights = rescored.state_dict()
     for name, weight in saved.state_dict().items():
-        assert torch.equal(rescored.state_dict()[name], weight), name  # scored and exported as it was
+        assert torch.equal(rescored_weights[name], weight), name  # scored and exported as it was
     assert continued.eval["top1"] == pytest.approx(first.eval["top1"], abs=1e-6)
     # A setting that only chose the first weights need not match: the saved weights replace them.
     from_base = continue_saved("head.init_from_base=true", f"train.output_dir={tmp_path / 'b'}")

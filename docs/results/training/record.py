@@ -86,8 +86,9 @@ def main() -> None:
     }
     if args.start_dir:
         start_config = args.start_dir / "head" / "config.json"
+        start = read_json(start_config)
         scored = "no step (train.max_steps=0)"
-        if field(read_json(start_config), start_config, "training", "steps"):
+        if field(start, start_config, "training", "steps"):
             scored = (
                 "one step at learning rate 1e-12 "
                 "(train.max_steps=1 train.learning_rate=1e-12 train.warmup_steps=0)"
@@ -95,7 +96,7 @@ def main() -> None:
         record["start"] = {
             "head": args.init_head,
             "tokens": field(read_json(args.start_record), args.start_record, "summary", "tokens"),
-            **field(read_json(start_config), start_config, "training", "eval"),
+            **field(start, start_config, "training", "eval"),
             "how": f"the starting head scored on this run's held-out split and decode prompts: {scored}",
         }
     summary = field(read_json(head_config), head_config, "training")
