@@ -57,8 +57,9 @@ INIT_ONLY = "init_only"
 # Field metadata key of a head setting a continued run may raise above the saved head's: the head
 # grows the saved weights into its larger shape (``DraftHead.load_saved``).
 GROWABLE = "growable"
-# Field metadata key of a head setting that only shapes training (a loss weight), not the head's
-# weights or drafts: a run that continues a saved head may set it otherwise.
+# Field metadata key of a head setting that only shapes training (a loss weight, the number of
+# unrolled training steps), not the head's weights or drafts: a run that continues a saved head may
+# set it otherwise.
 TRAINING_ONLY = "training_only"
 
 

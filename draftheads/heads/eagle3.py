@@ -66,8 +66,9 @@ class Eagle3Config(HeadConfig):
     draft_vocab_size: int | None = None
     # Unrolled steps of training-time test: the EAGLE-3 training code (and SpecForge) use 7, the
     # paper 5; 7 matches the draft depth EAGLE-2 trees use (SafeAILab/EAGLE eagle/model/ea_model.py,
-    # ``EaModel.from_pretrained(depth=7)``).
-    ttt_steps: int = 7
+    # ``EaModel.from_pretrained(depth=7)``). Training-only: drafting runs as deep as its tree, so a
+    # continued run may unroll more or fewer steps than the saved head trained with.
+    ttt_steps: int = field(default=7, metadata={TRAINING_ONLY: True})
     # Width of the draft layer's MLP. None: the base's ``intermediate_size``. A wider MLP gives
     # the one draft layer more capacity; the engine formats carry it in the draft layer's
     # config.json. A run continuing a narrower saved head grows it (``load_saved``). Measured in

@@ -266,9 +266,13 @@ def test_init_head_continues_from_a_saved_head_and_refuses_a_different_one(tmp_p
     # A setting that only chose the first weights need not match: the saved weights replace them.
     from_base = continue_saved("head.init_from_base=true", f"train.output_dir={tmp_path / 'b'}")
     assert from_base.eval["top1"] == pytest.approx(first.eval["top1"], abs=1e-6)
-    # Nor one that only shapes the loss.
+    # Nor one that only shapes the loss, or how many steps training unrolls (the first step's score
+    # is the saved head's; the run reports one more step).
     hard = continue_saved("head.hard_target_weight=1.0", f"train.output_dir={tmp_path / 'h'}")
     assert hard.eval["top1"] == pytest.approx(first.eval["top1"], abs=1e-6)
+    deeper = continue_saved("head.ttt_steps=3", f"train.output_dir={tmp_path / 'd'}")
+    assert len(deeper.eval["top1"]) == len(first.eval["top1"]) + 1
+    assert deeper.eval["top1"][: len(first.eval["top1"])] == pytest.approx(first.eval["top1"], abs=1e-6)
 
     # A wider draft MLP grows from the saved head and starts where it left off; a narrower one is refused.
     grown = continue_saved("head.intermediate_size=192", f"train.output_dir={tmp_path / 'g'}")
@@ -276,7 +280,7 @@ def test_init_head_continues_from_a_saved_head_and_refuses_a_different_one(tmp_p
     assert load_head(tmp_path / "g" / "head").midlayer.mlp.up_proj.weight.shape[0] == 192
     with pytest.raises(ConfigError, match=r"draft MLP is 128 wide.*head.intermediate_size is 64"):
         continue_saved("head.intermediate_size=64", f"train.output_dir={tmp_path / 's'}")
-    with pytest.raises(ConfigError, match=r"head.ttt_steps is 2, this run's is 3"):
-        continue_saved("head.ttt_steps=3", f"train.output_dir={tmp_path / 'x'}")
+    with pytest.raises(ConfigError, match=r"head.feature_layers is \(1, 2, 3\), this run's is \(1, 2, 4\)"):
+        continue_saved("head.feature_layers=[1,2,4]", f"train.output_dir={tmp_path / 'x'}")
     with pytest.raises(ConfigError, match=r"a 'eagle3' head, but head.kind is 'medusa'"):
         continue_saved(f"train.output_dir={tmp_path / 'y'}", kind="medusa")
