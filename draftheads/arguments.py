@@ -26,6 +26,60 @@ positive_int = at_least(1)
 non_negative_int = at_least(0)
 
 
+def non_negative_float(text: str) -> float:
+    """An argparse ``type`` for floats >= 0 (a temperature)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got '{text}'") from None
+    if not value >= 0:  # NaN too
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {text}")
+    return value
+
+
+non_negative_float.__name__ = "number >= 0"
+
+
+def probability(text: str) -> float:
+    """An argparse ``type`` for a probability mass in (0, 1] (``top_p``)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got '{text}'") from None
+    if not 0 < value <= 1:
+        raise argparse.ArgumentTypeError(f"must be in (0, 1], got {text}")
+    return value
+
+
+probability.__name__ = "number in (0, 1]"
+
+
+def dtype_name(text: str) -> str:
+    """An argparse ``type`` for ``--dtype``: ``auto`` or a dtype ``draftheads.base_model`` knows."""
+    from draftheads.base_model import DEFAULT_DTYPE, DTYPES
+
+    if text != DEFAULT_DTYPE and text not in DTYPES:
+        raise argparse.ArgumentTypeError(f"expected {DEFAULT_DTYPE} or one of {sorted(DTYPES)}, got '{text}'")
+    return text
+
+
+dtype_name.__name__ = "dtype"
+
+
+def device_name(text: str) -> str:
+    """An argparse ``type`` for ``--device``: anything ``torch.device`` parses (cpu, cuda, cuda:1)."""
+    import torch
+
+    try:
+        torch.device(text)
+    except RuntimeError:
+        raise argparse.ArgumentTypeError(f"not a torch device: '{text}' (e.g. cpu, cuda, cuda:1)") from None
+    return text
+
+
+device_name.__name__ = "device"
+
+
 def add_no_pack_argument(parser: argparse.ArgumentParser) -> None:
     """``--no-pack``: keep PyTorch's default linear kernels (``draftheads.infer.packed`` is used by
     default where it applies: fp32 on an x86 CPU)."""

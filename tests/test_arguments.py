@@ -2,7 +2,15 @@ import argparse
 
 import pytest
 
-from draftheads.arguments import at_least, non_negative_int, positive_int
+from draftheads.arguments import (
+    at_least,
+    device_name,
+    dtype_name,
+    non_negative_float,
+    non_negative_int,
+    positive_int,
+    probability,
+)
 from draftheads.cli import main
 
 
@@ -27,6 +35,12 @@ def test_integer_types_accept_their_range_and_name_the_bound():
         ),
         (["tune-tree", "--heads", "h", "--max-nodes", "1"], "argument --max-nodes: must be >= 2, got 1"),
         (["tune-tree", "--heads", "h", "--skip", "-1"], "argument --skip: must be >= 0, got -1"),
+        (["bench", "--dtype", "fp64"], "argument --dtype: expected auto or one of"),
+        (["generate", "--heads", "h", "--prompt", "p", "--device", "gpu0"], "not a torch device: 'gpu0'"),
+        (["generate", "--heads", "h", "--prompt", "p", "--temperature", "-1"], "must be >= 0, got -1"),
+        (["generate", "--heads", "h", "--prompt", "p", "--top-p", "0"], "must be in (0, 1], got 0"),
+        (["bench", "--temperature", "nan"], "argument --temperature: must be >= 0, got nan"),
+        (["tune-tree", "--heads", "h", "--dtype", "half"], "argument --dtype: expected auto or one of"),
     ],
 )
 def test_commands_refuse_bad_numbers_before_any_work(argv, message, capsys):
@@ -34,3 +48,13 @@ def test_commands_refuse_bad_numbers_before_any_work(argv, message, capsys):
         main(argv)
     assert exit_info.value.code == 2
     assert message in capsys.readouterr().err
+
+
+def test_float_dtype_and_device_types_accept_what_the_loaders_take():
+    assert non_negative_float("0") == 0.0 and probability("1") == 1.0 and probability("0.9") == 0.9
+    assert dtype_name("auto") == "auto" and dtype_name("bf16") == "bf16"
+    assert device_name("cpu") == "cpu" and device_name("cuda:1") == "cuda:1"  # parsed, not opened
+    with pytest.raises(argparse.ArgumentTypeError, match="expected a number, got 'warm'"):
+        non_negative_float("warm")
+    with pytest.raises(argparse.ArgumentTypeError, match=r"must be in \(0, 1\], got 1.5"):
+        probability("1.5")

@@ -27,6 +27,6 @@ def test_generate_without_a_head_refuses_what_needs_one(capsys):
     from draftheads.cli import main
 
     assert main(["generate", "--prompt", "hi"]) == 2
-    assert "give a head directory (--heads)" in capsys.readouterr().out
+    assert "give a head directory (--heads)" in capsys.readouterr().err
     assert main(["generate", "--base", "smollm2-135m-instruct", "--prompt", "hi", "--tree", "cpu-8"]) == 2
-    assert "--tree cpu-8 is a head's tree" in capsys.readouterr().out
+    assert "--tree cpu-8 is a head's tree" in capsys.readouterr().err

@@ -18,6 +18,7 @@ the one index; training reads the cache whatever its own world size:
 from __future__ import annotations
 
 import argparse
+import sys
 
 from draftheads.arguments import positive_int
 from draftheads.data.features import (
@@ -100,6 +101,6 @@ def run(args: argparse.Namespace) -> int:
             world_size=world_size,
         )
     except (ConfigError, DataError, BaseModelError) as err:  # bad input: no traceback
-        print(f"draftheads cache-features: {err}")
+        print(f"draftheads cache-features: {err}", file=sys.stderr)
         return 2
     return 0

@@ -13,7 +13,15 @@ import json
 import sys
 from pathlib import Path
 
-from draftheads.arguments import add_no_pack_argument, non_negative_int, positive_int
+from draftheads.arguments import (
+    add_no_pack_argument,
+    device_name,
+    dtype_name,
+    non_negative_float,
+    non_negative_int,
+    positive_int,
+    probability,
+)
 from draftheads.base_model import DEFAULT_DTYPE
 from draftheads.infer.generate import DEFAULT_MAX_NEW_TOKENS, RECOMMENDED_ADAPTIVE, RECOMMENDED_CONTEXT
 from draftheads.infer.tree import TREES
@@ -59,18 +67,24 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--max-new-tokens", type=positive_int, default=DEFAULT_MAX_NEW_TOKENS)
     parser.add_argument(
-        "--temperature", type=float, default=sampling.temperature, help="0: greedy (lossless either way)"
+        "--temperature",
+        type=non_negative_float,
+        default=sampling.temperature,
+        help="0: greedy (lossless either way)",
     )
-    parser.add_argument("--top-p", type=float, default=sampling.top_p)
+    parser.add_argument("--top-p", type=probability, default=sampling.top_p)
     parser.add_argument("--top-k", type=non_negative_int, default=sampling.top_k)
     parser.add_argument("--seed", type=int, default=None)
     parser.add_argument(
         "--tree", default=None, choices=sorted(TREES), help="draft tree (default: by head and device)"
     )
     parser.add_argument(
-        "--dtype", default=DEFAULT_DTYPE, help="auto (bf16 on GPU, fp32 on CPU) | float32 | bfloat16"
+        "--dtype",
+        type=dtype_name,
+        default=DEFAULT_DTYPE,
+        help="auto (bf16 on GPU, fp32 on CPU) | float32 | bfloat16",
     )
-    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--device", type=device_name, default="cpu")
     parser.add_argument(
         "--no-context",
         dest="context",
@@ -100,13 +114,16 @@ def run(args: argparse.Namespace) -> int:
         return 2
     if args.heads is None and args.base is None:
         print(
-            "draftheads generate: give a head directory (--heads) or, to draft from the context alone, --base"
+            "draftheads generate: give a head directory (--heads) or, to draft from the context alone, "
+            "--base",
+            file=sys.stderr,
         )
         return 2
     if args.heads is None and args.tree is not None:
         print(
             f"draftheads generate: --tree {args.tree} is a head's tree; "
-            "without --heads the context drafts alone"
+            "without --heads the context drafts alone",
+            file=sys.stderr,
         )
         return 2
     try:
@@ -155,10 +172,16 @@ def gather_prompts(prompts: list[str] | None, prompts_file: Path | None) -> list
     """The ``--prompt`` values, then the file's prompts (a text line each, or JSONL 'prompt' fields)."""
     gathered = list(prompts or [])
     if prompts_file is not None:
+        if prompts_file.is_dir():
+            raise ValueError(f"--prompts-file {prompts_file}: is a directory; give a file")
         if not prompts_file.is_file():
             raise ValueError(f"--prompts-file {prompts_file}: no such file")
+        try:
+            text = prompts_file.read_text(encoding="utf-8-sig")
+        except UnicodeDecodeError as err:
+            raise ValueError(f"--prompts-file {prompts_file}: not UTF-8 text (byte {err.start})") from None
         jsonl = prompts_file.suffix == ".jsonl"
-        for number, line in enumerate(prompts_file.read_text(encoding="utf-8-sig").splitlines(), start=1):
+        for number, line in enumerate(text.splitlines(), start=1):
             if not line.strip():
                 continue
             if not jsonl:

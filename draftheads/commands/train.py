@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -56,7 +57,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         require_extra("train", "draftheads train")
     except MissingDependencyError as err:
-        print(f"draftheads train: {err}")
+        print(f"draftheads train: {err}", file=sys.stderr)
         return 2
     from draftheads.train.loop import run_training
 
@@ -67,9 +68,9 @@ def run(args: argparse.Namespace) -> int:
         print_data_summary(run_config)
         run_training(run_config, allow_changed_data=args.allow_changed_data)
     except (ConfigError, DataError, BaseModelError, HeadMismatchError) as err:  # bad input: no traceback
-        print(f"draftheads train: {err}")
+        print(f"draftheads train: {err}", file=sys.stderr)
         return 2
     except InsufficientSpaceError as err:
-        print(f"draftheads train: {err}")
+        print(f"draftheads train: {err}", file=sys.stderr)
         return 1
     return 0

@@ -3,9 +3,17 @@
 from __future__ import annotations
 
 import argparse
+import sys
 import time
 
-from draftheads.arguments import add_no_pack_argument, at_least, non_negative_int, positive_int
+from draftheads.arguments import (
+    add_no_pack_argument,
+    at_least,
+    device_name,
+    dtype_name,
+    non_negative_int,
+    positive_int,
+)
 from draftheads.tuning.tune import TuneSettings
 
 
@@ -39,8 +47,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=list(defaults.batch_sizes),
         help="batch sizes whose verify cost is measured too (for batch decoding); none: skip",
     )
-    parser.add_argument("--dtype", default=defaults.dtype, help="float32 | bfloat16 (costs differ by dtype)")
-    parser.add_argument("--device", default=defaults.device)
+    parser.add_argument(
+        "--dtype", type=dtype_name, default=defaults.dtype, help="float32 | bfloat16 (costs differ by dtype)"
+    )
+    parser.add_argument("--device", type=device_name, default=defaults.device)
     add_no_pack_argument(parser)
 
 
@@ -75,7 +85,7 @@ def run(args: argparse.Namespace) -> int:
         head_dir = resolve_head_dir(args.heads)  # a training run's output directory: its head/
         base = resolve_base_model(head_dir, args.base)
     except HeadFormatError as err:
-        print(f"draftheads tune-tree: {err}")
+        print(f"draftheads tune-tree: {err}", file=sys.stderr)
         return 2
     model, tokenizer = load_base(base, dtype=settings.dtype, device=settings.device)
     head, model = load_head_and_base(head_dir, model, map_location=settings.device)

@@ -137,8 +137,10 @@ def test_train_refuses_too_many_drops_naming_them(tmp_path, tiny_base, capsys):
     path = tmp_path / "chats.json"
     path.write_text(json_array(items))
     assert main(["train", "--config", train_config(tmp_path, tiny_base, path)]) == 2
-    out = capsys.readouterr().out
-    assert "draftheads train:" in out and "chats.json: 3 of 20 records dropped (15.0%)" in out
+    captured = capsys.readouterr()
+    assert captured.err.startswith("draftheads train:")  # the refusal, on stderr; the summary on stdout
+    out = captured.out + captured.err
+    assert "chats.json: 3 of 20 records dropped (15.0%)" in out
     assert "invalid_json 3" in out and "chats.json record 3 (line 1)" in out
     assert not (tmp_path / "run").exists()
 

@@ -16,8 +16,8 @@ def test_a_locked_output_dir_is_one_line_naming_the_holder(tmp_path, capsys):
     with OutputLock.acquire(tmp_path / "run"):
         code = main(["train", "--config", MEDUSA, f"train.output_dir={tmp_path / 'run'}"])
     assert code == 2
-    out = capsys.readouterr().out
-    assert "is in use by another run (pid" in out and "Traceback" not in out
+    err = capsys.readouterr().err
+    assert "is in use by another run (pid" in err and "Traceback" not in err
 
 
 def test_allow_changed_data_is_passed_to_the_loop(monkeypatch):

@@ -356,4 +356,4 @@ def test_tune_tree_refuses_bad_arguments(tmp_path, capsys):
     assert exit_info.value.code == 2
     assert "argument --top-k: must be >= 1, got 0" in capsys.readouterr().err
     assert main(["tune-tree", "--heads", str(tmp_path)]) == 2
-    assert "no config.json" in capsys.readouterr().out
+    assert "no config.json" in capsys.readouterr().err
