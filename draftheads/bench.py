@@ -34,6 +34,7 @@ TAU_CONVENTION = (
 )
 PROMPT_LOOKUP_TOKENS = 10  # HF's documented default n-gram continuation length for prompt lookup
 REFERENCE = "generate"  # plain HF generate: every speedup and agreement is relative to it
+RESULT_FILES = ("bench.json", "bench.md")  # what a run writes besides its charts
 
 
 @dataclass(frozen=True)
@@ -60,6 +61,7 @@ class BenchSettings:
     seed: int = 0
     out: str = "bench-results"
     batch_sizes: tuple[int, ...] = (1,)  # run every method at each batch size (prompt lookup: 1 only)
+    overwrite: bool = False  # replace an earlier run's results in ``out``
 
 
 @dataclass(frozen=True)
@@ -444,9 +446,9 @@ def write_results(samples, summaries, info: dict, settings: dict, out_dir: Path)
         "summaries": [asdict(s) for s in summaries],
         "samples": [{k: v for k, v in asdict(s).items() if k != "tokens"} for s in samples],
     }
-    json_path = out_dir / "bench.json"
+    json_path = out_dir / RESULT_FILES[0]
     json_path.write_text(json.dumps(record, indent=2) + "\n")
-    md_path = out_dir / "bench.md"
+    md_path = out_dir / RESULT_FILES[1]
     header = f"Settings: {json.dumps(settings)}\n\nMachine: {json.dumps(info)}\n\ntau = {TAU_CONVENTION}.\n\n"
     md_path.write_text(header + markdown_table(summaries))
     return [json_path, md_path, *plot(summaries, out_dir)]
@@ -461,14 +463,23 @@ def build_prompts(
     """First turns of an eval set, rendered with the base model's chat template."""
     from draftheads.data.prompts import load_prompts
 
+    items = load_prompts(name)
+    unknown = sorted(set(categories or ()) - {item.category for item in items})
+    if unknown:
+        raise BenchError(
+            f"--categories: {name} has no {', '.join(repr(c) for c in unknown)}; "
+            f"its categories: {', '.join(sorted({item.category for item in items}))}"
+        )
     prompts = []
-    for item in load_prompts(name):
+    for item in items:
         if categories and item.category not in categories:
             continue
         ids = tokenizer.apply_chat_template(
             [{"role": "user", "content": item.turns[0]}], add_generation_prompt=True, return_tensors="pt"
         )["input_ids"]
         prompts.append(BenchPrompt(str(item.id), item.category, ids))
+    if not prompts:
+        raise BenchError(f"--prompts {name}: no prompts")
     if limit:
         prompts = _spread(prompts, limit)
     return prompts
@@ -580,12 +591,36 @@ def speculative_methods(
     return methods
 
 
+def check_out(out: Path, overwrite: bool) -> None:
+    """Refuse, before anything runs, an ``--out`` the results could not be written to, or one that
+    holds an earlier run's results (unless ``overwrite``)."""
+    if out.exists() and not out.is_dir():
+        raise BenchError(f"--out {out}: exists and is not a directory")
+    earlier = [out / name for name in RESULT_FILES if (out / name).exists()]
+    if earlier and not overwrite:
+        raise BenchError(
+            f"--out {out}: holds an earlier run's results ({', '.join(p.name for p in earlier)}); "
+            "pass --overwrite to replace them or choose another --out"
+        )
+
+
+def check_methods(requested: tuple[str, ...] | None, offered: set[str]) -> None:
+    """Every ``--methods`` name is one this run can build (before the timed runs start)."""
+    unknown = sorted(set(requested or ()) - offered)
+    if unknown:
+        raise BenchError(
+            f"--methods: no method {', '.join(repr(m) for m in unknown)} in this run; "
+            f"available: {', '.join(sorted(offered))}"
+        )
+
+
 def bench(settings: BenchSettings, progress: bool = True) -> tuple[list[Summary], list[Path]]:
     """Run every method on the same prompts, interleaved, at each of ``settings.batch_sizes``; write
     bench.json, bench.md and charts to ``settings.out``; return the summaries and the files written."""
     from draftheads.base_model import load_base, resolve_dtype
     from draftheads.heads import resolve_base_model
     from draftheads.infer.packed import packing_supported
+    from draftheads.infer.tree import TREES
 
     if not settings.batch_sizes or min(settings.batch_sizes) < 1:
         raise BenchError(f"batch sizes must be >= 1, got {list(settings.batch_sizes)}")
@@ -593,10 +628,22 @@ def bench(settings: BenchSettings, progress: bool = True) -> tuple[list[Summary]
         raise BenchError(
             "give a base model (--base) or at least one head directory (--heads) to read it from"
         )
+    if settings.tree is not None and not settings.tree.endswith(".json") and settings.tree not in TREES:
+        raise BenchError(
+            f"--tree {settings.tree}: not a tree name ({', '.join(sorted(TREES))}) or a .json file"
+        )
+    check_out(Path(settings.out), settings.overwrite)
+    Path(settings.out).mkdir(parents=True, exist_ok=True)  # an unwritable --out fails now, not after the runs
     base_name = resolve_base_model(settings.heads[0], settings.base) if settings.heads else settings.base
     model, tokenizer = load_base(base_name, dtype=settings.dtype, device=settings.device)
     # Every method runs on the same kernels: plain generate and prompt lookup gain from packing too.
     packed = settings.pack and packing_supported(model)
+    offered = {REFERENCE} | ({"prompt-lookup"} if settings.prompt_lookup else set())
+
+    def keep(name: str) -> bool:
+        offered.add(name)
+        return settings.methods is None or name in settings.methods
+
     heads = speculative_methods(
         settings.heads,
         model,
@@ -607,8 +654,9 @@ def bench(settings: BenchSettings, progress: bool = True) -> tuple[list[Summary]
         context_only=settings.context,
         hybrid=settings.hybrid,
         adaptive=settings.adaptive,
-        keep=lambda name: settings.methods is None or name in settings.methods,
+        keep=keep,
     )
+    check_methods(settings.methods, offered)
     methods = [HFMethod(REFERENCE, model, tokenizer)]
     if settings.prompt_lookup and (settings.methods is None or "prompt-lookup" in settings.methods):
         methods.append(HFMethod("prompt-lookup", model, tokenizer, prompt_lookup=PROMPT_LOOKUP_TOKENS))

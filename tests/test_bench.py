@@ -115,6 +115,44 @@ def test_bench_settings_refuse_a_run_without_base_or_heads():
         bench(BenchSettings(), progress=False)
 
 
+def test_bench_refuses_what_would_fail_after_the_runs_before_loading_anything(tmp_path, monkeypatch):
+    """An --out that cannot take the results, one holding an earlier run's, an unknown tree name:
+    refused before the base model loads (the timed runs take hours)."""
+    import draftheads.base_model
+    from draftheads.bench import BenchError, BenchSettings, bench
+
+    def no_loading(*args, **kwargs):
+        raise AssertionError("the base model was loaded before the settings were checked")
+
+    monkeypatch.setattr(draftheads.base_model, "load_base", no_loading)
+    base = "smollm2-135m-instruct"
+    a_file = tmp_path / "afile"
+    a_file.write_text("keep")
+    with pytest.raises(BenchError, match="exists and is not a directory"):
+        bench(BenchSettings(base=base, out=str(a_file)), progress=False)
+    earlier = tmp_path / "earlier"
+    earlier.mkdir()
+    (earlier / "bench.json").write_text("{}")
+    with pytest.raises(BenchError, match=r"holds an earlier run's results \(bench.json\); pass --overwrite"):
+        bench(BenchSettings(base=base, out=str(earlier)), progress=False)
+    assert (earlier / "bench.json").read_text() == "{}" and a_file.read_text() == "keep"
+    with pytest.raises(BenchError, match="--tree cpu16: not a tree name"):
+        bench(BenchSettings(base=base, tree="cpu16", out=str(tmp_path / "new")), progress=False)
+    with pytest.raises(AssertionError, match="was loaded"):  # --overwrite lets it through
+        bench(BenchSettings(base=base, out=str(earlier), overwrite=True), progress=False)
+
+
+def test_unknown_categories_and_methods_name_what_there_is():
+    from draftheads.bench import BenchError, build_prompts, check_methods
+
+    with pytest.raises(BenchError, match=r"mt-bench has no 'maths'; its categories: coding, .*math"):
+        build_prompts("mt-bench", None, None, ["maths"])
+    check_methods(("eagle3",), {"generate", "eagle3"})
+    check_methods(None, {"generate"})
+    with pytest.raises(BenchError, match=r"no method 'eagle3\+ctx' in this run; available: eagle3, generate"):
+        check_methods(("eagle3", "eagle3+ctx"), {"generate", "eagle3"})
+
+
 def test_context_and_hybrid_methods_report_acceptance_by_source(tmp_path, tiny_llama):
     from draftheads.bench import speculative_methods
 

@@ -4,8 +4,15 @@ prompt-lookup decoding, side by side, in one run (``draftheads.bench``)."""
 from __future__ import annotations
 
 import argparse
+import sys
 
-from draftheads.arguments import add_no_pack_argument, positive_int
+from draftheads.arguments import (
+    add_no_pack_argument,
+    device_name,
+    dtype_name,
+    non_negative_float,
+    positive_int,
+)
 from draftheads.bench import BenchError, BenchSettings, bench, markdown_table
 
 
@@ -29,11 +36,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--categories", nargs="*", default=defaults.categories)
     parser.add_argument("--max-new-tokens", type=positive_int, default=defaults.max_new_tokens)
-    parser.add_argument("--temperature", type=float, default=defaults.temperature)
+    parser.add_argument("--temperature", type=non_negative_float, default=defaults.temperature)
     parser.add_argument(
-        "--dtype", default=defaults.dtype, help="auto (bf16 on GPU, fp32 on CPU) | float32 | bfloat16"
+        "--dtype",
+        type=dtype_name,
+        default=defaults.dtype,
+        help="auto (bf16 on GPU, fp32 on CPU) | float32 | bfloat16",
     )
-    parser.add_argument("--device", default=defaults.device)
+    parser.add_argument("--device", type=device_name, default=defaults.device)
     parser.add_argument(
         "--repeats",
         type=positive_int,
@@ -67,6 +77,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "prompt lookup runs at 1 only",
     )
     parser.add_argument("--out", default=defaults.out, help="output directory")
+    parser.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace the results of an earlier run in --out (refused otherwise)",
+    )
 
 
 def settings_from_args(args: argparse.Namespace) -> BenchSettings:
@@ -91,6 +106,7 @@ def settings_from_args(args: argparse.Namespace) -> BenchSettings:
         seed=args.seed,
         out=args.out,
         batch_sizes=tuple(args.batch_size),
+        overwrite=args.overwrite,
     )
 
 
@@ -100,7 +116,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         summaries, paths = bench(settings_from_args(args))
     except (BenchError, HeadFormatError) as err:
-        print(f"draftheads bench: {err}")
+        print(f"draftheads bench: {err}", file=sys.stderr)
         return 2
     print(markdown_table([s for s in summaries if s.category == "all"]))
     print("wrote " + ", ".join(str(p) for p in paths))
