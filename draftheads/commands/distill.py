@@ -12,7 +12,7 @@ from pathlib import Path
 
 from draftheads.arguments import add_no_pack_argument, positive_int
 from draftheads.config import DISTILL_ENGINES, DataConfig, DistillConfig, ModelConfig
-from draftheads.data.distill import DistillCounts, context_limit, distill
+from draftheads.data.distill import DistillCounts, context_limit, distill, written_ids
 from draftheads.data.sources import SourceReport, read_conversations
 from draftheads.settings import ConfigError
 
@@ -52,7 +52,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-new-tokens", type=positive_int, default=config.max_new_tokens)
     parser.add_argument(
         "--max-length",
-        type=int,
+        type=positive_int,
         default=data.max_length,
         help="stop a conversation where its prompt reaches this",
     )
@@ -134,7 +134,7 @@ def run(args: argparse.Namespace) -> int:
     from draftheads.base_model import load_base, load_tokenizer, resolve_base_path, resolve_dtype
 
     if args.temperature < 0:
-        raise SystemExit("distill: --temperature must be >= 0")
+        raise SystemExit("draftheads distill: --temperature must be >= 0")
     config = DistillConfig(
         temperature=args.temperature,
         max_new_tokens=args.max_new_tokens,
@@ -147,25 +147,29 @@ def run(args: argparse.Namespace) -> int:
     try:
         config.validate()
     except ConfigError as err:
-        raise SystemExit(f"distill: {err}") from None
+        raise SystemExit(f"draftheads distill: {err}") from None
     start = time.perf_counter()
     corpus = None
     if args.corpus is not None:
         if args.limit is not None:
-            raise SystemExit("distill: --limit does not apply to --corpus (its chunks say which to answer)")
+            raise SystemExit(
+                "draftheads distill: --limit does not apply to --corpus (its chunks say which to answer)"
+            )
         corpus = open_corpus(args, config)
         first, last = corpus.chunk_range(args.chunk)
         conversations, source_report = read_source(args, last)
         conversations = conversations[first:]
         if not conversations:  # checked before a chunk is begun: a finished corpus stays as it is
             raise SystemExit(
-                f"distill: {args.prompts or args.data} has nothing after conversation {first - 1}: "
-                f"the corpus answers all of it ({corpus.summary()})"
+                f"draftheads distill: {args.prompts or args.data} has nothing after conversation "
+                f"{first - 1}: the corpus answers all of it ({corpus.summary()})"
             )
         out, first, last = corpus.begin_chunk(args.chunk, config.resolved_engine())
+        written_ids(out)
         print(f"[distill] {corpus.summary()}; this chunk: source conversations {first}..{last - 1}")
     else:
         out = args.out
+        written_ids(out)  # a file that is not distill's output is refused before the source or base is read
         conversations, source_report = read_source(args, args.limit)
     print(
         f"[distill] {source_report.conversations} conversations from {source_report.source} "
@@ -183,7 +187,7 @@ def run(args: argparse.Namespace) -> int:
             tokenizer = load_tokenizer(args.base)
             counts = run_vllm(args, config, conversations, tokenizer, model_config, dtype, out)
         except ServerError as err:
-            raise SystemExit(f"distill: {err}") from None
+            raise SystemExit(f"draftheads distill: {err}") from None
     else:
         from draftheads.data.distill_hf import ContinuousBatcher
         from draftheads.infer.packed import pack_linears
@@ -236,7 +240,9 @@ def open_corpus(args, config: DistillConfig):
     if args.base in ALIASES:
         base = locate_embedded(args.base)
     elif not base.exists():
-        raise SystemExit(f"distill: --corpus records the base's sha256: give a local base, not {args.base}")
+        raise SystemExit(
+            f"draftheads distill: --corpus records the base's sha256: give a local base, not {args.base}"
+        )
     settings = CorpusSettings(
         source=source,
         source_sha256=source_sha256,

@@ -77,7 +77,7 @@ def run(args: argparse.Namespace) -> int:
     settings.validate()
     engine = DistillConfig(engine=args.engine, server=args.server, vllm_venv=args.vllm_venv)
     engine.validate()
-    existing, _ = read_existing(args.out)
+    existing = len(read_existing(args.out))  # a file not its own is refused before the base loads
     bar = tqdm(total=args.count, initial=min(existing, args.count), unit="prompt", desc="synth-prompts")
 
     def progress(kept: int) -> None:
@@ -113,7 +113,7 @@ def run(args: argparse.Namespace) -> int:
                     print(f"[synth-prompts] vLLM ready at {url} after {time.perf_counter() - started:.0f} s")
                     counts = with_server(url)
         except ServerError as err:
-            raise SystemExit(f"synth-prompts: {err}") from None
+            raise SystemExit(f"draftheads synth-prompts: {err}") from None
     else:
         from draftheads.base_model import load_base
         from draftheads.infer.packed import pack_linears

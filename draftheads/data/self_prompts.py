@@ -22,7 +22,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from draftheads.data.sources import DataError, read_lines
+from draftheads.data.distill import read_output_records
+from draftheads.data.sources import DataError
 
 SENTINEL = "\u2063draftheads-user-text\u2063"  # content no template alters; where the user's text begins
 CATEGORY = "self"  # the category the prompts carry in the prompts file
@@ -44,11 +45,10 @@ class SynthSettings:
     def validate(self) -> None:
         for name in ("count", "batch_size", "max_new_tokens"):
             if getattr(self, name) < 1:
-                raise DataError(f"synth-prompts: {name} must be >= 1, got {getattr(self, name)}")
+                raise DataError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.temperature <= 0:
             raise DataError(
-                f"synth-prompts: temperature must be > 0 (greedy sampling writes one prompt), "
-                f"got {self.temperature}"
+                f"temperature must be > 0 (greedy sampling writes one prompt), got {self.temperature}"
             )
 
 
@@ -59,7 +59,7 @@ def pre_query_ids(tokenizer, system: str | None = None) -> list[int]:
     text = tokenizer.apply_chat_template(messages, tokenize=False)
     if text.count(SENTINEL) != 1:
         raise DataError(
-            "synth-prompts: the tokenizer's chat template does not render a user turn's text verbatim "
+            "the tokenizer's chat template does not render a user turn's text verbatim "
             "once, so the text before it cannot be cut out"
         )
     return tokenizer(text[: text.index(SENTINEL)], add_special_tokens=False)["input_ids"]
@@ -96,32 +96,19 @@ def judge(new_ids: list[int], end_ids: set[int], tokenizer) -> tuple[str | None,
     return (text, "", end + 1) if text else (None, "empty", end + 1)
 
 
-def read_existing(path: Path) -> tuple[int, set[str]]:
-    """Records already in ``path`` and their folded prompts; a partial last line (an interrupted
-    write) is cut off, a malformed line is an error naming it."""
-    if not path.is_file():
-        return 0, set()
-    raw = path.read_bytes()
-    if raw and not raw.endswith(b"\n"):
-        with open(path, "r+b") as stream:
-            stream.truncate(raw.rfind(b"\n") + 1)
-    count, seen = 0, set()
-    for number, line in read_lines(path):
-        if not isinstance(line, str):
-            raise DataError(f"{path} line {number}: {line.detail}")
-        if not line.strip():
-            continue
-        try:
-            record = json.loads(line)
-            turns = record["turns"]
-        except (json.JSONDecodeError, KeyError, TypeError) as error:
-            raise DataError(
-                f"{path} line {number}: not a prompts record with 'turns' ({error}); "
-                "continue into a file synth-prompts wrote, or give another --out"
-            ) from None
-        count += 1
-        seen.add(fold(turns[0]))
-    return count, seen
+def _prompt_problem(record: dict) -> str | None:
+    if "turns" not in record:
+        return f"no 'turns' (keys: {sorted(record)})"
+    turns = record["turns"]
+    if not isinstance(turns, list) or not turns or not all(isinstance(t, str) and t for t in turns):
+        return f"'turns' must be a non-empty list of non-empty strings, got {turns!r:.80}"
+    return None
+
+
+def read_existing(path: Path) -> list[dict]:
+    """The prompts records already in ``path`` (``read_output_records``: a file that is not a
+    prompts file is refused unchanged; a partial last line is cut off)."""
+    return read_output_records(path, _prompt_problem, "synth-prompts")
 
 
 def synthesize(
@@ -142,17 +129,18 @@ def synthesize(
     im_end = tokenizer.convert_tokens_to_ids("<|im_end|>")
     if isinstance(im_end, int) and im_end != tokenizer.unk_token_id:
         end_ids.add(im_end)
-    existing, seen = read_existing(out)
+    records = read_existing(out)
+    existing, seen = len(records), {fold(record["turns"][0]) for record in records}
     counts = SynthCounts(existing=existing)
     # batches already spent: a continued run resumes the seed sequence where the file stands
-    batch = 0 if existing == 0 else _batches_spent(out)
+    batch = _batches_spent(records)
     out.parent.mkdir(parents=True, exist_ok=True)
     barren = 0
     with open(out, "a", encoding="utf-8") as stream:
         while existing + counts.kept < settings.count:
             if barren == BARREN_BATCHES:
                 raise DataError(
-                    f"synth-prompts: the last {barren} batches of {settings.batch_size} kept no prompt "
+                    f"the last {barren} batches of {settings.batch_size} kept no prompt "
                     f"(dropped so far: {counts.dropped}); raise --max-new-tokens if they are "
                     "'unfinished', or check that the base is a chat model that ends its turns"
                 )
@@ -181,14 +169,13 @@ def synthesize(
     return counts
 
 
-def _batches_spent(path: Path) -> int:
-    """One past the highest batch index in the ids of ``path`` (``self-SEED-BATCH-ROW``)."""
+def _batches_spent(records: list[dict]) -> int:
+    """One past the highest batch index in the records' ids (``self-SEED-BATCH-ROW``)."""
     last = -1
-    for _, line in read_lines(path):
-        if isinstance(line, str) and line.strip():
-            parts = str(json.loads(line).get("id", "")).split("-")
-            if len(parts) == 4 and parts[0] == "self" and parts[2].isdigit():
-                last = max(last, int(parts[2]))
+    for record in records:
+        parts = str(record.get("id", "")).split("-")
+        if len(parts) == 4 and parts[0] == "self" and parts[2].isdigit():
+            last = max(last, int(parts[2]))
     return last + 1
 
 

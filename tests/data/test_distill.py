@@ -1,13 +1,16 @@
-"""draftheads distill on the tiny random model: writes N conversations, a re-run writes nothing new."""
+"""draftheads distill on the tiny random model: writes N conversations, a re-run writes nothing new;
+an --out file that is not distill's own output is refused unchanged before the base is loaded."""
 
 from __future__ import annotations
 
 import json
 
+import pytest
 from data_fixtures import sharegpt_record, write_jsonl
 
 from draftheads.cli import main
-from draftheads.data.sources import read_conversations
+from draftheads.data.distill import written_ids
+from draftheads.data.sources import DataError, read_conversations
 
 
 def test_distill_writes_regenerated_conversations_and_resumes(tmp_path, tiny_base_dir, capsys):
@@ -94,3 +97,66 @@ def test_conversation_stops_where_the_prompt_reaches_max_length(tmp_path, tiny_b
         "human",
         "gpt",
     ] and "1 stopped at --max-length" in capsys.readouterr().out
+
+
+OWN_RECORD = json.dumps(sharegpt_record("c0", ("human", "q"), ("gpt", "a"))).encode() + b"\n"
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        (b"keep me 1\nkeep me 2", "line 1: not JSON"),
+        (b'{"conversations": []}\n', "line 1: no 'id'"),
+        (b'{"id": "p", "turns": ["hi"]}\n', "line 1: no 'conversations' list"),
+        (b'"text"\n', "line 1: not a JSON object but str"),
+        (OWN_RECORD + b"\xff\xfe\n", "line 2: not UTF-8 text"),
+        (OWN_RECORD + b"keep me", "line 2 \\(no newline at its end\\): not the start of a record"),
+        (b'{"id": "p", "turns": ["hi"]}', "line 1 \\(no newline at its end\\): no 'conversations'"),
+    ],
+)
+def test_an_out_file_that_is_not_distills_output_is_refused_unchanged(tmp_path, content, message):
+    notes = tmp_path / "notes.txt"
+    notes.write_bytes(content)
+    with pytest.raises(DataError, match=f"notes.txt {message}.*give another --out"):
+        written_ids(notes)
+    assert notes.read_bytes() == content
+
+
+def test_only_an_interrupted_record_is_cut_off(tmp_path, capsys):
+    out = tmp_path / "out.jsonl"
+    for partial in (b'{"id": "c1", "conv', b'{"i', OWN_RECORD.rstrip(b"\n")):
+        out.write_bytes(OWN_RECORD + b"\n" + partial)
+        assert written_ids(out) == {"c0"}
+        assert out.read_bytes() == OWN_RECORD + b"\n"
+        assert f"dropping an incomplete last line ({len(partial)} bytes)" in capsys.readouterr().out
+    assert written_ids(tmp_path / "none.jsonl") == set()
+
+
+def test_the_command_refuses_a_foreign_out_before_loading_the_base(tmp_path, monkeypatch, capsys):
+    def no_loading(*args, **kwargs):
+        raise AssertionError("the base was loaded")
+
+    monkeypatch.setattr("draftheads.base_model.load_base", no_loading)
+    source = write_jsonl(tmp_path / "chats.jsonl", [sharegpt_record("a", ("human", "hi"), ("gpt", "x"))])
+    notes = tmp_path / "notes.txt"
+    notes.write_bytes(b"keep me 1\nkeep me 2")
+    arguments = ["distill", "--base", str(tmp_path / "no-base"), "--data", str(source), "--out", str(notes)]
+    assert main(arguments) == 1
+    error = capsys.readouterr().err
+    assert error.startswith(f"draftheads distill: {notes} line 1: not JSON") and error.count("\n") == 1
+    assert notes.read_bytes() == b"keep me 1\nkeep me 2"
+
+
+@pytest.mark.parametrize("value", ["0", "-5"])
+def test_max_length_must_be_positive(tmp_path, value, capsys):
+    arguments = ["distill", "--data", "x.jsonl", "--out", str(tmp_path / "o.jsonl"), "--max-length", value]
+    with pytest.raises(SystemExit) as exit_info:
+        main(arguments)
+    assert exit_info.value.code == 2
+    assert f"--max-length: must be >= 1, got {value}" in capsys.readouterr().err
+
+
+def test_a_command_error_carries_the_command_prefix(tmp_path):
+    arguments = ["distill", "--data", "x.jsonl", "--out", str(tmp_path / "o.jsonl"), "--temperature", "-1"]
+    with pytest.raises(SystemExit, match="^draftheads distill: --temperature must be >= 0$"):
+        main(arguments)

@@ -84,17 +84,61 @@ def test_synthesize_keeps_finished_new_prompts_and_resumes_the_seed_sequence(tmp
     assert none.seeds == []
 
 
-def test_an_interrupted_last_line_is_cut_and_a_foreign_file_refused(tmp_path, tokenizer):
+def test_an_interrupted_last_line_is_cut_and_a_foreign_file_refused(tmp_path, tokenizer, capsys):
     out = tmp_path / "prompts.jsonl"
     out.write_text('{"id": "self-0-0-0", "turns": ["Hi there."], "category": "self"}\n{"id": "self-0-1')
     sampler = ScriptedSampler(tokenizer, [["Hi there!", "Next."]])
     synthesize(sampler, tokenizer, out, SynthSettings(count=3, batch_size=2))
+    assert "dropping an incomplete last line (16 bytes)" in capsys.readouterr().out
     assert sampler.seeds == [1]
     assert [r["turns"][0] for r in records(out)] == ["Hi there.", "Hi there!", "Next."]
     foreign = write_jsonl(tmp_path / "chats.jsonl", [{"id": "a", "conversations": []}])
     with pytest.raises(DataError, match="chats.jsonl line 1"):
         synthesize(ScriptedSampler(tokenizer, []), tokenizer, foreign, SynthSettings(count=3))
     assert foreign.read_text().count("\n") == 1
+
+
+OWN_RECORD = b'{"id": "self-0-0-0", "turns": ["Hi there."], "category": "self"}\n'
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        (b"keep me 1\nkeep me 2", "line 1: not JSON"),
+        (b'{"id": "a", "turns": []}\n', "line 1: 'turns' must be a non-empty list"),
+        (b'{"id": "a", "prompt": "hi"}\n', "line 1: no 'turns'"),
+        (b"[1, 2]\n", "line 1: not a JSON object but list"),
+        (OWN_RECORD + b"keep me", "line 2 \\(no newline at its end\\): not the start of a record"),
+        (b'{"id": "a", "conversations": []}', "line 1 \\(no newline at its end\\): no 'turns'"),
+    ],
+)
+def test_a_file_that_is_not_a_prompts_file_is_refused_unchanged(tmp_path, tokenizer, content, message):
+    notes = tmp_path / "notes.txt"
+    notes.write_bytes(content)
+    with pytest.raises(DataError, match=f"notes.txt {message}.*give another --out"):
+        synthesize(ScriptedSampler(tokenizer, []), tokenizer, notes, SynthSettings(count=3))
+    assert notes.read_bytes() == content
+
+
+def test_the_command_refuses_a_foreign_out_before_loading_the_base(tmp_path, monkeypatch, capsys):
+    def no_loading(*args, **kwargs):
+        raise AssertionError("the base was loaded")
+
+    monkeypatch.setattr("draftheads.base_model.load_base", no_loading)
+    notes = tmp_path / "notes.txt"
+    notes.write_bytes(b"keep me 1\nkeep me 2")
+    assert main(["synth-prompts", "--out", str(notes), "--base", str(tmp_path / "no-base")]) == 1
+    error = capsys.readouterr().err
+    assert error.startswith(f"draftheads synth-prompts: {notes} line 1: not JSON") and error.count("\n") == 1
+    assert notes.read_bytes() == b"keep me 1\nkeep me 2"
+
+
+def test_a_command_error_carries_one_prefix(tmp_path, capsys):
+    arguments = ["synth-prompts", "--out", str(tmp_path / "p.jsonl"), "--temperature", "0"]
+    assert main(arguments) == 1
+    assert capsys.readouterr().err == (
+        "draftheads synth-prompts: temperature must be > 0 (greedy sampling writes one prompt), got 0.0\n"
+    )
 
 
 @pytest.mark.parametrize(
