@@ -123,4 +123,4 @@ def test_train_without_its_extras_says_what_to_install(monkeypatch, capsys):
 
     monkeypatch.setattr(optional, "available", lambda module: module != "deepspeed")
     assert main(["train", "--config", "configs/medusa-smollm2.yaml"]) == 2
-    assert "needs deepspeed: pip install 'draftheads[train]'" in capsys.readouterr().out
+    assert "needs deepspeed: pip install 'draftheads[train]'" in capsys.readouterr().err
