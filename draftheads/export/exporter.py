@@ -4,14 +4,13 @@ later ``--overwrite`` recognise it (``destination``)."""
 
 from __future__ import annotations
 
-import json
 import shutil
 from pathlib import Path
 
 from draftheads.export.destination import check_destination, staged_export, write_manifest
 from draftheads.export.model_card import BENCH_NAME, read_bench, render_model_card
 from draftheads.export.registry import FORMAT_REGISTRY, ExportOptions, FormatError, export_format, write_head
-from draftheads.heads.base import CONFIG_NAME, resolve_head_dir
+from draftheads.heads.base import HeadFormatError, json_type_name, read_head_config, resolve_head_dir
 from draftheads.storage import check_free_space
 
 DEFAULT_FORMAT = "draftheads"
@@ -57,8 +56,14 @@ def export_head(
 
     heads_dir, out_dir = resolve_head_dir(heads_dir), Path(out_dir)
     check_destination(out_dir, heads_dir, overwrite)  # refuse before any heavy loading
-    config_path = heads_dir / CONFIG_NAME
-    source_config = json.loads(config_path.read_text()) if config_path.is_file() else {}
+    config_path, source_config = read_head_config(heads_dir)
+    training = source_config.get("training")
+    if training is not None and not isinstance(training, dict):  # the model card reads its fields
+        raise HeadFormatError(
+            f"{config_path}: field 'training' must be a JSON object, got {json_type_name(training)} "
+            f"{training!r:.80}"
+        )
+    bench = read_bench(heads_dir)  # refuse a damaged bench.json before any heavy loading
     head = load_head(heads_dir)
     chosen = export_format(format_name, head.kind)  # refuse impossible pairs before any heavy loading
     joint = bool(getattr(head.config, "joint", False))
@@ -85,9 +90,8 @@ def export_head(
 
             shutil.copytree(heads_dir / ADAPTER_DIR, staging / ADAPTER_DIR)
         card_config = head.config_dict()
-        if source_config.get("training"):
-            card_config["training"] = source_config["training"]
-        bench = read_bench(heads_dir)
+        if training:
+            card_config["training"] = training
         if bench is not None:
             shutil.copyfile(heads_dir / BENCH_NAME, staging / BENCH_NAME)
         parameters = sum(t.numel() for t in head.head_state_dict().values() if t.is_floating_point())

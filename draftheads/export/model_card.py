@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from draftheads.base_model import hub_name
+from draftheads.heads.base import HeadFormatError, json_type_name, read_json_object
 
 BENCH_NAME = "bench.json"
 # Hub card metadata: https://huggingface.co/docs/hub/model-cards (YAML front matter).
@@ -158,11 +159,21 @@ def render_model_card(
 
 
 def read_bench(directory: Path) -> dict | None:
-    """The ``bench.json`` recorded in a head directory, if any."""
+    """The ``bench.json`` recorded in a head directory, if any. One the card cannot read (not a JSON
+    object, ``summaries`` not a list of objects each naming its ``method``) raises HeadFormatError
+    naming the file and the field."""
     path = Path(directory) / BENCH_NAME
     if not path.is_file():
         return None
-    try:
-        return json.loads(path.read_text())
-    except json.JSONDecodeError as err:
-        raise ValueError(f"{path}: not valid JSON ({err})") from err
+    bench = read_json_object(path)
+    summaries = bench.get("summaries", [])
+    if not isinstance(summaries, list):
+        raise HeadFormatError(
+            f"{path}: field 'summaries' must be a list, got {json_type_name(summaries)} {summaries!r:.80}"
+        )
+    for index, summary in enumerate(summaries):
+        if not isinstance(summary, dict) or "method" not in summary:
+            raise HeadFormatError(
+                f"{path}: field 'summaries[{index}]' must be an object with a 'method', got {summary!r:.80}"
+            )
+    return bench

@@ -289,7 +289,7 @@ def _ensure_registered() -> None:
 
 def head_class(kind: str) -> type[DraftHead]:
     _ensure_registered()
-    if kind not in HEAD_REGISTRY:
+    if not isinstance(kind, str) or kind not in HEAD_REGISTRY:  # a list read from JSON is unhashable
         raise ValueError(f"unknown head kind '{kind}'; known kinds: {', '.join(sorted(HEAD_REGISTRY))}")
     return HEAD_REGISTRY[kind]
 
@@ -341,14 +341,40 @@ def resolve_head_dir(directory: str | Path) -> Path:
     return directory
 
 
-def _read_config(directory: str | Path) -> tuple[Path, dict[str, Any]]:
-    """(path, contents) of the config.json of the head ``directory`` names (``resolve_head_dir``);
-    the head's own directory is ``path.parent``."""
-    config_path = resolve_head_dir(directory) / CONFIG_NAME
+def json_type_name(value: Any) -> str:
+    """What JSON calls the type of a parsed ``value`` ("a list", "a string"), for error messages."""
+    names = {dict: "an object", list: "a list", str: "a string", bool: "a boolean", type(None): "null"}
+    return names.get(type(value), "a number" if isinstance(value, (int, float)) else type(value).__name__)
+
+
+def read_json_object(path: Path) -> dict[str, Any]:
+    """The JSON object in the file ``path``; text that is not JSON, or JSON that is not an object,
+    raises HeadFormatError naming the file."""
     try:
-        return config_path, json.loads(config_path.read_text())
+        data = json.loads(path.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as err:
-        raise HeadFormatError(f"{config_path}: not valid JSON ({err})") from err
+        raise HeadFormatError(f"{path}: not valid JSON ({err})") from err
+    if not isinstance(data, dict):
+        raise HeadFormatError(f"{path}: expected a JSON object, got {json_type_name(data)}")
+    return data
+
+
+def read_head_config(directory: str | Path) -> tuple[Path, dict[str, Any]]:
+    """(path, contents) of the config.json of the head ``directory`` names (``resolve_head_dir``);
+    the head's own directory is ``path.parent``. A file that is not a JSON object raises
+    HeadFormatError naming it."""
+    config_path = resolve_head_dir(directory) / CONFIG_NAME
+    return config_path, read_json_object(config_path)
+
+
+def _object_field(saved: dict[str, Any], key: str, config_path: Path) -> dict[str, Any]:
+    """``saved[key]``, which must be a JSON object; else HeadFormatError naming file, field, value."""
+    value = saved[key]
+    if not isinstance(value, dict):
+        raise HeadFormatError(
+            f"{config_path}: field '{key}' must be a JSON object, got {json_type_name(value)} {value!r:.80}"
+        )
+    return value
 
 
 def read_weights(path: str | Path, device: str | torch.device = "cpu") -> dict[str, torch.Tensor]:
@@ -369,7 +395,8 @@ def _is_ours(saved: dict[str, Any]) -> bool:
 
 def _is_joint(saved: dict[str, Any]) -> bool:
     """A Medusa-2 head, trained with a LoRA adapter on its base (engine formats hold none)."""
-    return _is_ours(saved) and bool((saved.get("head_config") or {}).get("joint", False))
+    head_config = saved.get("head_config")  # load_head refuses one that is not an object
+    return _is_ours(saved) and isinstance(head_config, dict) and bool(head_config.get("joint", False))
 
 
 def resolve_base_model(head_dir: str | Path, base: str | None = None) -> str:
@@ -379,10 +406,11 @@ def resolve_base_model(head_dir: str | Path, base: str | None = None) -> str:
     the field when neither names one."""
     if base:
         return base
-    config_path, saved = _read_config(head_dir)
+    config_path, saved = read_head_config(head_dir)
     if _is_ours(saved):
         fields: tuple[str, ...] = ("base_model.name_or_path",)
-        name = (saved.get("base_model") or {}).get("name_or_path")
+        recorded = _object_field(saved, "base_model", config_path) if "base_model" in saved else {}
+        name = recorded.get("name_or_path")
     else:
         from draftheads.export.reading import recorded_base_fields, recorded_base_name
 
@@ -395,6 +423,27 @@ def resolve_base_model(head_dir: str | Path, base: str | None = None) -> str:
     )
 
 
+def _base_config_from(saved: dict[str, Any], config_path: Path):
+    """The transformers config of the base model recorded in ``saved["base_config"]``; a missing or
+    unknown ``model_type``, or a value the config class refuses, raises HeadFormatError naming the
+    file and the field."""
+    from transformers import CONFIG_MAPPING, AutoConfig
+
+    base_config = dict(_object_field(saved, "base_config", config_path))
+    if "model_type" not in base_config:
+        raise HeadFormatError(f"{config_path}: missing field 'base_config.model_type'")
+    model_type = base_config.pop("model_type")
+    if not isinstance(model_type, str) or model_type not in CONFIG_MAPPING:
+        raise HeadFormatError(
+            f"{config_path}: field 'base_config.model_type': unknown model type {model_type!r} "
+            "(not an architecture this transformers version knows)"
+        )
+    try:
+        return AutoConfig.for_model(model_type, **base_config)
+    except (TypeError, ValueError) as err:
+        raise HeadFormatError(f"{config_path}: field 'base_config': {err}") from err
+
+
 def load_head(directory: str | Path, base_model=None, map_location: str | torch.device = "cpu") -> DraftHead:
     """Load a head saved with ``save_pretrained``, or from an engine format a registered reader
     knows (``draftheads.export``). If ``base_model`` is given, check it fits and attach to it (a
@@ -403,9 +452,7 @@ def load_head(directory: str | Path, base_model=None, map_location: str | torch.
     A joint (Medusa-2) head drafts for, and must be verified by, its base with the head's adapter
     merged: it attaches only to a model that already carries that merge (from ``load_head_and_base``
     or ``adapter.adapted_base``); any other base raises HeadMismatchError."""
-    from transformers import AutoConfig
-
-    config_path, saved = _read_config(directory)
+    config_path, saved = read_head_config(directory)
     directory = config_path.parent
     if not _is_ours(saved):
         from draftheads.export.reading import read_engine_head  # registers every engine format
@@ -414,15 +461,24 @@ def load_head(directory: str | Path, base_model=None, map_location: str | torch.
     for key in ("head_kind", "head_config", "base_model", "base_config"):
         if key not in saved:
             raise HeadFormatError(f"{config_path}: missing field '{key}'")
-    cls = head_class(saved["head_kind"])
+    try:
+        cls = head_class(saved["head_kind"])
+    except ValueError as err:
+        raise HeadFormatError(f"{config_path}: field 'head_kind': {err}") from err
     from draftheads.settings import from_dict
 
     config = from_dict(cls.config_class, saved["head_config"], f"{config_path}:head_config")
-    base_config_dict = dict(saved["base_config"])
-    base_config = AutoConfig.for_model(base_config_dict.pop("model_type"), **base_config_dict)
-    head = cls(config, base_config, saved["base_model"].get("name_or_path"))
+    base_config = _base_config_from(saved, config_path)
+    head = cls(config, base_config, _object_field(saved, "base_model", config_path).get("name_or_path"))
     state = read_weights(directory / WEIGHTS_NAME, map_location)
-    missing, unexpected = head.load_state_dict(state, strict=False)
+    try:
+        missing, unexpected = head.load_state_dict(state, strict=False)
+    except RuntimeError as err:  # a tensor shape the recorded head_config/base_config does not give
+        first_mismatch = str(err).strip().splitlines()[1:2] or [str(err)]
+        raise HeadFormatError(
+            f"{directory / WEIGHTS_NAME}: does not fit the head {config_path} describes "
+            f"({first_mismatch[0].strip()})"
+        ) from err
     if missing or unexpected:
         raise HeadFormatError(
             f"{directory / WEIGHTS_NAME}: missing keys {missing[:5]}, unexpected keys {unexpected[:5]}"
@@ -448,7 +504,7 @@ def load_head_and_base(
     adapted base. ``base_model`` is never modified, unless ``copy_base=False`` hands it over to be
     adapted in place (``adapter.adapted_base``). ``map_location``: default the model's device."""
     model = base_model
-    config_path, saved = _read_config(directory)
+    config_path, saved = read_head_config(directory)
     directory = config_path.parent
     if _is_joint(saved):
         from draftheads.heads.adapter import adapted_base, adapter_fingerprint, merged_adapter

@@ -155,19 +155,25 @@ def load_tuned_costs(path, dtype, device) -> dict[int, CostCurve]:
     """The verify-cost curves by batch size that ``draftheads tune-tree`` measured for this device
     and dtype, if it measured them on this machine (``same_machine``); else none (adaptive drafting
     then measures at the first call)."""
+    from draftheads.heads.base import HeadFormatError  # lazily: this module needs no transformers
+
     found = read_tuned_entry(path, dtype, device)
     if found is None:
         return {}
     path, entry = found
-    if "verify_costs" not in entry or not same_machine(entry.get("machine", {})):
+    where = f"{path}: trees.{tuned_tree_key(dtype, device)}"
+    machine, verify_costs = entry.get("machine"), entry.get("verify_costs")
+    for field_name, value in (("machine", machine), ("verify_costs", verify_costs)):
+        if value is not None and not isinstance(value, dict):
+            raise HeadFormatError(f"{where}.{field_name}: must be a JSON object, got {value!r:.80}")
+    if verify_costs is None or not same_machine(machine or {}):
         return {}
-    where = f"{path}: trees.{tuned_tree_key(dtype, device)}.verify_costs"
     costs = {}
-    for batch, curve in entry["verify_costs"].items():
+    for batch, curve in verify_costs.items():
         try:
             costs[int(batch)] = CostCurve(
                 tuple(int(n) for n in curve["sizes"]), tuple(float(t) for t in curve["seconds"])
             )
         except (KeyError, TypeError, ValueError) as err:
-            raise ValueError(f"{where}.{batch}: {err!r}") from err
+            raise HeadFormatError(f"{where}.verify_costs.{batch}: {err!r}") from err
     return costs

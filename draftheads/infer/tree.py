@@ -389,26 +389,32 @@ def tree_to_dict(tree: StaticTree | DynamicTree) -> dict:
 
 
 def tree_from_dict(data: dict, where: str) -> StaticTree | DynamicTree:
-    """Inverse of ``tree_to_dict``; bad input raises ValueError naming ``where`` and the field."""
+    """Inverse of ``tree_to_dict``, for a tree read from a file; bad input raises HeadFormatError (a
+    ValueError) naming ``where`` and the field."""
+    from draftheads.heads.base import HeadFormatError  # lazily: this module needs no transformers
+
     if not isinstance(data, dict) or data.get("type") not in ("static", "dynamic"):
-        raise ValueError(f"{where}: 'type' must be 'static' or 'dynamic', got {data!r:.80}")
+        raise HeadFormatError(f"{where}: 'type' must be 'static' or 'dynamic', got {data!r:.80}")
     name = str(data.get("name", "tuned"))
     try:
         if data["type"] == "static":
             return StaticTree(name, tuple(tuple(int(i) for i in path) for path in data["choices"]))
         return DynamicTree(name, int(data["top_k"]), int(data["depth"]), int(data["total_tokens"]))
     except KeyError as err:
-        raise ValueError(f"{where}: missing field {err}") from err
+        raise HeadFormatError(f"{where}: missing field {err}") from err
     except (TypeError, ValueError) as err:
-        raise ValueError(f"{where}: {err}") from err
+        raise HeadFormatError(f"{where}: {err}") from err
 
 
 def read_tuned_entry(path, dtype: torch.dtype | str, device: torch.device | str = "cpu"):
     """``(file, entry)``: what ``draftheads tune-tree`` saved for this device and dtype (its tree,
     verify-cost curves and machine), or None if it has not been tuned for them. ``path`` is a head
-    directory (reads its ``tree.json``) or a tuned-tree file."""
+    directory (reads its ``tree.json``) or a tuned-tree file; one that is not such a file raises
+    HeadFormatError naming it and the field."""
     import json
     from pathlib import Path
+
+    from draftheads.heads.base import HeadFormatError  # lazily: this module needs no transformers
 
     path = Path(path)
     if path.is_dir():
@@ -417,11 +423,17 @@ def read_tuned_entry(path, dtype: torch.dtype | str, device: torch.device | str 
         return None
     try:
         saved = json.loads(path.read_text())
-    except json.JSONDecodeError as err:
-        raise ValueError(f"{path}: invalid JSON: {err}") from err
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise HeadFormatError(f"{path}: invalid JSON: {err}") from err
     if not isinstance(saved, dict) or saved.get("format") != TUNED_TREE_FORMAT:
-        raise ValueError(f"{path}: 'format' must be '{TUNED_TREE_FORMAT}'")
-    entry = saved.get("trees", {}).get(tuned_tree_key(dtype, device))
+        raise HeadFormatError(f"{path}: 'format' must be '{TUNED_TREE_FORMAT}'")
+    trees = saved.get("trees", {})
+    if not isinstance(trees, dict):
+        raise HeadFormatError(f"{path}: 'trees' must be a JSON object (setting -> entry), got {trees!r:.80}")
+    key = tuned_tree_key(dtype, device)
+    entry = trees.get(key)
+    if entry is not None and not isinstance(entry, dict):
+        raise HeadFormatError(f"{path}: 'trees.{key}' must be a JSON object, got {entry!r:.80}")
     return None if entry is None else (path, entry)
 
 
