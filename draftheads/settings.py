@@ -141,7 +141,14 @@ def parse_overrides(overrides: list[str]) -> dict:
         if "=" not in item:
             raise ConfigError(f"override '{item}': expected key=value, e.g. train.max_steps=100")
         key, raw = item.split("=", 1)
-        value = yaml.safe_load(raw) if raw != "" else ""
+        try:
+            value = yaml.safe_load(raw) if raw != "" else ""
+        except yaml.YAMLError as err:
+            mark = getattr(err, "problem", None) or "cannot be parsed"
+            raise ConfigError(
+                f"override '{item}': the value {raw!r} is not valid YAML ({mark}); "
+                "quote it to pass it as a string"
+            ) from None
         node = nested
         parts = key.strip().split(".")
         for part in parts[:-1]:
@@ -168,9 +175,11 @@ def read_yaml(path: str | Path) -> dict:
     if not path.is_file():
         raise ConfigError(f"config file not found: {path}")
     try:
-        data = yaml.safe_load(path.read_text()) or {}
+        data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
     except yaml.YAMLError as err:
         raise ConfigError(f"{path}: invalid YAML: {err}") from err
+    except UnicodeDecodeError as err:
+        raise ConfigError(f"{path}: not UTF-8 text (byte {err.start})") from None
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: expected a mapping at the top level, got {type(data).__name__}")
     return data

@@ -36,6 +36,18 @@ def test_bad_value_names_field_and_value():
         load_run_config(None, ["train.max_steps=many"])
 
 
+def test_an_override_or_file_that_cannot_be_parsed_is_named(tmp_path):
+    with pytest.raises(ConfigError, match=r"override 'train.max_steps=\[': the value '\[' is not valid YAML"):
+        load_run_config(None, ["train.max_steps=["])
+    with pytest.raises(ConfigError, match=r"override 'data.source=@c.jsonl'.*quote it"):
+        parse_overrides(["data.source=@c.jsonl"])
+    assert parse_overrides(["data.source='@c.jsonl'"]) == {"data": {"source": "@c.jsonl"}}
+    path = tmp_path / "latin1.yaml"
+    path.write_bytes("train:\n  output_dir: caf\xe9\n".encode("latin-1"))
+    with pytest.raises(ConfigError, match=r"latin1.yaml: not UTF-8 text \(byte 24\)"):
+        load_run_config(path)
+
+
 def test_optional_accepts_null():
     run = load_run_config(None, ["data.limit=null"])
     assert run.data.limit is None

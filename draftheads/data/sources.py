@@ -398,13 +398,17 @@ def iter_json_file(path: Path, report: SourceReport) -> Iterator[tuple[str, Any]
 
 
 def iter_parquet(path: Path, report: SourceReport) -> Iterator[tuple[str, Any]]:
+    import pyarrow
     from pyarrow import parquet  # a datasets dependency; lazy like datasets itself
 
     index = 0
-    for batch in parquet.ParquetFile(path).iter_batches(batch_size=1024):
-        for record in batch.to_pylist():
-            yield f"{path.name} row {index}", record
-            index += 1
+    try:
+        for batch in parquet.ParquetFile(path).iter_batches(batch_size=1024):
+            for record in batch.to_pylist():
+                yield f"{path.name} row {index}", record
+                index += 1
+    except pyarrow.ArrowException as error:  # not Parquet, or damaged: nothing past here can be read
+        raise DataError(f"{path}: not a readable Parquet file after row {index} ({error})") from error
 
 
 def iter_dataset(name: str, split: str) -> Iterator[tuple[str, Any]]:

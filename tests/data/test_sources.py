@@ -121,6 +121,13 @@ def test_json_file_holding_json_lines_and_parquet(tmp_path):
         assert conversations[1].messages[1] == {"role": "assistant", "content": "r"}
 
 
+def test_a_file_that_is_not_parquet_is_named(tmp_path):
+    path = tmp_path / "bad.parquet"
+    path.write_bytes(b"PAR1garbage")
+    with pytest.raises(DataError, match=r"bad.parquet: not a readable Parquet file after row 0"):
+        read_conversations(str(path))
+
+
 def test_dataset_directory_through_load_dataset_and_load_from_disk(tmp_path):
     import datasets
 
