@@ -14,6 +14,7 @@ row's time is its batch's time shared evenly among the batch's rows.
 from __future__ import annotations
 
 import json
+import os
 import statistics
 import time
 import warnings
@@ -634,6 +635,8 @@ def bench(settings: BenchSettings, progress: bool = True) -> tuple[list[Summary]
         )
     check_out(Path(settings.out), settings.overwrite)
     Path(settings.out).mkdir(parents=True, exist_ok=True)  # an unwritable --out fails now, not after the runs
+    if not os.access(settings.out, os.W_OK):
+        raise BenchError(f"--out {settings.out}: not writable")
     base_name = resolve_base_model(settings.heads[0], settings.base) if settings.heads else settings.base
     model, tokenizer = load_base(base_name, dtype=settings.dtype, device=settings.device)
     # Every method runs on the same kernels: plain generate and prompt lookup gain from packing too.

@@ -10,7 +10,14 @@ import argparse
 import time
 from pathlib import Path
 
-from draftheads.arguments import add_no_pack_argument, positive_int
+from draftheads.arguments import (
+    add_no_pack_argument,
+    at_least,
+    device_name,
+    dtype_name,
+    non_negative_float,
+    positive_int,
+)
 from draftheads.config import DISTILL_ENGINES, DataConfig, DistillConfig, ModelConfig
 from draftheads.data.distill import DistillCounts, context_limit, distill, written_ids
 from draftheads.data.sources import SourceReport, read_conversations
@@ -48,11 +55,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--chunk", type=positive_int, default=DEFAULT_CHUNK, help="--corpus: source conversations per chunk"
     )
-    parser.add_argument("--temperature", type=float, default=config.temperature, help="0: greedy")
+    parser.add_argument(
+        "--temperature", type=non_negative_float, default=config.temperature, help="0: greedy"
+    )
     parser.add_argument("--max-new-tokens", type=positive_int, default=config.max_new_tokens)
     parser.add_argument(
         "--max-length",
-        type=positive_int,
+        type=at_least(2),  # a prompt token and an answer token
         default=data.max_length,
         help="stop a conversation where its prompt reaches this",
     )
@@ -77,8 +86,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=config.requests_in_flight,
         help="vllm: completions in flight at once",
     )
-    parser.add_argument("--dtype", default=model.dtype)
-    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--dtype", type=dtype_name, default=model.dtype)
+    parser.add_argument("--device", type=device_name, default="cpu")
     parser.add_argument("--seed", type=int, default=0, help="sampling seed (temperature > 0)")
     add_no_pack_argument(parser)
 
@@ -133,8 +142,6 @@ def run(args: argparse.Namespace) -> int:
 
     from draftheads.base_model import load_base, load_tokenizer, resolve_base_path, resolve_dtype
 
-    if args.temperature < 0:
-        raise SystemExit("draftheads distill: --temperature must be >= 0")
     config = DistillConfig(
         temperature=args.temperature,
         max_new_tokens=args.max_new_tokens,

@@ -10,7 +10,13 @@ import argparse
 import time
 from pathlib import Path
 
-from draftheads.arguments import add_no_pack_argument, positive_int
+from draftheads.arguments import (
+    add_no_pack_argument,
+    device_name,
+    dtype_name,
+    non_negative_float,
+    positive_int,
+)
 from draftheads.config import DISTILL_ENGINES, DistillConfig, ModelConfig
 from draftheads.data.self_prompts import SynthCounts, SynthSettings
 
@@ -25,7 +31,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--batch-size", type=positive_int, default=synth.batch_size, help="prompts sampled under one seed"
     )
-    parser.add_argument("--temperature", type=float, default=synth.temperature)
+    parser.add_argument("--temperature", type=non_negative_float, default=synth.temperature)
     parser.add_argument(
         "--max-new-tokens",
         type=positive_int,
@@ -45,8 +51,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--requests-in-flight", type=positive_int, default=distill.requests_in_flight, help="vllm"
     )
-    parser.add_argument("--dtype", default=model.dtype)
-    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--dtype", type=dtype_name, default=model.dtype)
+    parser.add_argument("--device", type=device_name, default="cpu")
     add_no_pack_argument(parser)
 
 

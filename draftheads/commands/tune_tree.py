@@ -73,10 +73,11 @@ def settings_from_args(args: argparse.Namespace) -> TuneSettings:
 
 
 def run(args: argparse.Namespace) -> int:
-    from draftheads.base_model import load_base
+    from draftheads.base_model import load_base, resolve_dtype
     from draftheads.heads import HeadFormatError, load_head_and_base, resolve_base_model
     from draftheads.heads.base import resolve_head_dir
     from draftheads.infer.packed import pack_linears
+    from draftheads.infer.tree import read_tuned_entry
     from draftheads.tuning.report import describe
     from draftheads.tuning.tune import tune_tree
 
@@ -84,6 +85,8 @@ def run(args: argparse.Namespace) -> int:
     try:
         head_dir = resolve_head_dir(args.heads)  # a training run's output directory: its head/
         base = resolve_base_model(head_dir, args.base)
+        # the tree.json the result is merged into: a broken one is refused now, not after tuning
+        read_tuned_entry(head_dir, resolve_dtype(settings.dtype, settings.device), settings.device)
     except HeadFormatError as err:
         print(f"draftheads tune-tree: {err}", file=sys.stderr)
         return 2

@@ -107,6 +107,8 @@ def read_output_records(path: Path, problem: Callable[[dict], str | None], comma
     the file, the line and what is wrong, before anything is changed. Only then is that partial last
     line (a write that was interrupted) cut off.
     """
+    if path.exists() and not path.is_file():
+        raise DataError(f"{path}: not a file; give --out a file path ({command} writes JSON lines)")
     if not path.is_file():
         return []
     raw = path.read_bytes()

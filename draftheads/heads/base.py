@@ -438,9 +438,11 @@ def _base_config_from(saved: dict[str, Any], config_path: Path):
             f"{config_path}: field 'base_config.model_type': unknown model type {model_type!r} "
             "(not an architecture this transformers version knows)"
         )
+    from huggingface_hub.errors import StrictDataclassError  # transformers 5 configs validate fields
+
     try:
         return AutoConfig.for_model(model_type, **base_config)
-    except (TypeError, ValueError) as err:
+    except (TypeError, ValueError, StrictDataclassError) as err:
         raise HeadFormatError(f"{config_path}: field 'base_config': {err}") from err
 
 

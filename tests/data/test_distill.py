@@ -147,16 +147,34 @@ def test_the_command_refuses_a_foreign_out_before_loading_the_base(tmp_path, mon
     assert notes.read_bytes() == b"keep me 1\nkeep me 2"
 
 
-@pytest.mark.parametrize("value", ["0", "-5"])
+@pytest.mark.parametrize("value", ["1", "-5"])
 def test_max_length_must_be_positive(tmp_path, value, capsys):
     arguments = ["distill", "--data", "x.jsonl", "--out", str(tmp_path / "o.jsonl"), "--max-length", value]
     with pytest.raises(SystemExit) as exit_info:
         main(arguments)
     assert exit_info.value.code == 2
-    assert f"--max-length: must be >= 1, got {value}" in capsys.readouterr().err
+    assert f"--max-length: must be >= 2, got {value}" in capsys.readouterr().err
 
 
-def test_a_command_error_carries_the_command_prefix(tmp_path):
-    arguments = ["distill", "--data", "x.jsonl", "--out", str(tmp_path / "o.jsonl"), "--temperature", "-1"]
-    with pytest.raises(SystemExit, match="^draftheads distill: --temperature must be >= 0$"):
+@pytest.mark.parametrize(
+    "option, message",
+    [
+        (["--temperature", "-1"], "argument --temperature: must be >= 0, got -1"),
+        (["--temperature", "nan"], "argument --temperature: must be >= 0, got nan"),
+        (["--dtype", "fp64"], "argument --dtype: expected auto or one of"),
+        (["--device", "gpu0"], "argument --device: not a torch device: 'gpu0'"),
+    ],
+)
+def test_bad_sampling_and_model_options_are_refused_before_any_work(tmp_path, option, message, capsys):
+    arguments = ["distill", "--data", "x.jsonl", "--out", str(tmp_path / "o.jsonl"), *option]
+    with pytest.raises(SystemExit) as exit_info:
         main(arguments)
+    assert exit_info.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_an_out_that_is_a_directory_is_refused(tmp_path):
+    from draftheads.data.distill import written_ids
+    from draftheads.data.sources import DataError
+
+    with pytest.raises(DataError, match=r"not a file; give --out a file path \(distill writes JSON lines\)"):
+        written_ids(tmp_path)

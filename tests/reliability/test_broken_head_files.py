@@ -63,6 +63,10 @@ BROKEN_CONFIGS = {
         lambda config: json.dumps(edited(config, base_model="tiny-llama")),
         ["field 'base_model' must be a JSON object, got a string 'tiny-llama'"],
     ),
+    "base_config a value its class refuses": (  # transformers 5 configs validate their fields
+        lambda config: json.dumps(edited(config, base_config__hidden_size="64")),
+        ["field 'base_config': ", "hidden_size"],
+    ),
     "base_config a list": (
         lambda config: json.dumps(edited(config, base_config=["llama"])),
         ["field 'base_config' must be a JSON object, got a list ['llama']"],
@@ -230,3 +234,17 @@ def test_a_broken_bench_file_is_named(case, head_dir, tmp_path):
         export_head(head_dir, tmp_path / "out", "draftheads")
     assert_names(caught, path, expected)
     assert not (tmp_path / "out").exists()
+
+
+def test_tune_tree_refuses_a_broken_tree_file_before_it_tunes(head_dir, capsys, monkeypatch):
+    """tune-tree merges its result into tree.json: a broken one is refused before the base loads,
+    not after minutes of measuring."""
+    import draftheads.base_model
+
+    def no_loading(*args, **kwargs):
+        raise AssertionError("the base model was loaded before tree.json was checked")
+
+    monkeypatch.setattr(draftheads.base_model, "load_base", no_loading)
+    (head_dir / "tree.json").write_text("[]")
+    assert main(["tune-tree", "--heads", str(head_dir), "--dtype", "float32"]) == 2
+    assert f"{head_dir / 'tree.json'}: 'format' must be" in capsys.readouterr().err
