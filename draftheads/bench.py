@@ -465,11 +465,12 @@ def build_prompts(
     from draftheads.data.prompts import load_prompts
 
     items = load_prompts(name)
-    unknown = sorted(set(categories or ()) - {item.category for item in items})
+    known = {item.category for item in items}
+    unknown = sorted(set(categories or ()) - known)
     if unknown:
         raise BenchError(
             f"--categories: {name} has no {', '.join(repr(c) for c in unknown)}; "
-            f"its categories: {', '.join(sorted({item.category for item in items}))}"
+            f"its categories: {', '.join(sorted(known))}"
         )
     prompts = []
     for item in items:
@@ -633,10 +634,11 @@ def bench(settings: BenchSettings, progress: bool = True) -> tuple[list[Summary]
         raise BenchError(
             f"--tree {settings.tree}: not a tree name ({', '.join(sorted(TREES))}) or a .json file"
         )
-    check_out(Path(settings.out), settings.overwrite)
-    Path(settings.out).mkdir(parents=True, exist_ok=True)  # an unwritable --out fails now, not after the runs
-    if not os.access(settings.out, os.W_OK):
-        raise BenchError(f"--out {settings.out}: not writable")
+    out = Path(settings.out)
+    check_out(out, settings.overwrite)
+    out.mkdir(parents=True, exist_ok=True)  # an unwritable --out fails now, not after the runs
+    if not os.access(out, os.W_OK):
+        raise BenchError(f"--out {out}: not writable")
     base_name = resolve_base_model(settings.heads[0], settings.base) if settings.heads else settings.base
     model, tokenizer = load_base(base_name, dtype=settings.dtype, device=settings.device)
     # Every method runs on the same kernels: plain generate and prompt lookup gain from packing too.
@@ -691,4 +693,4 @@ def bench(settings: BenchSettings, progress: bool = True) -> tuple[list[Summary]
         summaries += summarize(batch_samples, reference_method=REFERENCE)
     record = {**asdict(settings), "base": base_name, "packed_linears": packed}
     info = machine_info(resolve_dtype(settings.dtype, settings.device), settings.device)
-    return summaries, write_results(samples, summaries, info, record, Path(settings.out))
+    return summaries, write_results(samples, summaries, info, record, out)

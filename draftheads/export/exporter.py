@@ -10,7 +10,7 @@ from pathlib import Path
 from draftheads.export.destination import check_destination, staged_export, write_manifest
 from draftheads.export.model_card import BENCH_NAME, read_bench, render_model_card
 from draftheads.export.registry import FORMAT_REGISTRY, ExportOptions, FormatError, export_format, write_head
-from draftheads.heads.base import HeadFormatError, json_type_name, read_head_config, resolve_head_dir
+from draftheads.heads.base import object_field, read_head_config, resolve_head_dir
 from draftheads.storage import check_free_space
 
 DEFAULT_FORMAT = "draftheads"
@@ -57,12 +57,7 @@ def export_head(
     heads_dir, out_dir = resolve_head_dir(heads_dir), Path(out_dir)
     check_destination(out_dir, heads_dir, overwrite)  # refuse before any heavy loading
     config_path, source_config = read_head_config(heads_dir)
-    training = source_config.get("training")
-    if training is not None and not isinstance(training, dict):  # the model card reads its fields
-        raise HeadFormatError(
-            f"{config_path}: field 'training' must be a JSON object, got {json_type_name(training)} "
-            f"{training!r:.80}"
-        )
+    training = object_field(source_config, "training", config_path, optional=True)  # the card reads it
     bench = read_bench(heads_dir)  # refuse a damaged bench.json before any heavy loading
     head = load_head(heads_dir)
     chosen = export_format(format_name, head.kind)  # refuse impossible pairs before any heavy loading

@@ -367,9 +367,14 @@ def read_head_config(directory: str | Path) -> tuple[Path, dict[str, Any]]:
     return config_path, read_json_object(config_path)
 
 
-def _object_field(saved: dict[str, Any], key: str, config_path: Path) -> dict[str, Any]:
-    """``saved[key]``, which must be a JSON object; else HeadFormatError naming file, field, value."""
-    value = saved[key]
+def object_field(
+    saved: dict[str, Any], key: str, config_path: Path, optional: bool = False
+) -> dict[str, Any] | None:
+    """``saved[key]``, which must be a JSON object (``optional``: or absent or null, giving None);
+    else HeadFormatError naming file, field and value."""
+    value = saved.get(key)
+    if optional and value is None:
+        return None
     if not isinstance(value, dict):
         raise HeadFormatError(
             f"{config_path}: field '{key}' must be a JSON object, got {json_type_name(value)} {value!r:.80}"
@@ -409,7 +414,7 @@ def resolve_base_model(head_dir: str | Path, base: str | None = None) -> str:
     config_path, saved = read_head_config(head_dir)
     if _is_ours(saved):
         fields: tuple[str, ...] = ("base_model.name_or_path",)
-        recorded = _object_field(saved, "base_model", config_path) if "base_model" in saved else {}
+        recorded = object_field(saved, "base_model", config_path) if "base_model" in saved else {}
         name = recorded.get("name_or_path")
     else:
         from draftheads.export.reading import recorded_base_fields, recorded_base_name
@@ -427,9 +432,10 @@ def _base_config_from(saved: dict[str, Any], config_path: Path):
     """The transformers config of the base model recorded in ``saved["base_config"]``; a missing or
     unknown ``model_type``, or a value the config class refuses, raises HeadFormatError naming the
     file and the field."""
+    from huggingface_hub.errors import StrictDataclassError  # transformers 5 configs validate fields
     from transformers import CONFIG_MAPPING, AutoConfig
 
-    base_config = dict(_object_field(saved, "base_config", config_path))
+    base_config = dict(object_field(saved, "base_config", config_path))
     if "model_type" not in base_config:
         raise HeadFormatError(f"{config_path}: missing field 'base_config.model_type'")
     model_type = base_config.pop("model_type")
@@ -438,8 +444,6 @@ def _base_config_from(saved: dict[str, Any], config_path: Path):
             f"{config_path}: field 'base_config.model_type': unknown model type {model_type!r} "
             "(not an architecture this transformers version knows)"
         )
-    from huggingface_hub.errors import StrictDataclassError  # transformers 5 configs validate fields
-
     try:
         return AutoConfig.for_model(model_type, **base_config)
     except (TypeError, ValueError, StrictDataclassError) as err:
@@ -471,7 +475,7 @@ def load_head(directory: str | Path, base_model=None, map_location: str | torch.
 
     config = from_dict(cls.config_class, saved["head_config"], f"{config_path}:head_config")
     base_config = _base_config_from(saved, config_path)
-    head = cls(config, base_config, _object_field(saved, "base_model", config_path).get("name_or_path"))
+    head = cls(config, base_config, object_field(saved, "base_model", config_path).get("name_or_path"))
     state = read_weights(directory / WEIGHTS_NAME, map_location)
     try:
         missing, unexpected = head.load_state_dict(state, strict=False)
