@@ -23,8 +23,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from draftheads.config import DistillConfig
+from draftheads.data.output_records import read_output_records
 from draftheads.data.prompts import Prompt
-from draftheads.data.sources import Conversation, DataError, describe_json_error
+from draftheads.data.sources import Conversation
 
 SHAREGPT_SPEAKERS = {"user": "human", "assistant": "gpt", "system": "system"}
 
@@ -73,70 +74,6 @@ def conversations_from_prompts(prompts: list[Prompt]) -> list[Conversation]:
             messages += [{"role": "user", "content": turn}, {"role": "assistant", "content": ""}]
         conversations.append(Conversation(id=prompt.id, messages=messages))
     return conversations
-
-
-RECORD_START = b'{"id": '  # how every record distill and synth-prompts write begins (json.dumps)
-
-
-def _excerpt(line: bytes) -> str:
-    """The start of a line, for an error message."""
-    text = line.decode("utf-8", errors="replace")
-    return repr(text if len(text) <= 40 else text[:40] + "...")
-
-
-def _parse_record(line: bytes, problem: Callable[[dict], str | None]) -> tuple[dict | None, str | None]:
-    """``(record, None)`` for a line holding a record ``problem`` accepts, else ``(None, what is wrong)``."""
-    try:
-        record = json.loads(line.decode("utf-8-sig"))  # -sig: a byte-order mark is no record's
-    except UnicodeDecodeError as error:
-        return None, f"not UTF-8 text (byte {error.start} of the line)"
-    except json.JSONDecodeError as error:
-        return None, f"not JSON ({describe_json_error(error)}): {_excerpt(line)}"
-    if not isinstance(record, dict):
-        return None, f"not a JSON object but {type(record).__name__}"
-    wrong = problem(record)
-    return (None, wrong) if wrong else (record, None)
-
-
-def read_output_records(path: Path, problem: Callable[[dict], str | None], command: str) -> list[dict]:
-    """The records of a JSONL file that ``command`` appends to (``--out``), in order.
-
-    Each complete line must be a JSON object that ``problem`` finds nothing wrong with (it returns
-    what is wrong, or None), and a last line without a newline must be such a record too or begin as
-    every record written does; otherwise the file is not this command's output and a DataError names
-    the file, the line and what is wrong, before anything is changed. Only then is that partial last
-    line (a write that was interrupted) cut off.
-    """
-    if path.exists() and not path.is_file():
-        raise DataError(f"{path}: not a file; give --out a file path ({command} writes JSON lines)")
-    if not path.is_file():
-        return []
-    raw = path.read_bytes()
-    lines = raw.split(b"\n")  # not splitlines: answers may hold a raw U+2028
-    partial = lines.pop()  # b"" when the file ends with a newline
-    refuse = f"; {command} continues only a file it wrote: give another --out"
-    records = []
-    for number, line in enumerate(lines, start=1):
-        if line.strip():
-            record, wrong = _parse_record(line, problem)
-            if wrong:
-                raise DataError(f"{path} line {number}: {wrong}{refuse}")
-            records.append(record)
-    if partial:
-        try:
-            json.loads(partial.decode("utf-8-sig"))
-        except ValueError:  # cut short (a JSONDecodeError or a UnicodeDecodeError)
-            wrong = None
-            if partial.strip() and not (partial.startswith(RECORD_START) or RECORD_START.startswith(partial)):
-                wrong = f"not the start of a record: {_excerpt(partial)}"
-        else:  # a whole line but for its newline: it must be a record like the others
-            _, wrong = _parse_record(partial, problem)
-        if wrong:
-            raise DataError(f"{path} line {len(lines) + 1} (no newline at its end): {wrong}{refuse}")
-        print(f"[{command}] {path}: dropping an incomplete last line ({len(partial)} bytes)")
-        with open(path, "r+b") as stream:
-            stream.truncate(len(raw) - len(partial))
-    return records
 
 
 def _distilled_problem(record: dict) -> str | None:

@@ -22,7 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from draftheads.data.distill import read_output_records
+from draftheads.data.output_records import read_output_records
 from draftheads.data.sources import DataError
 
 SENTINEL = "\u2063draftheads-user-text\u2063"  # content no template alters; where the user's text begins
