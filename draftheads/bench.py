@@ -2,8 +2,8 @@
 
 Every method decodes the same prompts on the same machine, interleaved prompt by prompt (so drift
 in machine speed hits all methods alike): plain HF ``generate``, HF prompt-lookup decoding, and
-draftheads speculative decoding with each given head. Times are medians over repeats, warm-up
-excluded. tau is reported as tokens emitted per base-model forward, counting the token the base
+draftheads speculative decoding with each given head. Times are medians over repeats, which also
+alternate between the methods, warm-up excluded. tau is reported as tokens emitted per base-model forward, counting the token the base
 model produces itself (so plain decoding has tau = 1, as EAGLE counts it).
 
 With ``batch_sizes`` the prompts also run in batches of B (consecutive prompts; HF batched
@@ -51,7 +51,7 @@ class BenchSettings:
     temperature: float = 0.0
     dtype: str = DEFAULT_DTYPE
     device: str = "cpu"
-    repeats: int = 1  # timed repeats per prompt (median kept)
+    repeats: int = 1  # timed repeats of each batch, alternating between methods (median kept)
     tree: str | None = None  # tree name or tuned-tree file (default: each head's tuned tree)
     prompt_lookup: bool = True  # include HF prompt-lookup decoding as a baseline
     context: bool = True  # include our context drafter alone (no head) as a method
@@ -217,8 +217,9 @@ def _eos_ids(model, tokenizer) -> set[int]:
     return set() if eos is None else {eos} if isinstance(eos, int) else set(eos)
 
 
-def _median_run(method, prompts, max_new_tokens, temperature, seed, repeats) -> list[Sample]:
-    runs = [method.run(prompts, max_new_tokens, temperature, seed) for _ in range(repeats)]
+def _median(runs: list[list[Sample]]) -> list[Sample]:
+    """One method's repeated runs of a batch as one: the first run's samples with each prompt's
+    median seconds."""
     samples = runs[0]
     for row, sample in enumerate(samples):
         sample.seconds = statistics.median(run[row].seconds for run in runs)
@@ -251,9 +252,15 @@ def run_bench(
         disable=not progress,
     )
     for index, batch in enumerate(batches):
+        # Repeats alternate between the methods (a, b, a, b, ...), so that a slow spell of the
+        # machine (a noisy neighbour on a shared host) falls on all of them, not on one method's runs.
+        runs: dict[str, list[list[Sample]]] = {method.name: [] for method in methods}
+        for _ in range(repeats):
+            for method in methods:
+                runs[method.name].append(method.run(batch, max_new_tokens, temperature, seed + index))
         reference = None
         for method in methods:
-            batch_samples = _median_run(method, batch, max_new_tokens, temperature, seed + index, repeats)
+            batch_samples = _median(runs[method.name])
             for sample in batch_samples:  # the batch size asked for (the last batch may be smaller)
                 sample.batch_size = batch_size
             if reference is None:

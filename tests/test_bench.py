@@ -73,6 +73,29 @@ def test_bench_on_tiny_model_writes_results(tmp_path, tiny_llama):
     assert "| all | medusa |" in (tmp_path / "bench.md").read_text()
 
 
+class _ScriptedMethod:
+    """A bench method whose runs take the seconds it is given, in order, and log who ran when."""
+
+    def __init__(self, name, seconds, log):
+        self.name, self.seconds, self.log = name, list(seconds), log
+
+    def run(self, prompts, max_new_tokens, temperature, seed):
+        self.log.append(self.name)
+        seconds = self.seconds.pop(0)
+        return [Sample(self.name, p.id, p.category, 4, seconds, 4, tokens=[1, 2, 3, 4]) for p in prompts]
+
+
+def test_repeats_alternate_between_methods_and_keep_the_median():
+    log = []
+    # warm-up first (not timed), then three timed repeats each
+    a = _ScriptedMethod("a", [9.0, 1.0, 5.0, 3.0], log)
+    b = _ScriptedMethod("b", [9.0, 2.0, 7.0, 4.0], log)
+    prompts = [BenchPrompt("0", "x", torch.ones(1, 3, dtype=torch.long))]
+    samples = run_bench([a, b], prompts, max_new_tokens=4, temperature=0.0, repeats=3, progress=False)
+    assert log == ["a", "b", "a", "b", "a", "b", "a", "b"]
+    assert [(s.method, s.seconds) for s in samples] == [("a", 3.0), ("b", 4.0)]
+
+
 def test_method_names_use_the_run_name_and_stay_distinct(tmp_path):
     from draftheads.bench import method_name
 
