@@ -3,8 +3,9 @@
 Every method decodes the same prompts on the same machine, interleaved prompt by prompt (so drift
 in machine speed hits all methods alike): plain HF ``generate``, HF prompt-lookup decoding, and
 draftheads speculative decoding with each given head. Times are medians over repeats, which also
-alternate between the methods, warm-up excluded. tau is reported as tokens emitted per base-model forward, counting the token the base
-model produces itself (so plain decoding has tau = 1, as EAGLE counts it).
+alternate between the methods, warm-up excluded. tau is reported as tokens emitted per
+base-model forward, counting the token the base model produces itself (so plain decoding has
+tau = 1, as EAGLE counts it).
 
 With ``batch_sizes`` the prompts also run in batches of B (consecutive prompts; HF batched
 ``generate`` with left padding is the reference): throughput is tokens/s over the batch, and each
