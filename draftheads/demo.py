@@ -6,9 +6,9 @@
 3. tune: choose the draft tree for this machine from measured acceptance and costs (``tune-tree``);
 4. generate: answer an MT-bench question with the head (streamed), then with plain HF greedy
    ``generate``, and report tau, both speeds, the speedup and whether the outputs are identical;
-5. shipped: the same question with the head this project ships (``docs/results/heads``: trained for
-   tens of minutes on thousands of the base model's own answers), so the first run shows what
-   training at scale buys over the demo's few minutes.
+5. shipped: the same question with the best head this project ships (``docs/results/heads``:
+   trained for hours on the base model's own answers to some 14,600 conversations), so the first
+   run shows what training at scale buys over the demo's few minutes.
 
 Each stage reuses what a previous run left in the demo directory (a finished distillation, head or
 tuned tree; an interrupted training resumes from its last checkpoint), so a re-run goes straight to
@@ -59,7 +59,7 @@ class DemoSettings:
     warmup_tokens: int = 8
     # A head trained at scale for the same base, relative to the checkout like ``config``; None skips
     # stage 5. docs/training.md records how it was trained.
-    shipped_head: str | None = "docs/results/heads/eagle3-distilled"
+    shipped_head: str | None = "docs/results/heads/eagle3-corpus-all-cached"
 
 
 @dataclass
