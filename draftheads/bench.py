@@ -247,7 +247,7 @@ def run_bench(
         method.run(batches[0], warmup_tokens, temperature, seed)
     samples: list[Sample] = []
     bar = tqdm(
-        total=len(batches) * len(methods),
+        total=len(batches) * len(methods) * repeats,
         desc=f"bench (batch {batch_size})",
         unit="run",
         disable=not progress,
@@ -255,13 +255,17 @@ def run_bench(
     for index, batch in enumerate(batches):
         # Repeats alternate between the methods (a, b, a, b, ...), so that a slow spell of the
         # machine (a noisy neighbour on a shared host) falls on all of them, not on one method's runs.
-        runs: dict[str, list[list[Sample]]] = {method.name: [] for method in methods}
+        runs: list[list[list[Sample]]] = [[] for _ in methods]  # per method, its repeats
         for _ in range(repeats):
-            for method in methods:
-                runs[method.name].append(method.run(batch, max_new_tokens, temperature, seed + index))
+            for method, method_runs in zip(methods, runs):
+                run = method.run(batch, max_new_tokens, temperature, seed + index)
+                method_runs.append(run)
+                tokens, seconds = sum(s.new_tokens for s in run), sum(s.seconds for s in run)
+                bar.set_postfix(method=method.name, tok_s=f"{tokens / max(seconds, 1e-9):.1f}")
+                bar.update()
         reference = None
-        for method in methods:
-            batch_samples = _median(runs[method.name])
+        for method_runs in runs:
+            batch_samples = _median(method_runs)
             for sample in batch_samples:  # the batch size asked for (the last batch may be smaller)
                 sample.batch_size = batch_size
             if reference is None:
@@ -270,10 +274,6 @@ def run_bench(
                 for sample, expected in zip(batch_samples, reference):
                     sample.agrees = sample.tokens == expected.tokens
             samples.extend(batch_samples)
-            tokens = sum(s.new_tokens for s in batch_samples)
-            seconds = sum(s.seconds for s in batch_samples)
-            bar.set_postfix(method=method.name, tok_s=f"{tokens / max(seconds, 1e-9):.1f}")
-            bar.update()
     bar.close()
     return samples
 
