@@ -15,8 +15,8 @@ learning rate 1e-12; the record says which):
         [--start-dir START_DIR --start-record START_RECORD.json --init-head HEAD] \\
         --machine "$(lscpu | grep Flags)"
 
-START_RECORD.json is the record of the run that trained HEAD (its ``summary.tokens`` is the
-starting token count).
+START_RECORD.json is the record of the run that trained HEAD (its ``summary.tokens``, plus its own
+``start.tokens`` where that run continued a head too, is the starting token count).
 """
 
 from __future__ import annotations
@@ -93,9 +93,14 @@ def main() -> None:
                 "one step at learning rate 1e-12 "
                 "(train.max_steps=1 train.learning_rate=1e-12 train.warmup_steps=0)"
             )
+        # the tokens HEAD had trained on: its own run's, plus its start's if that run continued one
+        start_record = read_json(args.start_record)
+        start_tokens = field(start_record, args.start_record, "summary", "tokens")
+        if "start" in start_record:
+            start_tokens += field(start_record, args.start_record, "start", "tokens")
         record["start"] = {
             "head": args.init_head,
-            "tokens": field(read_json(args.start_record), args.start_record, "summary", "tokens"),
+            "tokens": start_tokens,
             **field(start, start_config, "training", "eval"),
             "how": f"the starting head scored on this run's held-out split and decode prompts: {scored}",
         }
