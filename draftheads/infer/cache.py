@@ -3,6 +3,9 @@
 After verifying a tree, the base cache holds prefix + all N tree nodes; only the accepted path's
 entries may stay. ``keep_accepted`` moves them to the front of the tree region and crops the rest
 (cheap at any prefix length, where re-indexing the whole cache grows with it: docs/inference.md).
+A batch's cache rows are described by their slots (B, L) bool, True where a slot holds one of the
+row's entries: rows advance by different amounts, so a row may have free slots, which stay masked
+(``keep_accepted_rows`` says where).
 
 A drafter's cache is rolled back instead (its ``DynamicCache`` objects, ``head.draft_caches(cache)``:
 one for EAGLE/EAGLE-3, one per module for MTP):
@@ -84,39 +87,69 @@ def keep_accepted(cache: DynamicCache, past_length: int, accepted: torch.Tensor)
             layer.crop(-excess)
 
 
+def left_aligned_slots(lengths: Sequence[int], total: int) -> torch.Tensor:
+    """(B, total) bool: row b's entries in its first ``lengths[b]`` slots of a batch's cache (the
+    layout ``forward.prefill_rows`` leaves)."""
+    if any(not 0 <= length <= total for length in lengths):
+        raise ValueError(f"row lengths {list(lengths)} do not fit a cache of {total} slots")
+    return torch.arange(total)[None] < torch.tensor(list(lengths), dtype=torch.long)[:, None]
+
+
+def slot_ends(slots: torch.Tensor) -> list[int]:
+    """Per row, the slot after its last occupied one (0 for a row with none)."""
+    positions = torch.arange(1, slots.shape[1] + 1)
+    return (slots * positions).amax(dim=1).tolist() if slots.shape[1] else [0] * slots.shape[0]
+
+
 def keep_accepted_rows(
-    cache: DynamicCache, lengths: Sequence[int], tree_start: int, accepted: Sequence[torch.Tensor]
-) -> list[int]:
-    """``keep_accepted`` for a batch whose rows hold ``lengths[b]`` valid entries, left-aligned:
-    row b's accepted tree entries (at ``tree_start + accepted[b]``) move to just after its valid
-    entries, and the cache is cropped to the longest row. Returns the new lengths.
+    cache: DynamicCache, slots: torch.Tensor, accepted: Sequence[torch.Tensor]
+) -> torch.Tensor:
+    """``keep_accepted`` for a batch: which of the cache's slots hold each row's entries is
+    ``slots`` (B, L) (True where occupied; the tree's entries follow, from slot L). Returns the
+    slots after keeping each row's accepted path.
+
+    A step in which every row accepted its root alone (a plain batched decoding step, or a drafting
+    step that accepted nothing) moves nothing: each root stays in the tree's first slot, behind
+    whatever free slots its row has (they stay masked), and the cache grows by one slot, as batched
+    ``generate``'s does with left padding. Otherwise each row's path moves to just after its last
+    occupied slot (a path already there, such as a tree's prefix in a row as long as the cache,
+    does not move), and the cache is cropped to the longest row; a row's free slots before its
+    entries stay free.
 
     Args:
-        lengths: valid entries per row before the tree (<= ``tree_start``).
-        tree_start: where the tree's entries begin (the cache length before verification).
+        slots: (B, L) bool, L = the cache length before verification.
         accepted: per row, (A_b,) accepted node indices, ascending, starting at the root (0).
     """
-    if len(lengths) == 1 and lengths[0] == tree_start:
-        keep_accepted(cache, tree_start, accepted[0])
-        return [tree_start + accepted[0].numel()]
+    batch, tree_start = slots.shape
     layers = _layers(cache)
     total = cache.get_seq_length()
     nodes = [a.tolist() for a in accepted]
     kept = [len(path) for path in nodes]
-    new_lengths = [length + count for length, count in zip(lengths, kept)]
-    if min(kept) == 0 or max(path[-1] for path in nodes) >= total - tree_start:
-        raise ValueError(f"cannot keep {kept} tree entries after {tree_start} in a cache of {total}")
+    if len(nodes) != batch or min(kept) == 0 or max(path[-1] for path in nodes) >= total - tree_start:
+        raise ValueError(
+            f"cannot keep {kept} tree entries of {batch} rows after {tree_start} in a cache of {total}"
+        )
+    if max(kept) == 1:  # every row its root alone: nothing moves
+        for layer in layers:
+            if total > tree_start + 1:
+                layer.crop(tree_start + 1 - total)
+        return torch.cat([slots, torch.ones(batch, 1, dtype=torch.bool)], dim=1)
+    if batch == 1 and bool(slots.all()):
+        keep_accepted(cache, tree_start, accepted[0])
+        return torch.ones(1, tree_start + kept[0], dtype=torch.bool)
+    ends = slot_ends(slots)
+    new_ends = [end + count for end, count in zip(ends, kept)]
     # Per row, source and destination slots, padded to the longest path by repeating the row's last
     # pair (the same write twice). A row whose path already sits where it belongs needs no move
-    # (the longest rows in a step that accepts a tree's prefix, every row of equal length in a
-    # plain step); if no row needs one, only the crop is left.
+    # (the longest rows in a step that accepts a tree's prefix); if no row needs one, only the crop
+    # is left.
     width = max(kept)
     source = [[tree_start + n for n in path + path[-1:] * (width - len(path))] for path in nodes]
     destination = [
-        list(range(length, length + len(path))) + [length + len(path) - 1] * (width - len(path))
-        for length, path in zip(lengths, nodes)
+        list(range(end, end + len(path))) + [end + len(path) - 1] * (width - len(path))
+        for end, path in zip(ends, nodes)
     ]
-    moving = [b for b in range(len(nodes)) if source[b] != destination[b]]
+    moving = [b for b in range(batch) if source[b] != destination[b]]
     if moving:
         device = layers[0].keys.device
         rows = torch.tensor(moving, device=device)[:, None]  # (M, 1)
@@ -126,18 +159,29 @@ def keep_accepted_rows(
             for name in ("keys", "values"):
                 tensor = getattr(layer, name)  # (B, H, L, D); advanced indices give (M, width, H, D)
                 tensor[rows, :, destination_slots] = tensor[rows, :, source_slots]
-    excess = total - max(new_lengths)
+    length = max(new_ends)
+    excess = total - length
     if excess:
         for layer in layers:
             layer.crop(-excess)
-    return new_lengths
+    new_slots = torch.zeros(batch, length, dtype=torch.bool)
+    before = min(tree_start, length)
+    new_slots[:, :before] = slots[:, :before]
+    columns = torch.arange(length)[None]
+    ends_tensor, new_ends_tensor = torch.tensor(ends)[:, None], torch.tensor(new_ends)[:, None]
+    new_slots |= (columns >= ends_tensor) & (columns < new_ends_tensor)
+    return new_slots
 
 
-def select_rows(cache: DynamicCache, rows: Sequence[int], length: int) -> None:
-    """Keep only the batch rows ``rows`` (in that order) and the first ``length`` entries, in place."""
+def select_rows(cache: DynamicCache, slots: torch.Tensor, rows: Sequence[int]) -> torch.Tensor:
+    """Keep only the batch rows ``rows`` (in that order), cropped to the slots they occupy, in
+    place; returns their slots."""
+    slots = slots[list(rows)]
+    length = max(slot_ends(slots))
     index = None
     for layer in _layers(cache):
         if index is None:
             index = torch.tensor(list(rows), dtype=torch.long, device=layer.keys.device)
         layer.keys = layer.keys.index_select(0, index)[:, :, :length]
         layer.values = layer.values.index_select(0, index)[:, :, :length]
+    return slots[:, :length]

@@ -93,26 +93,26 @@ def measure_verify_cost(
     repeats: int,
     feature_layers=(),
     progress: bool = False,
-    lengths: Sequence[int] | None = None,
+    slots: torch.Tensor | None = None,
 ) -> CostCurve:
     """Median seconds of verifying N tokens (forward + cache compaction) after what ``cache`` holds,
-    sizes interleaved; the cache is left as it was. ``lengths``: for a batch cache, the valid
-    entries of each row (``rows_forward``); then every row verifies N tokens, so the curve is what
-    one batched step costs with trees of N nodes in every row."""
+    sizes interleaved; the cache is left as it was. ``slots``: for a batch cache, the (B, L) bool
+    slots holding each row's entries (``rows_forward``); then every row verifies N tokens, so the
+    curve is what one batched step costs with trees of N nodes in every row."""
     from tqdm.auto import tqdm
 
     past = cache.get_seq_length()
-    rows = [past] if lengths is None else list(lengths)
+    if slots is None:
+        slots = torch.ones(1, past, dtype=torch.bool)
+    batch = slots.shape[0]
     device = model.device
     topologies = {n: tree_topology([-1] + list(range(n - 1))) for n in sizes}  # chains: cost is the size
     tokens = torch.full((max(sizes),), root, dtype=torch.long)
     first = torch.zeros(1, dtype=torch.long, device=device)
 
     def verify(n: int) -> None:
-        rows_forward(
-            model, cache, [tokens[:n]] * len(rows), [topologies[n]] * len(rows), rows, feature_layers
-        )
-        keep_accepted_rows(cache, rows, past, [first] * len(rows))  # as a step that accepts none
+        rows_forward(model, cache, [tokens[:n]] * batch, [topologies[n]] * batch, slots, feature_layers)
+        keep_accepted_rows(cache, slots, [first] * batch)  # as a step that accepts none
         crop_to_lengths([cache], [past])
 
     for n in sizes:  # warm-up: kernels and allocator for every shape

@@ -68,8 +68,8 @@ def tree_forward(model, cache, tokens: torch.Tensor, topology: TreeTopology, hid
     Returns:
         The model output: ``logits`` (1, N, V) and ``hidden_states`` (the selected entries (1, N, h)).
     """
-    past_length = cache.get_seq_length()
-    return rows_forward(model, cache, [tokens], [topology], [past_length], hidden_layers)
+    slots = torch.ones(1, cache.get_seq_length(), dtype=torch.bool)
+    return rows_forward(model, cache, [tokens], [topology], slots, hidden_layers)
 
 
 def rows_forward(
@@ -77,7 +77,7 @@ def rows_forward(
     cache,
     tokens: Sequence[torch.Tensor],
     topologies: Sequence[TreeTopology],
-    lengths: Sequence[int],
+    slots: torch.Tensor,
     hidden_layers: Sequence[int],
 ):
     """Verify one tree per row of a batch in one forward; every cache row gains ``size`` entries.
@@ -85,17 +85,21 @@ def rows_forward(
     Args:
         tokens: per row, (N_b,) node tokens (padding included), node 0 the row's root.
         topologies: per row, its tree (``topologies[b].size == N_b``).
-        lengths: per row, the valid entries of its cache row (left-aligned; the slots after are
-            stale and masked: ``tree.rows_attention_mask``).
+        slots: (B, L) bool, the cache slots holding each row's entries (``cache.keep_accepted_rows``;
+            the others are free and masked: ``tree.rows_attention_mask``); a row's root sits at
+            the position after its entries.
     Returns:
         The model output: ``logits`` (B, size, V) with size = max N_b (row b's first N_b are its
         tree's) and the selected ``hidden_states`` (B, size, h).
     """
     cache_length = cache.get_seq_length()
+    if slots.shape[1] != cache_length:
+        raise ValueError(f"slots for {slots.shape[1]} cache entries, but the cache holds {cache_length}")
     device = model.device
     size = max(t.size for t in topologies)
     input_ids = torch.stack([torch.cat([t, t[:1].expand(size - t.numel())]) for t in tokens]).to(device)
-    attention_mask = rows_attention_mask(topologies, lengths, cache_length, size, model.dtype, device)
+    attention_mask = rows_attention_mask(topologies, slots, size, model.dtype, device)
+    lengths = slots.sum(dim=1).tolist()  # each row's entries: its root's position
     position_ids = rows_position_ids(topologies, lengths, size, device)  # (B, N)
     check_tree_inputs(model, input_ids, attention_mask, position_ids, cache_length)
     return model(

@@ -27,7 +27,7 @@ import torch
 from draftheads.base_model import DEFAULT_DTYPE
 from draftheads.infer.adaptive import AdaptiveDrafter, Calibration, HeadGate, common_tree_size, keep_likeliest
 from draftheads.infer.batch_draft import propose_rows
-from draftheads.infer.cache import keep_accepted_rows, select_rows
+from draftheads.infer.cache import keep_accepted_rows, left_aligned_slots, select_rows
 from draftheads.infer.context import ContextDrafter, ContextTree
 from draftheads.infer.cost import CostCurve, load_tuned_costs, measure_verify_cost
 from draftheads.infer.draft import Drafter, drafter_for
@@ -438,7 +438,7 @@ class SpeculativeGenerator:
 
     # ---- the decode loop ----------------------------------------------------------------------
 
-    def _batch_cost(self, batch: int, cache, roots: Sequence[int], lengths: Sequence[int]) -> CostCurve:
+    def _batch_cost(self, batch: int, cache, roots: Sequence[int], slots: torch.Tensor) -> CostCurve:
         """The verify-cost curve for ``batch`` rows: the constructor's ``cost`` for one row, else the
         one in ``batch_costs`` (from ``tune-tree``, or measured before) for the smallest batch from
         this size to twice it, else measured now with the live cache (which is left as it was)."""
@@ -452,7 +452,7 @@ class SpeculativeGenerator:
         largest = padded_size(self.tree.max_nodes, self.pad_to_multiple)
         sizes = [n for n in COST_SIZES if n < largest] + [largest]
         self.batch_costs[batch] = measure_verify_cost(
-            self.model, cache, roots[0], sizes, repeats=3, lengths=None if batch == 1 else lengths
+            self.model, cache, roots[0], sizes, repeats=3, slots=slots
         )
         if batch == 1:
             self.cost = self.batch_costs[1]
@@ -471,9 +471,9 @@ class SpeculativeGenerator:
         """Decode a batch of prompts (each (T_b,)); yield each step's new tokens as (row, tokens)
         pairs: after the prefill, then after every verification forward.
 
-        The batch's cache rows hold each sequence left-aligned (prompt, then accepted tokens); a
-        row's slots after its length are stale and masked (``rows_forward``). Each row drafts its
-        own tree; one forward verifies every row's; each row keeps its own accepted path
+        The batch's cache rows hold each sequence in order (prompt, then accepted tokens); the
+        slots a row does not occupy are masked (``rows_forward``). Each row drafts its own tree;
+        one forward verifies every row's; each row keeps its own accepted path
         (``keep_accepted_rows``), so rows advance by different amounts; a row that is done leaves
         the batch and costs nothing more. One row is the plain single-sequence case.
         """
@@ -481,7 +481,7 @@ class SpeculativeGenerator:
         hidden_layers = () if self.head is None else tuple(self.head.feature_layers)
         context = self.max_length or 2**62
         rows = list(range(len(prompts)))  # the caller's indices of the rows still decoding
-        lengths = [p.numel() for p in prompts]  # valid cache entries per row
+        lengths = [p.numel() for p in prompts]  # entries per row: its next token's position
         limits = [min(context, n + max_new_tokens) for n in lengths]  # final sequence lengths
         emitted: list[list[int]] = [[] for _ in prompts]
 
@@ -495,6 +495,7 @@ class SpeculativeGenerator:
             return tokens, done
 
         cache, logits, hidden_states = prefill_rows(model, prompts, hidden_layers)
+        slots = left_aligned_slots(lengths, cache.get_seq_length())  # (B, L): where each row's are
         roots, drafters, chunks, finished = [], [], [], []
         for row in rows:
             root = next_token(logits[row], params, generator)
@@ -521,12 +522,12 @@ class SpeculativeGenerator:
                     [drafters[i] for i in keep],
                 )
                 lengths = [lengths[i] for i in keep]
-                select_rows(cache, keep, max(lengths))
+                slots = select_rows(cache, slots, keep)
                 finished = []
             drafting = gated = True
             if self.adaptive:
                 measuring = time.perf_counter()
-                cost = self._batch_cost(len(rows), cache, roots, lengths)
+                cost = self._batch_cost(len(rows), cache, roots, slots)
                 for tally in tallies:  # a one-time measurement, not decoding
                     tally.started += time.perf_counter() - measuring
                 for drafter in drafters:
@@ -553,9 +554,8 @@ class SpeculativeGenerator:
                     keep_likeliest(x, p, size, self.pad_to_multiple) for x, p in zip(drafts, probabilities)
                 ]
             tokens_in_trees = [draft.padded_tokens for draft in drafts]  # (N_b,) each
-            tree_start = cache.get_seq_length()
             output = rows_forward(
-                model, cache, tokens_in_trees, [d.topology for d in drafts], lengths, hidden_layers
+                model, cache, tokens_in_trees, [d.topology for d in drafts], slots, hidden_layers
             )
             if self.adaptive and gated and drafting:
                 # The gate weighs a drafting step by the tokens it was expected to emit (calibrated
@@ -573,7 +573,8 @@ class SpeculativeGenerator:
                     for b, (tokens, draft) in enumerate(zip(tokens_in_trees, drafts))
                 ]
             accepted = [torch.tensor(a.nodes, dtype=torch.long) for a in acceptances]  # (A_b,) each
-            new_lengths = keep_accepted_rows(cache, lengths, tree_start, accepted)
+            slots = keep_accepted_rows(cache, slots, accepted)
+            new_lengths = [length + path.numel() for length, path in zip(lengths, accepted)]
             chunks, step_tokens = [], 0
             for b, row in enumerate(rows):
                 acceptance, draft, drafter = acceptances[b], drafts[b], drafters[b]

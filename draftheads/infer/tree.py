@@ -150,34 +150,34 @@ def tree_position_ids(
 
 def rows_attention_mask(
     topologies: Sequence[TreeTopology],
-    lengths: Sequence[int],
-    cache_length: int,
+    slots: torch.Tensor,
     size: int,
     dtype: torch.dtype,
     device: torch.device | str = "cpu",
 ) -> torch.Tensor:
-    """The additive float mask (B, 1, size, cache_length + size) for verifying one tree per row of a
-    batch whose cache rows hold ``lengths[b]`` valid entries, left-aligned in ``cache_length`` slots
-    (the slots after a row's length are stale and masked). Row b's tree fills the first
-    ``topologies[b].size`` of ``size`` nodes; the nodes after it are padding: each sees the row's
-    prefix and itself, so no attention row is ever fully masked. One row whose length fills the
-    cache gives exactly ``tree_attention_mask``."""
+    """The additive float mask (B, 1, size, L + size) for verifying one tree per row of a batch
+    whose cache rows occupy ``slots`` (B, L) bool (``cache.keep_accepted_rows``; the free slots
+    are masked). Row b's tree fills the first ``topologies[b].size`` of ``size`` nodes; the nodes
+    after it are padding: each sees the row's entries and itself, so no attention row is ever
+    fully masked. One row that fills its cache gives exactly ``tree_attention_mask``."""
     if not dtype.is_floating_point:
         raise ValueError(f"the tree mask must be a floating dtype (the model's), got {dtype}")
-    if len(topologies) != len(lengths):
-        raise ValueError(f"{len(topologies)} trees for {len(lengths)} rows")
+    if slots.dim() != 2 or slots.dtype != torch.bool or slots.shape[0] != len(topologies):
+        raise ValueError(
+            f"{len(topologies)} trees need slots of shape ({len(topologies)}, L) bool, got "
+            f"{tuple(slots.shape)} {slots.dtype}"
+        )
+    batch, cache_length = slots.shape
     blocked = torch.finfo(dtype).min
-    mask = torch.full((len(lengths), size, cache_length + size), blocked, dtype=dtype)  # (B, N, L + N)
+    mask = torch.full((batch, size, cache_length + size), blocked, dtype=dtype)  # (B, N, L + N)
+    mask[:, :, :cache_length].masked_fill_(slots[:, None, :].cpu(), 0)
     mask[:, :, cache_length:].diagonal(dim1=1, dim2=2).fill_(0)  # every node sees itself
-    for row, (topology, length) in enumerate(zip(topologies, lengths)):
-        if not 0 <= length <= cache_length or topology.size > size:
-            raise ValueError(
-                f"row {row}: {length} valid entries of {cache_length} and a tree of {topology.size} "
-                f"nodes in {size}"
-            )
-        mask[row, :, :length] = 0
+    for row, topology in enumerate(topologies):
         n = topology.size
-        mask[row, :n, cache_length : cache_length + n].masked_fill_(topology.ancestor_mask, 0)
+        if n > size:
+            raise ValueError(f"row {row}: a tree of {n} nodes in {size}")
+        if n > 1:
+            mask[row, :n, cache_length : cache_length + n].masked_fill_(topology.ancestor_mask, 0)
     return mask[:, None].to(device)  # (B, 1, N, L + N)
 
 

@@ -85,7 +85,13 @@ class DecodingBench:
         rows = [self.prefix] * batch
         cache, _, _ = prefill_rows(self.model, rows, ())
         return measure_verify_cost(
-            self.model, cache, self.root, sizes, self.repeats, progress=progress, lengths=[self.past] * batch
+            self.model,
+            cache,
+            self.root,
+            sizes,
+            self.repeats,
+            progress=progress,
+            slots=torch.ones(batch, self.past, dtype=torch.bool),
         )
 
     def verify_cost(self, sizes: Sequence[int], progress: bool = True) -> CostCurve:

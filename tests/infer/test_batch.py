@@ -12,7 +12,7 @@ from infer_stubs import SelfDraftStub
 
 from draftheads.heads import Eagle3Config, EagleConfig, MedusaConfig, MtpConfig, build_head
 from draftheads.infer import SpeculativeGenerator
-from draftheads.infer.cache import keep_accepted_rows, select_rows
+from draftheads.infer.cache import keep_accepted_rows, left_aligned_slots, select_rows
 from draftheads.infer.cost import CostCurve
 from draftheads.infer.forward import prefill_rows, rows_forward
 from draftheads.infer.stopping import StopRule
@@ -127,69 +127,148 @@ def test_rows_forward_equals_each_row_alone(model):
     cache, _, _ = prefill_rows(model, prompts, ())
     topologies = [tree_topology([-1, 0, 0, 1]), tree_topology([-1, 0, 1])]
     tokens = [torch.tensor([30, 31, 32, 33]), torch.tensor([40, 41, 42])]
-    lengths = [11, 5]
-    output = rows_forward(model, cache, tokens, topologies, lengths, ())
-    kept = keep_accepted_rows(cache, lengths, 11, [torch.tensor([0, 2]), torch.tensor([0, 1, 2])])
-    assert kept == [13, 8] and cache.get_seq_length() == 13
+    slots = left_aligned_slots([11, 5], 11)
+    output = rows_forward(model, cache, tokens, topologies, slots, ())
+    slots = keep_accepted_rows(cache, slots, [torch.tensor([0, 2]), torch.tensor([0, 1, 2])])
+    assert slots.sum(dim=1).tolist() == [13, 8] and cache.get_seq_length() == slots.shape[1] == 13
     follow = rows_forward(
-        model, cache, [torch.tensor([50]), torch.tensor([51])], [tree_topology([-1])] * 2, kept, ()
+        model, cache, [torch.tensor([50]), torch.tensor([51])], [tree_topology([-1])] * 2, slots, ()
     )
     for row, prompt in enumerate(prompts):
         alone, _, _ = prefill_rows(model, [prompt], ())
-        single = rows_forward(model, alone, [tokens[row]], [topologies[row]], [prompt.numel()], ())
+        single = rows_forward(
+            model,
+            alone,
+            [tokens[row]],
+            [topologies[row]],
+            torch.ones(1, prompt.numel(), dtype=torch.bool),
+            (),
+        )
         n = tokens[row].numel()
         torch.testing.assert_close(output.logits[row, :n], single.logits[0], rtol=1e-4, atol=1e-5)
         path = [[0, 2], [0, 1, 2]][row]
         sequence = torch.cat([prompt, tokens[row][path], torch.tensor([[50, 51][row]])])
         direct = model(sequence[None]).logits[0, -1]
         torch.testing.assert_close(follow.logits[row, 0], direct, rtol=1e-4, atol=1e-5)
-    select_rows(cache, [1], 8)
-    assert cache.get_seq_length() == 8 and cache.layers[0].keys.shape[0] == 1
+    slots = select_rows(cache, slots, [1])
+    assert cache.get_seq_length() == slots.shape[1] == 8 and cache.layers[0].keys.shape[0] == 1
 
 
 def test_keeping_accepted_entries_moves_only_the_rows_whose_path_is_out_of_place(model):
     """Row 0 (as long as the cache) accepts its tree's prefix: its entries are already in place.
-    Row 1 is shorter: its accepted entries move to just after its prompt. A plain step whose rows
-    are all as long as the cache moves nothing."""
+    Row 1 is shorter: its accepted entries move to just after its prompt. A step in which every row
+    accepts its root alone moves nothing, whatever the rows' lengths."""
     prompts = [torch.arange(3, 14), torch.arange(20, 25)]
     cache, _, _ = prefill_rows(model, prompts, ())
     topology = tree_topology([-1, 0, 1])
     rows_forward(
-        model, cache, [torch.tensor([30, 31, 32]), torch.tensor([40, 41, 42])], [topology] * 2, [11, 5], ()
+        model,
+        cache,
+        [torch.tensor([30, 31, 32]), torch.tensor([40, 41, 42])],
+        [topology] * 2,
+        left_aligned_slots([11, 5], 11),
+        (),
     )
     before = [(layer.keys.clone(), layer.values.clone()) for layer in cache.layers]
-    kept = keep_accepted_rows(cache, [11, 5], 11, [torch.tensor([0, 1]), torch.tensor([0, 2])])
-    assert kept == [13, 7] and cache.get_seq_length() == 13
+    slots = keep_accepted_rows(
+        cache, left_aligned_slots([11, 5], 11), [torch.tensor([0, 1]), torch.tensor([0, 2])]
+    )
+    assert torch.equal(slots, left_aligned_slots([13, 7], 13)) and cache.get_seq_length() == 13
     for layer, (keys, values) in zip(cache.layers, before):
         for now, then in ((layer.keys, keys), (layer.values, values)):
             torch.testing.assert_close(now[0], then[0, :, :13], rtol=0, atol=0)  # untouched
             torch.testing.assert_close(now[1, :, :5], then[1, :, :5], rtol=0, atol=0)  # the prompt
             torch.testing.assert_close(now[1, :, 5:7], then[1, :, [11, 13]], rtol=0, atol=0)  # the path
-    equal = [torch.arange(3, 10), torch.arange(20, 27)]
-    cache, _, _ = prefill_rows(model, equal, ())
-    rows_forward(
-        model, cache, [torch.tensor([30]), torch.tensor([40])], [tree_topology([-1])] * 2, [7, 7], ()
-    )
-    before = [layer.keys.clone() for layer in cache.layers]
-    assert keep_accepted_rows(cache, [7, 7], 7, [torch.tensor([0])] * 2) == [8, 8]
-    for layer, keys in zip(cache.layers, before):
-        torch.testing.assert_close(layer.keys, keys, rtol=0, atol=0)
+    for lengths in ([7, 7], [7, 4]):
+        cache, _, _ = prefill_rows(model, [torch.arange(3, 3 + n) for n in lengths], ())
+        slots = left_aligned_slots(lengths, 7)
+        rows_forward(
+            model, cache, [torch.tensor([30]), torch.tensor([40])], [tree_topology([-1])] * 2, slots, ()
+        )
+        before = [layer.keys.clone() for layer in cache.layers]
+        slots = keep_accepted_rows(cache, slots, [torch.tensor([0])] * 2)
+        assert slots.tolist() == [[True] * 8, [True] * lengths[1] + [False] * (7 - lengths[1]) + [True]]
+        for layer, keys in zip(cache.layers, before):
+            torch.testing.assert_close(layer.keys, keys, rtol=0, atol=0)
+
+
+def test_free_slots_left_by_plain_steps_stay_masked_through_later_trees(model):
+    """Plain steps leave a shorter row's root behind free slots (nothing moves); a tree verified
+    after them, and its kept path, still give exactly each row's own logits."""
+    prompts = [torch.arange(3, 14), torch.arange(20, 25)]
+    cache, _, _ = prefill_rows(model, prompts, ())
+    slots = left_aligned_slots([11, 5], 11)
+    sequences = [prompt.tolist() for prompt in prompts]
+    root = tree_topology([-1])
+    for step in range(2):  # two plain steps: row 1's entries then sit in slots 0-4 and 11-12
+        tokens = [torch.tensor([60 + step]), torch.tensor([70 + step])]
+        rows_forward(model, cache, tokens, [root] * 2, slots, ())
+        slots = keep_accepted_rows(cache, slots, [torch.tensor([0])] * 2)
+        for sequence, token in zip(sequences, tokens):
+            sequence.append(int(token))
+    assert slots[1].tolist() == [True] * 5 + [False] * 6 + [True] * 2
+    topologies = [tree_topology([-1, 0, 0, 1]), tree_topology([-1, 0, 1])]
+    tokens = [torch.tensor([30, 31, 32, 33]), torch.tensor([40, 41, 42])]
+    output = rows_forward(model, cache, tokens, topologies, slots, ())
+    slots = keep_accepted_rows(cache, slots, [torch.tensor([0, 2]), torch.tensor([0, 1, 2])])
+    assert slots.sum(dim=1).tolist() == [15, 10]
+    follow = rows_forward(model, cache, [torch.tensor([50]), torch.tensor([51])], [root] * 2, slots, ())
+    for row, sequence in enumerate(sequences):
+        prefix = torch.tensor(sequence)
+        tree_logits = model(torch.cat([prefix, tokens[row][[0, 1]]])[None]).logits[0]  # root, depth 1
+        torch.testing.assert_close(output.logits[row, :2], tree_logits[-2:], rtol=1e-4, atol=1e-5)
+        path = [[0, 2], [0, 1, 2]][row]
+        direct = model(torch.cat([prefix, tokens[row][path], torch.tensor([[50, 51][row]])])[None]).logits[
+            0, -1
+        ]
+        torch.testing.assert_close(follow.logits[row, 0], direct, rtol=1e-4, atol=1e-5)
+
+
+class AlternatingGate:
+    """A step gate that drafts and steps plainly by a fixed pattern, whatever it measures."""
+
+    def __init__(self, pattern: str):
+        self.pattern, self.step = pattern, 0
+
+    def drafts(self, batch: int) -> bool:
+        self.step += 1
+        return self.pattern[(self.step - 1) % len(self.pattern)] == "d"
+
+    def record(self, *args, **kwargs) -> None:
+        pass
+
+
+def test_rows_that_alternate_drafting_and_plain_steps_match_generate(model):
+    """Ragged rows that step plainly after drafting (free slots behind the shorter rows' roots),
+    then draft again, and leave the batch at different times: every row its own greedy output."""
+    torch.manual_seed(0)
+    head = build_head(model, HEADS["eagle3"][0])
+    generator = SpeculativeGenerator(model, head, tree="chain-4", context=True, adaptive=True)
+    for batch in (2, 5):  # trees are cheap: the gate alone decides
+        generator.batch_costs[batch] = CostCurve((1, 2, 4), (1.0, 1.05, 1.1))
+    generator.step_gate = AlternatingGate("dppdpddp")
+    prompts = [torch.cat([p, p]) for p in ragged_prompts(5, seed=3)]  # repeats: context drafts accept
+    result = assert_rows_match(model, generator, prompts, max_new_tokens=20)
+    assert result.stats.tau > 1.0
 
 
 def test_one_full_row_mask_is_the_single_tree_mask():
     topology = tree_topology([-1, 0, 0, 1, 2], pad_to_multiple=4)
     single = tree_attention_mask(topology, 7, torch.float32)
-    rows = rows_attention_mask([topology], [7], 7, topology.size, torch.float32)
+    rows = rows_attention_mask([topology], torch.ones(1, 7, dtype=torch.bool), topology.size, torch.float32)
     assert torch.equal(single, rows)
 
 
-def test_stale_slots_and_padding_nodes_are_masked():
+def test_free_slots_and_padding_nodes_are_masked():
     blocked = torch.finfo(torch.float32).min
-    mask = rows_attention_mask([tree_topology([-1, 0]), tree_topology([-1])], [5, 2], 5, 3, torch.float32)
+    slots = torch.tensor([[True] * 5, [True, False, False, True, False]])
+    mask = rows_attention_mask([tree_topology([-1, 0]), tree_topology([-1])], slots, 3, torch.float32)
     assert mask.shape == (2, 1, 3, 8)
-    assert (mask[1, 0, :, 2:5] == blocked).all()  # row 1's stale slots
-    assert (mask[1, 0, :, :2] == 0).all()
+    assert (mask[1, 0, :, [1, 2, 4]] == blocked).all()  # row 1's free slots
+    assert (mask[1, 0, :, [0, 3]] == 0).all()
     assert mask[1, 0, 2, 7] == 0 and mask[1, 0, 2, 5] == blocked  # padding sees itself, not the root
+    with pytest.raises(ValueError, match=r"slots of shape \(2, L\) bool"):
+        rows_attention_mask([tree_topology([-1])] * 2, slots[:1], 1, torch.float32)
 
 
 # ---- sampling -----------------------------------------------------------------------------------
