@@ -224,6 +224,50 @@ def test_free_slots_left_by_plain_steps_stay_masked_through_later_trees(model):
         torch.testing.assert_close(follow.logits[row, 0], direct, rtol=1e-4, atol=1e-5)
 
 
+def test_a_buffered_cache_holds_what_a_dynamic_one_holds_and_appends_in_place(model):
+    """Random appends, crops, in-place rewrites and row selections give the same entries in the
+    decoder's cache (``BufferedLayer``) as in transformers' own; an append with room to spare
+    writes into the buffer instead of copying the layer."""
+    from transformers import DynamicCache
+
+    from draftheads.infer.cache import BufferedLayer, new_cache
+
+    generator = torch.Generator().manual_seed(0)
+    buffered, reference = new_cache(model), DynamicCache(config=model.config)
+    assert all(type(layer) is BufferedLayer for layer in buffered.layers)
+    layers, batch, in_place = len(buffered.layers), 3, 0
+    for _ in range(80):
+        length = reference.get_seq_length()
+        operation = torch.randint(4, (1,), generator=generator).item() if length > 4 else 0
+        if operation == 0:  # append n entries to every layer
+            n = torch.randint(1, 6, (1,), generator=generator).item()
+            for layer in range(layers):
+                keys, values = torch.randn(2, batch, 2, n, 4, generator=generator)
+                before = buffered.layers[layer].keys
+                buffered.update(keys, values, layer)
+                reference.update(keys.clone(), values.clone(), layer)
+                in_place += before is not None and buffered.layers[layer].keys.data_ptr() == before.data_ptr()
+        elif operation == 1:  # crop
+            remove = torch.randint(1, 4, (1,), generator=generator).item()
+            for cache in (buffered, reference):
+                for layer in cache.layers:
+                    layer.crop(-remove)
+        elif operation == 2:  # rewrite some rows' entries in place, as keep_accepted_rows does
+            rows = torch.tensor([[0], [2]])
+            source = torch.randint(length, (2, 3), generator=generator)
+            destination = torch.randint(length, (2, 1), generator=generator).expand(2, 3)
+            for cache in (buffered, reference):
+                for layer in cache.layers:
+                    for tensor in (layer.keys, layer.values):
+                        tensor[rows, :, destination] = tensor[rows, :, source]
+        else:  # select rows 2, 0 and 0 again: a new batch of three in a new tensor
+            for cache in (buffered, reference):
+                select_rows(cache, torch.ones(batch, length, dtype=torch.bool), [2, 0, 0])
+        for mine, theirs in zip(buffered.layers, reference.layers):
+            assert torch.equal(mine.keys, theirs.keys) and torch.equal(mine.values, theirs.values)
+    assert in_place > 0
+
+
 class AlternatingGate:
     """A step gate that drafts and steps plainly by a fixed pattern, whatever it measures."""
 
