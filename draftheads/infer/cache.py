@@ -153,7 +153,42 @@ def slot_ends(slots: torch.Tensor) -> list[int]:
     return (slots * positions).amax(dim=1).tolist() if slots.shape[1] else [0] * slots.shape[0]
 
 
+# Free slots a batch's cache may hold beyond its longest row before ``keep_accepted_rows``
+# squeezes them out: steps in which every row accepts only its root leave the shorter rows' free
+# slots in place, and in a batch that drafts such steps recur.
+MAX_FREE_SLOTS = 64
+
+
+def squeeze_rows(cache: DynamicCache, slots: torch.Tensor) -> torch.Tensor:
+    """Move every row's entries to its first slots, in order, and crop the cache to the longest
+    row (one gather per cache tensor); returns the new slots, left-aligned."""
+    lengths = slots.sum(dim=1)
+    longest = int(lengths.max())
+    order = torch.argsort((~slots).to(torch.int8), dim=1, stable=True)[:, :longest]  # occupied first
+    layers = _layers(cache)
+    if layers:
+        device = layers[0].keys.device
+        rows = torch.arange(slots.shape[0], device=device)[:, None]  # (B, 1)
+        order = order.to(device)  # (B, longest)
+        for layer in layers:
+            # advanced indices around a slice put their dims first: (B, longest, H, D)
+            layer.keys = layer.keys[rows, :, order].transpose(1, 2).contiguous()
+            layer.values = layer.values[rows, :, order].transpose(1, 2).contiguous()
+    return left_aligned_slots(lengths.tolist(), longest)
+
+
 def keep_accepted_rows(
+    cache: DynamicCache, slots: torch.Tensor, accepted: Sequence[torch.Tensor]
+) -> torch.Tensor:
+    """``_keep_accepted_rows``, then ``squeeze_rows`` when the cache holds more than
+    ``MAX_FREE_SLOTS`` slots beyond its longest row."""
+    slots = _keep_accepted_rows(cache, slots, accepted)
+    if slots.shape[1] - int(slots.sum(dim=1).max()) > MAX_FREE_SLOTS:
+        slots = squeeze_rows(cache, slots)
+    return slots
+
+
+def _keep_accepted_rows(
     cache: DynamicCache, slots: torch.Tensor, accepted: Sequence[torch.Tensor]
 ) -> torch.Tensor:
     """``keep_accepted`` for a batch: which of the cache's slots hold each row's entries is

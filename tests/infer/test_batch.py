@@ -224,6 +224,37 @@ def test_free_slots_left_by_plain_steps_stay_masked_through_later_trees(model):
         torch.testing.assert_close(follow.logits[row, 0], direct, rtol=1e-4, atol=1e-5)
 
 
+def test_free_slots_beyond_the_limit_are_squeezed_out(model, monkeypatch):
+    """With no free slots allowed beyond the longest row, the step that would leave some squeezes
+    every row to its first slots; the next forward still gives each row's own logits."""
+    from draftheads.infer import cache as cache_module
+
+    monkeypatch.setattr(cache_module, "MAX_FREE_SLOTS", 0)
+    prompts = [torch.arange(3, 14), torch.arange(20, 25)]
+    cache, _, _ = prefill_rows(model, prompts, ())
+    slots = left_aligned_slots([11, 5], 11)
+    root, chain = tree_topology([-1]), tree_topology([-1, 0, 1])
+    rows_forward(model, cache, [torch.tensor([60]), torch.tensor([70])], [root] * 2, slots, ())
+    slots = keep_accepted_rows(cache, slots, [torch.tensor([0])] * 2)  # row 1: 6 free slots, then its root
+    assert cache.get_seq_length() == 12 and slots.sum(dim=1).tolist() == [12, 6]
+    trees = [torch.tensor([30, 31, 32]), torch.tensor([40, 41, 42])]
+    rows_forward(model, cache, trees, [chain] * 2, slots, ())
+    slots = keep_accepted_rows(cache, slots, [torch.tensor([0]), torch.tensor([0, 1, 2])])
+    # row 1 would end at slot 15 with 9 entries, row 0 at 13 with 13: squeezed to 13 slots
+    assert torch.equal(slots, left_aligned_slots([13, 9], 13)) and cache.get_seq_length() == 13
+    follow = rows_forward(model, cache, [torch.tensor([50]), torch.tensor([51])], [root] * 2, slots, ())
+    for row, (prompt, tokens) in enumerate(zip(prompts, ([60, 30, 50], [70, 40, 41, 42, 51]))):
+        direct = model(torch.cat([prompt, torch.tensor(tokens)])[None]).logits[0, -1]
+        torch.testing.assert_close(follow.logits[row, 0], direct, rtol=1e-4, atol=1e-5)
+
+
+def test_rows_squeezed_at_every_step_still_match_generate(model, monkeypatch):
+    from draftheads.infer import cache as cache_module
+
+    monkeypatch.setattr(cache_module, "MAX_FREE_SLOTS", 0)
+    test_rows_that_alternate_drafting_and_plain_steps_match_generate(model)
+
+
 def test_a_buffered_cache_holds_what_a_dynamic_one_holds_and_appends_in_place(model):
     """Random appends, crops, in-place rewrites and row selections give the same entries in the
     decoder's cache (``BufferedLayer``) as in transformers' own; an append with room to spare
