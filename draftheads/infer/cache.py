@@ -217,9 +217,7 @@ def _keep_accepted_rows(
             f"cannot keep {kept} tree entries of {batch} rows after {tree_start} in a cache of {total}"
         )
     if max(kept) == 1:  # every row its root alone: nothing moves
-        for layer in layers:
-            if total > tree_start + 1:
-                layer.crop(tree_start + 1 - total)
+        crop_to_lengths([cache], [tree_start + 1])
         return torch.cat([slots, torch.ones(batch, 1, dtype=torch.bool)], dim=1)
     if batch == 1 and bool(slots.all()):
         keep_accepted(cache, tree_start, accepted[0])
@@ -247,10 +245,7 @@ def _keep_accepted_rows(
                 tensor = getattr(layer, name)  # (B, H, L, D); advanced indices give (M, width, H, D)
                 tensor[rows, :, destination_slots] = tensor[rows, :, source_slots]
     length = max(new_ends)
-    excess = total - length
-    if excess:
-        for layer in layers:
-            layer.crop(-excess)
+    crop_to_lengths([cache], [length])
     new_slots = torch.zeros(batch, length, dtype=torch.bool)
     before = min(tree_start, length)
     new_slots[:, :before] = slots[:, :before]
