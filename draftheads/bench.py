@@ -89,6 +89,7 @@ class Sample:
     tokens: list[int] = field(default_factory=list)
     accepted_by_source: dict[str, int] = field(default_factory=dict)  # accepted drafts by proposer
     batch_size: int = 1  # rows decoded together (its seconds are the batch's share for this row)
+    repeat_seconds: list[float] = field(default_factory=list)  # each timed repeat's seconds, in order
 
 
 class ForwardCounter:
@@ -220,10 +221,11 @@ def _eos_ids(model, tokenizer) -> set[int]:
 
 def _median(runs: list[list[Sample]]) -> list[Sample]:
     """One method's repeated runs of a batch as one: the first run's samples with each prompt's
-    median seconds."""
+    median seconds (and every repeat's seconds, in order)."""
     samples = runs[0]
     for row, sample in enumerate(samples):
-        sample.seconds = statistics.median(run[row].seconds for run in runs)
+        sample.repeat_seconds = [run[row].seconds for run in runs]
+        sample.seconds = statistics.median(sample.repeat_seconds)
     return samples
 
 
@@ -293,6 +295,9 @@ class Summary:
     agreement: float | None  # share of prompts identical to plain generate (T = 0)
     accepted_by_source: dict[str, float] = field(default_factory=dict)  # accepted drafts per step
     batch_size: int = 1
+    # the speedup of each timed repeat alone (repeat r against the reference's repeat r, run next to
+    # it): their spread is the machine's noise; empty with one repeat
+    speedup_by_repeat: list[float] = field(default_factory=list)
 
 
 def summarize(samples: list[Sample], reference_method: str) -> list[Summary]:
@@ -302,15 +307,24 @@ def summarize(samples: list[Sample], reference_method: str) -> list[Summary]:
     for sample in samples:
         groups[(sample.method, sample.category)].append(sample)
         groups[(sample.method, "all")].append(sample)
-    rates = {}
+    rates, repeat_rates = {}, {}
     for key, group in groups.items():
         rates[key] = sum(s.new_tokens for s in group) / max(sum(s.seconds for s in group), 1e-9)
+        repeats = {len(s.repeat_seconds) for s in group}
+        if len(repeats) == 1 and min(repeats) > 1:
+            tokens = sum(s.new_tokens for s in group)
+            repeat_rates[key] = [
+                tokens / max(sum(s.repeat_seconds[r] for s in group), 1e-9) for r in range(min(repeats))
+            ]
     summaries = []
     for (method, category), group in groups.items():
         tokens = sum(s.new_tokens for s in group)
         forwards = sum(s.forwards for s in group)
         tau = tokens / max(forwards, 1)
         speedup = rates[(method, category)] / rates[(reference_method, category)]
+        own = repeat_rates.get((method, category), [])
+        against = repeat_rates.get((reference_method, category), [])
+        by_repeat = [a / b for a, b in zip(own, against)] if len(own) == len(against) else []
         steps = sum(s.steps for s in group)
         depth = max((len(s.accepted_per_depth) for s in group), default=0)
         acceptance = [
@@ -339,6 +353,7 @@ def summarize(samples: list[Sample], reference_method: str) -> list[Summary]:
                 agreement,
                 dict(sorted(by_source.items())),
                 batch_size,
+                by_repeat,
             )
         )
     summaries.sort(key=lambda s: (s.category != "all", s.category, s.method))
@@ -360,9 +375,13 @@ def markdown_table(summaries: list[Summary]) -> str:
         by_source = ", ".join(f"{source} {rate:.2f}" for source, rate in s.accepted_by_source.items()) or "-"
         agreement = "-" if s.agreement is None else f"{s.agreement:.0%}"
         batch = f" {s.batch_size} |" if batched else ""
+        spread = ""
+        if s.speedup_by_repeat:
+            spread = f" ({min(s.speedup_by_repeat):.2f}-{max(s.speedup_by_repeat):.2f})"
         lines.append(
             f"| {s.category} | {s.method} |{batch} {s.tau:.2f} | {s.tokens_per_second:.1f} | "
-            f"{s.speedup:.2f}x | {s.implied_overhead:.2f} | {acceptance} | {by_source} | {agreement} |"
+            f"{s.speedup:.2f}x{spread} | {s.implied_overhead:.2f} | {acceptance} | {by_source} | "
+            f"{agreement} |"
         )
     return "\n".join(lines) + "\n"
 
@@ -459,6 +478,12 @@ def write_results(samples, summaries, info: dict, settings: dict, out_dir: Path)
     json_path.write_text(json.dumps(record, indent=2) + "\n")
     md_path = out_dir / RESULT_FILES[1]
     header = f"Settings: {json.dumps(settings)}\n\nMachine: {json.dumps(info)}\n\ntau = {TAU_CONVENTION}.\n\n"
+    if any(s.speedup_by_repeat for s in summaries):
+        header += (
+            "speedup: over the median times of the repeats; in brackets the lowest and highest "
+            "speedup of one repeat alone (each against the reference's repeat run next to it): "
+            "the machine's noise.\n\n"
+        )
     md_path.write_text(header + markdown_table(summaries))
     return [json_path, md_path, *plot(summaries, out_dir)]
 

@@ -96,6 +96,32 @@ def test_repeats_alternate_between_methods_and_keep_the_median():
     assert [(s.method, s.seconds) for s in samples] == [("a", 3.0), ("b", 4.0)]
 
 
+def test_each_repeat_gives_its_own_speedup_against_the_reference_repeat_beside_it(tmp_path):
+    # two prompts of one category; b's repeats take 1, 2, 4 s per prompt, a's (the reference) 2 s
+    a = _ScriptedMethod("a", [9.0, 2.0, 2.0, 2.0], [])
+    b = _ScriptedMethod("b", [9.0, 1.0, 2.0, 4.0], [])
+    prompts = [BenchPrompt(str(i), "x", torch.ones(1, 3, dtype=torch.long)) for i in range(2)]
+    samples = run_bench(
+        [a, b], prompts, max_new_tokens=4, temperature=0.0, repeats=3, progress=False, batch_size=2
+    )
+    assert [s.repeat_seconds for s in samples] == [[2.0, 2.0, 2.0]] * 2 + [[1.0, 2.0, 4.0]] * 2
+    summaries = {(s.method, s.category): s for s in summarize(samples, "a")}
+    assert summaries[("b", "all")].speedup == pytest.approx(1.0)  # medians: 2 s against 2 s
+    assert summaries[("b", "all")].speedup_by_repeat == pytest.approx([2.0, 1.0, 0.5])
+    assert summaries[("a", "x")].speedup_by_repeat == pytest.approx([1.0, 1.0, 1.0])
+    write_results(samples, list(summaries.values()), {"cpu": "test"}, {}, tmp_path)
+    assert "| all | b | 2 | 1.00 | 2.0 | 1.00x (0.50-2.00) |" in (tmp_path / "bench.md").read_text()
+    # one repeat: no spread to report
+    single = run_bench(
+        [_ScriptedMethod("a", [9.0, 2.0], []), _ScriptedMethod("b", [9.0, 1.0], [])],
+        prompts[:1],
+        max_new_tokens=4,
+        temperature=0.0,
+        progress=False,
+    )
+    assert all(s.speedup_by_repeat == [] for s in summarize(single, "a"))
+
+
 def test_method_names_use_the_run_name_and_stay_distinct(tmp_path):
     from draftheads.bench import method_name
 

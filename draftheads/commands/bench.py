@@ -48,7 +48,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--repeats",
         type=positive_int,
         default=defaults.repeats,
-        help="timed repeats of each batch, alternating between the methods (median kept)",
+        help="timed repeats of each batch, alternating between the methods (median kept; bench.md also "
+        "gives the lowest and highest speedup of one repeat alone)",
     )
     parser.add_argument(
         "--tree", default=defaults.tree, help="tree name or tuned-tree file (default: each head's tuned tree)"
