@@ -511,6 +511,9 @@ class SpeculativeGenerator:
             drafters.append(drafter)
         yield chunks
 
+        # Whether the head has tokens to catch up on beyond the last step's (the prompt, then the
+        # tokens of plain steps): a drafting step that does so is not what steady drafting costs.
+        head_behind = self.head is not None
         while True:
             if finished:  # finished rows leave the batch
                 keep = [i for i, row in enumerate(rows) if row not in finished]
@@ -606,9 +609,11 @@ class SpeculativeGenerator:
                         seconds,
                         emitted=step_tokens,
                         expected=sum(row_expected),
+                        catching_up=head_behind,
                     )
                 else:
                     self.step_gate.record(len(rows), False, step_tokens, seconds)
+            head_behind = self.head is not None and not drafting
             yield chunks
 
     # ---- public API ---------------------------------------------------------------------------

@@ -29,6 +29,13 @@ that won at a larger one wins here. A batch that lost a row or two also follows 
 neighbours (within a factor of 2). Anything else (drafting won with one row: does it with four?)
 is measured: a few steps of each kind before the gate chooses.
 
+A drafting step that follows plain steps (or the prefill) first lets the head catch up on every
+token it has not seen: the prompt, or the tokens of the plain steps since it last drafted. That
+step costs what switching to drafting costs once, not what steady drafting costs per step (after
+a few hundred plain steps of a 16-row batch, several plain steps' worth), so the gate does not
+measure it: the step after it drafts too and is measured in its place. A probe of drafting is
+therefore two drafting steps, and its interval is set for two.
+
 Expected tokens are calibrated probabilities, and the trees keep the nodes whose estimates
 came out highest, so they run a little high (a winner's curse): the gate scales a drafting step's
 expected tokens by what drafting steps actually emitted over what they were expected to, summed
@@ -71,7 +78,9 @@ class StepGate:
     it keeps whichever emitted more tokens per second and runs one step of the other kind now and
     then to keep that estimate fresh: every ``probe_every`` steps, or less often when the other kind
     was much slower, so that probing costs at most ``probe_budget`` of the time (a probe of a kind
-    r times slower costs r - 1 steps' worth), up to every ``max_probe_every`` steps. A batch size
+    r times slower costs r - 1 steps' worth per step it takes: a drafting probe takes two, the
+    first of which catches the head up and is not measured), up to every ``max_probe_every`` steps.
+    A batch size
     not yet measured both ways borrows another's choice where that is safe (the module's
     docstring says which), else warms up, measuring its own steps until it has both.
     """
@@ -85,6 +94,7 @@ class StepGate:
     smoothing: float = 0.2
     measured: dict[tuple[int, bool], Throughput] = field(default_factory=dict)  # (batch, drafted) ->
     since_probe: dict[int, int] = field(default_factory=dict)  # batch -> steps since the last probe
+    follow_up: set[int] = field(default_factory=set)  # batch sizes whose next step drafts, to be measured
     expected_tokens: float = 0.0  # over every drafting step: the tokens expected of it ...
     emitted_tokens: float = 0.0  # ... and those it emitted
 
@@ -126,20 +136,24 @@ class StepGate:
                 return measured[min(candidates, key=lambda b: (abs(b - batch), b))]
         return None
 
-    def probe_interval(self, ratio: float) -> int:
-        """Steps between probes of a kind ``ratio`` times slower than the kept one."""
+    def probe_interval(self, ratio: float, probe_steps: int = 1) -> int:
+        """Steps between probes of ``probe_steps`` steps of a kind ``ratio`` times slower than the
+        kept one."""
         if not math.isfinite(ratio):
             return self.max_probe_every
-        wanted = math.ceil((ratio - 1.0) / self.probe_budget)
+        wanted = math.ceil(probe_steps * (ratio - 1.0) / self.probe_budget)
         return min(self.max_probe_every, max(self.probe_every, wanted))
 
     def drafts(self, batch: int) -> bool:
         """Whether a step of a ``batch``-row batch drafts."""
+        if batch in self.follow_up:  # the last step caught the head up: measure the next one
+            self.follow_up.discard(batch)
+            return True
         decision = self._decision(batch)
         if decision is None:  # warm-up: draft, then step plainly
             return self._arm(batch, True).steps < self.warmup_steps
         drafting_faster, ratio = decision
-        if self.since_probe.get(batch, 0) >= self.probe_interval(ratio):
+        if self.since_probe.get(batch, 0) >= self.probe_interval(ratio, 1 if drafting_faster else 2):
             return not drafting_faster
         return drafting_faster
 
@@ -151,12 +165,15 @@ class StepGate:
         seconds: float,
         emitted: float | None = None,
         expected: float | None = None,
+        catching_up: bool = False,
     ) -> None:
         """One step of a ``batch``-row batch: whether it drafted, the tokens it emitted (or was
         expected to) over all rows, and the seconds it took from drafting to the last row's
         bookkeeping. ``emitted``: for a drafting step weighed by expected ``tokens``, the tokens it
         did emit, and ``expected`` (default ``tokens``) the expectation to hold them against
-        (together they correct the expectations: ``correction``)."""
+        (together they correct the expectations: ``correction``). ``catching_up``: a drafting
+        step whose head first caught up on tokens it had not seen (the prompt, or plain steps'):
+        its time is not measured, and the next step of this batch size drafts in its place."""
         expected = tokens if expected is None else expected
         if seconds < 0 or min(tokens, expected, 0 if emitted is None else emitted) < 0:
             raise ValueError(
@@ -166,7 +183,10 @@ class StepGate:
             self.expected_tokens += expected
             self.emitted_tokens += emitted
         decision = self._decision(batch)
-        self._arm(batch, drafted).record(tokens, seconds, self.smoothing)
+        if drafted and catching_up:
+            self.follow_up.add(batch)
+        else:
+            self._arm(batch, drafted).record(tokens, seconds, self.smoothing)
         if decision is not None and drafted != decision[0]:  # a probe of the other kind of step
             self.since_probe[batch] = 0
         else:

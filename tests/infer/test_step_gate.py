@@ -107,6 +107,77 @@ def test_the_gate_scales_expected_tokens_by_what_drafting_steps_emitted():
     assert "emitted 36 tokens of 48.0 expected" in gate.summary()
 
 
+def test_a_drafting_step_that_catches_the_head_up_is_not_measured_and_the_next_one_is():
+    """After plain steps the head first catches up on the tokens it skipped: a cost of switching,
+    not of drafting. The gate measures the drafting step after it instead, so a drafting probe is
+    two steps, and its interval is set for two."""
+    gate = StepGate(probe_every=4, max_probe_every=64, warmup_steps=2, probe_budget=1.0)
+    decisions, caught_up = [], []
+    previous = False
+    for _ in range(40):
+        drafted = gate.drafts(4)
+        catching_up = drafted and not previous  # the head skipped the last step (or the prompt)
+        # drafting steadily emits 20 tokens/s, twice the plain rate; a catch-up step takes 10x as long
+        rate = 2.0 if catching_up else 20.0 if drafted else 10.0
+        gate.record(4, drafted, tokens=4, seconds=4 / rate, catching_up=catching_up)
+        decisions.append(drafted)
+        caught_up.append(catching_up)
+        previous = drafted
+    # warm-up: a catch-up step and two measured drafting steps, then two plain steps ...
+    assert decisions[:5] == [True, True, True, False, False]
+    assert gate.measured[(4, True)].rate == pytest.approx(20.0)  # catch-up steps never counted
+    # ... after which drafting (measured at its steady rate) is kept; every plain probe is followed
+    # by a catch-up step and a measured drafting step
+    assert decisions[5:].count(False) >= 5
+    for step in range(5, 39):
+        if not decisions[step]:
+            assert decisions[step + 1] and caught_up[step + 1] and decisions[step + 2]
+    # Without the exclusion, the same steps lose: the warm-up's catch-up step sets the average.
+    naive = StepGate(probe_every=4, max_probe_every=64, warmup_steps=2, probe_budget=1.0)
+    naive.record(4, True, tokens=4, seconds=2.0)
+    for _ in range(2):
+        naive.record(4, True, tokens=4, seconds=0.2)
+        naive.record(4, False, tokens=4, seconds=0.4)
+    assert naive._compare(4)[0] is False
+    # A drafting probe is two steps: its interval is set for two, a plain probe's for one.
+    budgeted = StepGate(probe_every=8, max_probe_every=256, probe_budget=0.02)
+    assert (budgeted.probe_interval(1.5, 1), budgeted.probe_interval(1.5, 2)) == (25, 50)
+
+
+def test_the_generator_flags_a_drafting_step_after_plain_steps_as_catching_up():
+    model = make_tiny_llama()
+    torch.manual_seed(0)
+    head = build_head(model, EagleConfig())
+    cost = CostCurve((1, 4, 8, 16), (1.0, 1.05, 1.1, 1.2))
+    generator = SpeculativeGenerator(model, head, context=True, adaptive=True, cost=cost)
+    pattern, flags = "dddppdpdd", []
+
+    class Scripted:
+        step = 0
+
+        def drafts(self, batch):
+            self.step += 1
+            return pattern[(self.step - 1) % len(pattern)] == "d"
+
+        def record(self, batch, drafted, tokens, seconds, emitted=None, expected=None, catching_up=False):
+            flags.append((drafted, catching_up))
+
+    generator.step_gate = Scripted()
+    prompt = torch.randint(3, 256, (12,), generator=torch.Generator().manual_seed(5))
+    generator.generate(prompt, max_new_tokens=40)
+    assert flags[: len(pattern)] == [
+        (True, True),  # the head catches up on the prompt
+        (True, False),
+        (True, False),
+        (False, False),
+        (False, False),
+        (True, True),  # ... on the two plain steps
+        (False, False),
+        (True, True),
+        (True, False),
+    ]
+
+
 def test_a_step_cannot_take_negative_time():
     with pytest.raises(ValueError, match="seconds >= 0"):
         StepGate().record(1, True, tokens=2, seconds=-1.0)
@@ -144,10 +215,10 @@ def test_the_generator_weighs_a_drafting_step_by_its_expected_tokens():
     recorded = []
     record = generator.step_gate.record
 
-    def spy(batch, drafted, tokens, seconds, emitted=None, expected=None):
+    def spy(batch, drafted, tokens, seconds, emitted=None, expected=None, catching_up=False):
         recorded.append((drafted, tokens, emitted))
         assert expected is None or expected == pytest.approx(tokens)  # one row: its own expectation
-        record(batch, drafted, tokens, seconds, emitted, expected)
+        record(batch, drafted, tokens, seconds, emitted, expected, catching_up)
 
     generator.step_gate.record = spy
     prompt = torch.randint(3, 256, (12,), generator=torch.Generator().manual_seed(5))
@@ -177,9 +248,9 @@ def test_a_batch_drafting_step_counts_its_least_advanced_row_in_every_row():
     recorded = []
     record = generator.step_gate.record
 
-    def spy(batch, drafted, tokens, seconds, emitted=None, expected=None):
+    def spy(batch, drafted, tokens, seconds, emitted=None, expected=None, catching_up=False):
         recorded.append((batch, drafted, tokens, emitted, expected))
-        record(batch, drafted, tokens, seconds, emitted, expected)
+        record(batch, drafted, tokens, seconds, emitted, expected, catching_up)
 
     generator.step_gate.record = spy
     repeat = torch.tensor([7, 8, 9, 10] * 5)  # the context drafter expects much of this row
