@@ -480,9 +480,10 @@ def write_results(samples, summaries, info: dict, settings: dict, out_dir: Path)
     header = f"Settings: {json.dumps(settings)}\n\nMachine: {json.dumps(info)}\n\ntau = {TAU_CONVENTION}.\n\n"
     if any(s.speedup_by_repeat for s in summaries):
         header += (
-            "speedup: over the median times of the repeats; in brackets the lowest and highest "
-            "speedup of one repeat alone (each against the reference's repeat run next to it): "
-            "the machine's noise.\n\n"
+            "speedup: from each batch's median time over the repeats; in brackets the lowest and "
+            "highest speedup of one whole pass (repeat r of every batch against the reference's "
+            "repeat r, run next to it): the machine's noise. The medians are taken batch by batch, "
+            "so the first figure can lie outside that range.\n\n"
         )
     md_path.write_text(header + markdown_table(summaries))
     return [json_path, md_path, *plot(summaries, out_dir)]
