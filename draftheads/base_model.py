@@ -17,8 +17,12 @@ from pathlib import Path
 
 import torch
 
+from draftheads.attention import FOLDED_SDPA, fold_grouped_queries
+
 DEFAULT_DTYPE = "auto"  # bf16 on CUDA, fp32 on CPU (``resolve_dtype``); every command's default
-SUPPORTED_ATTENTION = ("sdpa", "eager")  # tree verification passes a 4D float mask; FA2 rejects it
+# Tree verification passes a 4D float mask (FA2 rejects it); draftheads_folded_sdpa is SDPA with
+# grouped query heads folded into the query dimension (draftheads.attention), what "sdpa" loads as.
+SUPPORTED_ATTENTION = ("sdpa", "eager", FOLDED_SDPA)
 DTYPES = {
     "float32": torch.float32,
     "fp32": torch.float32,
@@ -168,7 +172,9 @@ def load_base(
         name_or_path: Hub id, local directory, ``.gguf`` file, or an alias in ``ALIASES``.
         dtype: ``auto`` (bf16 on CUDA, fp32 on CPU), or a dtype name / ``torch.dtype``.
         device: where to put the model.
-        attn_implementation: ``sdpa`` or ``eager`` (tree masks need one of them).
+        attn_implementation: ``sdpa`` or ``eager`` (tree masks need one of them). An ``sdpa``
+            model with grouped-query attention runs ``draftheads.attention.folded_sdpa_attention``
+            (the same SDPA kernel, without copying keys and values for many queries under a mask).
 
     Returns:
         ``(model, tokenizer)``; the model is in eval mode with gradients disabled.
@@ -180,15 +186,18 @@ def load_base(
         )
     from transformers import AutoModelForCausalLM
 
+    fold = attn_implementation in ("sdpa", FOLDED_SDPA)
     path = resolve_base_path(name_or_path)
     torch_dtype = resolve_dtype(dtype, device)
     try:
         model = AutoModelForCausalLM.from_pretrained(
-            path, dtype=torch_dtype, attn_implementation=attn_implementation
+            path, dtype=torch_dtype, attn_implementation="sdpa" if fold else attn_implementation
         )
     except OSError as err:
         raise BaseModelError(f"cannot load base model '{name_or_path}': {err}") from err
     model.to(device)
     model.eval()
     model.requires_grad_(False)
+    if fold:
+        fold_grouped_queries(model)
     return model, load_tokenizer(name_or_path)
