@@ -49,7 +49,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=positive_int,
         default=defaults.repeats,
         help="timed repeats of each batch, alternating between the methods (median kept; bench.md also "
-        "gives the lowest and highest speedup of one repeat alone)",
+        "gives the lowest and highest speedup of one whole pass)",
     )
     parser.add_argument(
         "--tree", default=defaults.tree, help="tree name or tuned-tree file (default: each head's tuned tree)"
