@@ -31,9 +31,9 @@ is measured: a few steps of each kind before the gate chooses.
 
 A drafting step that follows plain steps (or the prefill) first lets the head catch up on every
 token it has not seen: the prompt, or the tokens of the plain steps since it last drafted. That
-step costs what switching to drafting costs once, not what steady drafting costs per step (after
-a few hundred plain steps of a 16-row batch, several plain steps' worth), so the gate does not
-measure it: the step after it drafts too and is measured in its place. A probe of drafting is
+step costs what switching to drafting costs once, not what steady drafting costs per step (a
+16-row batch's probes after long plain stretches measured 18 tokens/s against 79 for its plain
+steps, docs/benchmarks.md, session 26), so the gate does not measure it: the step after it drafts too and is measured in its place. A probe of drafting is
 therefore two drafting steps, and its interval is set for two.
 
 Expected tokens are calibrated probabilities, and the trees keep the nodes whose estimates
