@@ -33,8 +33,9 @@ A drafting step that follows plain steps (or the prefill) first lets the head ca
 token it has not seen: the prompt, or the tokens of the plain steps since it last drafted. That
 step costs what switching to drafting costs once, not what steady drafting costs per step (a
 16-row batch's probes after long plain stretches measured 18 tokens/s against 79 for its plain
-steps, docs/benchmarks.md, session 26), so the gate does not measure it: the step after it drafts too and is measured in its place. A probe of drafting is
-therefore two drafting steps, and its interval is set for two.
+steps, docs/benchmarks.md, session 26), so the gate does not measure it: the step after it
+drafts too and is measured in its place. A probe of drafting is therefore two drafting steps,
+and its interval is set for two.
 
 Expected tokens are calibrated probabilities, and the trees keep the nodes whose estimates
 came out highest, so they run a little high (a winner's curse): the gate scales a drafting step's
@@ -80,9 +81,8 @@ class StepGate:
     was much slower, so that probing costs at most ``probe_budget`` of the time (a probe of a kind
     r times slower costs r - 1 steps' worth per step it takes: a drafting probe takes two, the
     first of which catches the head up and is not measured), up to every ``max_probe_every`` steps.
-    A batch size
-    not yet measured both ways borrows another's choice where that is safe (the module's
-    docstring says which), else warms up, measuring its own steps until it has both.
+    A batch size not yet measured both ways borrows another's choice where that is safe (the
+    module's docstring says which), else warms up, measuring its own steps until it has both.
     """
 
     probe_every: int = 12
