@@ -9,7 +9,11 @@ tau = 1, as EAGLE counts it).
 
 With ``batch_sizes`` the prompts also run in batches of B (consecutive prompts; HF batched
 ``generate`` with left padding is the reference): throughput is tokens/s over the batch, and each
-row's time is its batch's time shared evenly among the batch's rows.
+row's time is its batch's time shared evenly among the batch's rows. With ``continuous`` the
+draftheads methods decode all the prompts in one call with at most B rows at once, each finished
+row replaced by the next prompt (``generate(..., batch_size=B)``), while HF ``generate`` still runs
+consecutive batches of B (it has no such mode); each prompt's time is then the whole run's shared
+evenly.
 """
 
 from __future__ import annotations
@@ -63,6 +67,7 @@ class BenchSettings:
     seed: int = 0
     out: str = "bench-results"
     batch_sizes: tuple[int, ...] = (1,)  # run every method at each batch size (prompt lookup: 1 only)
+    continuous: bool = False  # draftheads methods replace finished rows with waiting prompts
     overwrite: bool = False  # replace an earlier run's results in ``out``
 
 
@@ -129,9 +134,26 @@ class HFMethod:
         self.prompt_lookup = prompt_lookup
 
     def run(
-        self, prompts: list[BenchPrompt], max_new_tokens: int, temperature: float, seed: int
+        self,
+        prompts: list[BenchPrompt],
+        max_new_tokens: int,
+        temperature: float,
+        seed: int,
+        batch_size: int | None = None,
     ) -> list[Sample]:
-        """Decode the prompts together (left-padded when there are several); one Sample per prompt."""
+        """Decode the prompts together (left-padded when there are several), or in consecutive
+        batches of ``batch_size``; one Sample per prompt."""
+        if batch_size is not None and len(prompts) > batch_size:
+            return [
+                sample
+                for start in range(0, len(prompts), batch_size)
+                for sample in self.run(
+                    prompts[start : start + batch_size],
+                    max_new_tokens,
+                    temperature,
+                    seed + start // batch_size,
+                )
+            ]
         if self.prompt_lookup and len(prompts) > 1:
             raise BenchError("prompt lookup decodes one prompt at a time in transformers; use batch size 1")
         kwargs = _sampling_kwargs(temperature, seed)
@@ -185,11 +207,21 @@ class SpeculativeMethod:
         self.generator = generator
 
     def run(
-        self, prompts: list[BenchPrompt], max_new_tokens: int, temperature: float, seed: int
+        self,
+        prompts: list[BenchPrompt],
+        max_new_tokens: int,
+        temperature: float,
+        seed: int,
+        batch_size: int | None = None,
     ) -> list[Sample]:
-        """Decode the prompts together (one batch); one Sample per prompt."""
+        """Decode the prompts together (one batch), or at most ``batch_size`` at once, each finished
+        row replaced by the next prompt; one Sample per prompt."""
         result = self.generator.generate(
-            [p.input_ids for p in prompts], max_new_tokens=max_new_tokens, temperature=temperature, seed=seed
+            [p.input_ids for p in prompts],
+            max_new_tokens=max_new_tokens,
+            temperature=temperature,
+            seed=seed,
+            batch_size=batch_size,
         )
         samples = []
         for prompt, row in zip(prompts, result.results):
@@ -206,7 +238,7 @@ class SpeculativeMethod:
                     steps=stats.verification_steps,
                     tokens=row.new_tokens,
                     accepted_by_source=dict(stats.accepted_by_source),
-                    batch_size=len(prompts),
+                    batch_size=batch_size or len(prompts),
                 )
             )
         return samples
@@ -239,14 +271,19 @@ def run_bench(
     warmup_tokens: int = 16,
     progress: bool = True,
     batch_size: int = 1,
+    continuous: bool = False,
 ) -> list[Sample]:
     """Decode every prompt with every method, interleaved batch by batch (``batch_size`` consecutive
-    prompts at a time); the first method is the reference."""
+    prompts at a time); the first method is the reference. ``continuous``: every method gets all
+    the prompts in one run, with at most ``batch_size`` decoding at once (see the module)."""
     from tqdm.auto import tqdm
 
-    batches = [prompts[i : i + batch_size] for i in range(0, len(prompts), batch_size)]
+    if continuous and batch_size > 1:
+        batches, concurrency = [prompts], batch_size
+    else:
+        batches, concurrency = [prompts[i : i + batch_size] for i in range(0, len(prompts), batch_size)], None
     for method in methods:  # warm-up: allocator, kernels, caches; not timed
-        method.run(batches[0], warmup_tokens, temperature, seed)
+        method.run(batches[0], warmup_tokens, temperature, seed, concurrency)
     samples: list[Sample] = []
     bar = tqdm(
         total=len(batches) * len(methods) * repeats,
@@ -260,7 +297,7 @@ def run_bench(
         runs: list[list[list[Sample]]] = [[] for _ in methods]  # per method, its repeats
         for _ in range(repeats):
             for method, method_runs in zip(methods, runs):
-                run = method.run(batch, max_new_tokens, temperature, seed + index)
+                run = method.run(batch, max_new_tokens, temperature, seed + index, concurrency)
                 method_runs.append(run)
                 tokens, seconds = sum(s.new_tokens for s in run), sum(s.seconds for s in run)
                 bar.set_postfix(method=method.name, tok_s=f"{tokens / max(seconds, 1e-9):.1f}")
@@ -433,7 +470,8 @@ def plot(summaries: list[Summary], out_dir: Path) -> list[Path]:
     ax.set_xlabel("draft depth")
     ax.set_ylabel("P(accepted) per decoding step")
     ax.set_ylim(0, 1)
-    ax.legend(fontsize=8)
+    if ax.get_legend_handles_labels()[0]:  # no drafting method measured acceptance: no legend
+        ax.legend(fontsize=8)
     fig.tight_layout()
     path = out_dir / "acceptance_by_depth.png"
     fig.savefig(path, dpi=120)
@@ -484,6 +522,12 @@ def write_results(samples, summaries, info: dict, settings: dict, out_dir: Path)
             "highest speedup of one whole pass (repeat r of every batch against the reference's "
             "repeat r, run next to it): the machine's noise. The medians are taken batch by batch, "
             "so the first figure can lie outside that range.\n\n"
+        )
+    if settings.get("continuous") and any(s.batch_size > 1 for s in summaries):
+        header += (
+            "batch B > 1: the draftheads methods decode every prompt in one run, at most B at once, "
+            "each finished row replaced by the next prompt; generate runs consecutive batches of B. "
+            "Every prompt's time is its run's shared evenly, so categories do not differ in speed.\n\n"
         )
     md_path.write_text(header + markdown_table(summaries))
     return [json_path, md_path, *plot(summaries, out_dir)]
@@ -722,6 +766,7 @@ def bench(settings: BenchSettings, progress: bool = True) -> tuple[list[Summary]
             settings.seed,
             progress=progress,
             batch_size=batch_size,
+            continuous=settings.continuous,
         )
         samples += batch_samples
         summaries += summarize(batch_samples, reference_method=REFERENCE)

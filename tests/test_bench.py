@@ -79,7 +79,7 @@ class _ScriptedMethod:
     def __init__(self, name, seconds, log):
         self.name, self.seconds, self.log = name, list(seconds), log
 
-    def run(self, prompts, max_new_tokens, temperature, seed):
+    def run(self, prompts, max_new_tokens, temperature, seed, batch_size=None):
         self.log.append(self.name)
         seconds = self.seconds.pop(0)
         return [Sample(self.name, p.id, p.category, 4, seconds, 4, tokens=[1, 2, 3, 4]) for p in prompts]
@@ -251,3 +251,40 @@ def test_batched_bench_agrees_with_batched_generate_and_reports_by_batch(tmp_pat
     paths = write_results(samples, summaries, {}, {}, tmp_path)
     assert "throughput_by_batch.png" in {p.name for p in paths}
     assert "| all | medusa | 4 |" in (tmp_path / "bench.md").read_text()
+
+
+def test_continuous_batches_keep_b_rows_and_agree_with_batched_generate(tmp_path, tiny_llama, monkeypatch):
+    """--continuous: the draftheads method decodes all five prompts in one call, two at a time;
+    generate runs batches of two (2, 2, 1); every row agrees, and bench.md says how it ran."""
+    tokenizer = SimpleNamespace(pad_token_id=0)
+    torch.manual_seed(0)
+    generator = SpeculativeGenerator(
+        tiny_llama, build_head(tiny_llama, MedusaConfig(num_heads=2)), tree="cpu-8"
+    )
+    calls = []
+    original = generator.generate
+
+    def recording(prompts, **kwargs):
+        calls.append((len(prompts), kwargs["batch_size"]))
+        return original(prompts, **kwargs)
+
+    monkeypatch.setattr(generator, "generate", recording)
+    hf_batches = []
+    original_hf = tiny_llama.generate
+
+    def recording_hf(ids, **kwargs):
+        hf_batches.append(ids.shape[0])
+        return original_hf(ids, **kwargs)
+
+    monkeypatch.setattr(tiny_llama, "generate", recording_hf)
+    methods = [HFMethod("generate", tiny_llama, tokenizer), SpeculativeMethod("medusa", generator)]
+    prompts = [
+        BenchPrompt(str(i), "x", torch.randint(3, 256, (1, n))) for i, n in enumerate([5, 21, 9, 14, 30])
+    ]
+    samples = run_bench(methods, prompts, 16, 0.0, progress=False, batch_size=2, continuous=True)
+    assert calls == [(5, 2), (5, 2)]  # warm-up, then the timed run
+    assert hf_batches == [2, 2, 1, 2, 2, 1]
+    assert len(samples) == 10 and all(s.agrees for s in samples) and {s.batch_size for s in samples} == {2}
+    summaries = summarize(samples, "generate")
+    write_results(samples, summaries, {}, {"continuous": True}, tmp_path)
+    assert "each finished row replaced by the next prompt" in (tmp_path / "bench.md").read_text()

@@ -77,6 +77,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="decode B prompts at a time (several values: one run each, e.g. 1 4 8 16); "
         "prompt lookup runs at 1 only",
     )
+    parser.add_argument(
+        "--continuous",
+        action="store_true",
+        help="with --batch-size B > 1: draftheads methods decode all prompts in one run, at most B at "
+        "once, replacing each finished row with the next prompt (generate runs batches of B)",
+    )
     parser.add_argument("--out", default=defaults.out, help="output directory")
     parser.add_argument(
         "--overwrite",
@@ -107,6 +113,7 @@ def settings_from_args(args: argparse.Namespace) -> BenchSettings:
         seed=args.seed,
         out=args.out,
         batch_sizes=tuple(args.batch_size),
+        continuous=args.continuous,
         overwrite=args.overwrite,
     )
 

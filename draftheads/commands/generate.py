@@ -4,6 +4,7 @@
 
 Several ``--prompt``s (or ``--prompts-file``, one prompt per line) decode together as one batch:
 each answer is printed under its prompt's number, then each row's and the batch's statistics.
+``--batch-size B`` decodes at most B of them at once, each finished row replaced by the next prompt.
 """
 
 from __future__ import annotations
@@ -51,6 +52,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=Path,
         default=None,
         help="a batch of prompts: a text file with one prompt per line, or JSONL with a 'prompt' field",
+    )
+    parser.add_argument(
+        "--batch-size",
+        type=positive_int,
+        default=None,
+        help="with several prompts: decode at most B at once, replacing each finished row with the next "
+        "prompt (default: all at once)",
     )
     parser.add_argument(
         "--stop", action="append", default=None, help="stop string (repeatable); the answer ends before it"
@@ -159,7 +167,7 @@ def run(args: argparse.Namespace) -> int:
         summary = f"{stats.summary()}; {stats.forward_passes} base forwards"
         print(f"[{generator.method}, tree {stats.tree}] {summary}", file=sys.stderr)
         return 0
-    result = generator.generate(inputs, **options)
+    result = generator.generate(inputs, batch_size=args.batch_size, **options)
     for index, row in enumerate(result.results):
         print(f"--- prompt {index}: {prompts[index][:60]!r}")
         print(row.text)

@@ -267,3 +267,35 @@ def select_rows(cache: DynamicCache, slots: torch.Tensor, rows: Sequence[int]) -
         layer.keys = layer.keys.index_select(0, index)[:, :, :length]
         layer.values = layer.values.index_select(0, index)[:, :, :length]
     return slots[:, :length]
+
+
+def add_rows(
+    cache: DynamicCache, slots: torch.Tensor, new: DynamicCache, new_slots: torch.Tensor
+) -> torch.Tensor:
+    """Append the rows of cache ``new`` (their slots ``new_slots``, (B_new, L_new)) after the
+    batch's own rows of ``cache`` (``slots``, (B, L)), in place; returns the slots of all rows.
+    The shorter side gains free slots at its end (zeros, masked as every free slot is), so each row
+    keeps its entries where they were and the next tree follows the longest row, as after
+    ``keep_accepted_rows``."""
+    layers, extra = _layers(cache), _layers(new)
+    if len(layers) != len(extra):
+        raise ValueError(f"cannot add rows of a cache with {len(extra)} layers to one with {len(layers)}")
+    if slots.shape[1] != cache.get_seq_length() or new_slots.shape[1] != new.get_seq_length():
+        raise ValueError(
+            f"slots for {slots.shape[1]} and {new_slots.shape[1]} entries, but the caches hold "
+            f"{cache.get_seq_length()} and {new.get_seq_length()}"
+        )
+    length = max(slots.shape[1], new_slots.shape[1])
+
+    def padded(tensor: torch.Tensor) -> torch.Tensor:  # (B, H, L, D) -> (B, H, length, D)
+        return torch.nn.functional.pad(tensor, (0, 0, 0, length - tensor.shape[2]))
+
+    for layer, other in zip(layers, extra):
+        layer.keys = torch.cat([padded(layer.keys), padded(other.keys)])
+        layer.values = torch.cat([padded(layer.values), padded(other.values)])
+    return torch.cat(
+        [
+            torch.nn.functional.pad(slots, (0, length - slots.shape[1])),
+            torch.nn.functional.pad(new_slots, (0, length - new_slots.shape[1])),
+        ]
+    )

@@ -27,7 +27,7 @@ import torch
 from draftheads.base_model import DEFAULT_DTYPE
 from draftheads.infer.adaptive import AdaptiveDrafter, Calibration, HeadGate, common_tree_size, keep_likeliest
 from draftheads.infer.batch_draft import propose_rows
-from draftheads.infer.cache import keep_accepted_rows, left_aligned_slots, select_rows
+from draftheads.infer.cache import add_rows, keep_accepted_rows, left_aligned_slots, select_rows
 from draftheads.infer.context import ContextDrafter, ContextTree
 from draftheads.infer.cost import CostCurve, load_tuned_costs, measure_verify_cost
 from draftheads.infer.draft import Drafter, drafter_for
@@ -153,8 +153,11 @@ class GenerationResult:
 @dataclass(frozen=True)
 class BatchStats:
     """What one ``generate`` call on a batch did, over all its rows (each row's own
-    ``GenerationStats`` is in its result). ``verification_steps``: batched base forwards after the
-    prefill; tau: tokens emitted per row and verification forward, over all rows' steps."""
+    ``GenerationStats`` is in its result). ``batch_size``: the rows (prompts) decoded;
+    ``verification_steps``: the most verification forwards one row took part in (with every row
+    decoding at once, the batched forwards after the prefill); tau: tokens emitted per row and
+    verification forward, over all rows' steps; ``seconds``: from the first row's prefill to the
+    last row's stop."""
 
     batch_size: int
     new_tokens: int
@@ -172,9 +175,11 @@ class BatchStats:
 
 
 def batch_stats(results: Sequence[GenerationResult], tallies: Sequence[_Tally]) -> BatchStats:
-    """The batch's statistics from its rows' (time runs until the last row stopped)."""
+    """The batch's statistics from its rows' (time runs from the first row's start until the last
+    row stopped: rows that waited for a place start later)."""
     steps = sum(t.verification_steps for t in tallies)
-    seconds = max(r.stats.seconds for r in results)
+    now = time.perf_counter()
+    seconds = max(t.finished or now for t in tallies) - min(t.started for t in tallies)
     new_tokens = sum(r.stats.new_tokens for r in results)
     return BatchStats(
         batch_size=len(results),
@@ -467,22 +472,33 @@ class SpeculativeGenerator:
         generator: torch.Generator,
         tallies: list[_Tally],
         stop: StopRule,
+        batch_size: int | None = None,
     ) -> Iterator[list[tuple[int, list[int]]]]:
         """Decode a batch of prompts (each (T_b,)); yield each step's new tokens as (row, tokens)
-        pairs: after the prefill, then after every verification forward.
+        pairs: after each prefill, then after every verification forward. ``row`` is the prompt's
+        index in ``prompts``.
 
         The batch's cache rows hold each sequence in order (prompt, then accepted tokens); the
         slots a row does not occupy are masked (``rows_forward``). Each row drafts its own tree;
         one forward verifies every row's; each row keeps its own accepted path
         (``keep_accepted_rows``), so rows advance by different amounts; a row that is done leaves
         the batch and costs nothing more. One row is the plain single-sequence case.
+
+        ``batch_size``: at most this many rows decode at once; the other prompts wait, and each
+        row that finishes is replaced by the next waiting prompt (prefilled on its own and added
+        to the batch's cache, ``add_rows``), so rows that accept more never wait for the slowest
+        (continuous batching). None: every prompt at once.
         """
         model = self.model
         hidden_layers = () if self.head is None else tuple(self.head.feature_layers)
         context = self.max_length or 2**62
-        rows = list(range(len(prompts)))  # the caller's indices of the rows still decoding
-        lengths = [p.numel() for p in prompts]  # entries per row: its next token's position
-        limits = [min(context, n + max_new_tokens) for n in lengths]  # final sequence lengths
+        width = len(prompts) if batch_size is None else batch_size  # rows decoding at once, at most
+        waiting = list(range(len(prompts)))  # the prompts not started yet, in order
+        rows: list[int] = []  # the caller's indices of the rows decoding
+        lengths: list[int] = []  # entries per row: its next token's position
+        roots: list[int] = []  # per row, the token its next tree starts from
+        drafters: list[Drafter | None] = []  # per row (None once it is done)
+        limits = [min(context, p.numel() + max_new_tokens) for p in prompts]  # final sequence lengths
         emitted: list[list[int]] = [[] for _ in prompts]
 
         def emit(row: int, tokens: list[int]) -> tuple[list[int], bool]:
@@ -494,39 +510,56 @@ class SpeculativeGenerator:
                 tallies[row].finish()
             return tokens, done
 
-        cache, logits, hidden_states = prefill_rows(model, prompts, hidden_layers)
-        slots = left_aligned_slots(lengths, cache.get_seq_length())  # (B, L): where each row's are
-        roots, drafters, chunks, finished = [], [], [], []
-        for row in rows:
-            root = next_token(logits[row], params, generator)
-            tokens, done = emit(row, [root])
-            chunks.append((row, tokens))
-            roots.append(root)
-            if done:
-                finished.append(row)
-                drafters.append(None)
-                continue
-            drafter = self.new_drafter()
-            drafter.start(_row_states(hidden_states, row, lengths[row]), prompts[row][None], root)
-            drafters.append(drafter)
-        yield chunks
-
-        # Whether the head has tokens to catch up on beyond the last step's (the prompt, then the
+        cache, slots = None, None  # slots (B, L): which of the cache's slots hold each row's entries
+        finished: list[int] = []
+        # Whether the head has tokens to catch up on beyond the last step's (a prompt, then the
         # tokens of plain steps): a drafting step that does so is not what steady drafting costs.
         head_behind = self.head is not None
         while True:
             if finished:  # finished rows leave the batch
                 keep = [i for i, row in enumerate(rows) if row not in finished]
-                if not keep:
-                    return
                 rows, roots, drafters = (
                     [rows[i] for i in keep],
                     [roots[i] for i in keep],
                     [drafters[i] for i in keep],
                 )
                 lengths = [lengths[i] for i in keep]
-                slots = select_rows(cache, slots, keep)
+                cache, slots = (cache, select_rows(cache, slots, keep)) if keep else (None, None)
                 finished = []
+            if waiting and len(rows) < width:  # start waiting prompts in the free rows
+                started = waiting[: width - len(rows)]
+                del waiting[: len(started)]
+                for row in started:  # a row's time runs from its prefill
+                    tallies[row].started = time.perf_counter()
+                new_cache, logits, hidden_states = prefill_rows(
+                    model, [prompts[r] for r in started], hidden_layers
+                )
+                new_lengths = [prompts[r].numel() for r in started]
+                new_slots = left_aligned_slots(new_lengths, new_cache.get_seq_length())
+                if cache is None:
+                    cache, slots = new_cache, new_slots
+                else:
+                    slots = add_rows(cache, slots, new_cache, new_slots)
+                chunks = []
+                for i, row in enumerate(started):
+                    root = next_token(logits[i], params, generator)
+                    tokens, done = emit(row, [root])
+                    chunks.append((row, tokens))
+                    rows.append(row)
+                    lengths.append(new_lengths[i])
+                    roots.append(root)
+                    if done:
+                        finished.append(row)
+                        drafters.append(None)
+                        continue
+                    drafter = self.new_drafter()
+                    drafter.start(_row_states(hidden_states, i, new_lengths[i]), prompts[row][None], root)
+                    drafters.append(drafter)
+                head_behind = self.head is not None
+                yield chunks
+                continue
+            if not rows:
+                return
             drafting = gated = True
             if self.adaptive:
                 measuring = time.perf_counter()
@@ -602,10 +635,13 @@ class SpeculativeGenerator:
             if self.adaptive and gated:
                 seconds = time.perf_counter() - step_started
                 if drafting:
+                    # While prompts wait, a row that finishes is replaced at once: rows need not
+                    # keep pace with each other, and the batch advances by all its rows' tokens.
+                    advance = sum(row_expected) if waiting else len(rows) * min(row_expected)
                     self.step_gate.record(
                         len(rows),
                         True,
-                        len(rows) * min(row_expected),
+                        advance,
                         seconds,
                         emitted=step_tokens,
                         expected=sum(row_expected),
@@ -630,6 +666,7 @@ class SpeculativeGenerator:
         acceptance: str = "exact",
         stop: str | Sequence[str] | None = None,
         stop_token_ids: Sequence[int] = (),
+        batch_size: int | None = None,
     ) -> GenerationResult | BatchGenerationResult | TextStream:
         """Generate up to ``max_new_tokens`` tokens after ``prompt`` (or after each of a batch).
 
@@ -648,6 +685,9 @@ class SpeculativeGenerator:
             stop: a string or strings that end a sequence (the token completing one is kept in the
                 tokens; the text ends before it); needs a tokenizer.
             stop_token_ids: token ids that end a sequence besides EOS (kept, as EOS is).
+            batch_size: for a batch, decode at most this many prompts at once: as a row finishes,
+                the next prompt takes its place (continuous batching), so no row waits for a
+                slower one. None: every prompt of the batch at once.
         Returns:
             A ``GenerationResult`` (sequences, text, ``GenerationStats``) for one prompt, a
             ``BatchGenerationResult`` for a batch, or a ``TextStream`` whose ``result`` holds it
@@ -662,6 +702,10 @@ class SpeculativeGenerator:
             raise ValueError("stop strings need a tokenizer: SpeculativeGenerator(..., tokenizer=)")
         if any(isinstance(t, bool) or not isinstance(t, int) for t in stop_token_ids):
             raise ValueError(f"stop_token_ids must be integers, got {list(stop_token_ids)!r}")
+        if batch_size is not None and (
+            isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1
+        ):
+            raise ValueError(f"batch_size must be an integer >= 1 or None, got {batch_size!r}")
         rule = StopRule(self.eos_ids | frozenset(stop_token_ids), strings)
         prompts, batched = self._prompts(prompt)
         generator = torch.Generator()
@@ -672,10 +716,12 @@ class SpeculativeGenerator:
         if stream:
             if self.tokenizer is None:
                 raise ValueError("stream=True needs a tokenizer to decode text")
-            return TextStream(self._stream(prompts, batched, max_new_tokens, params, generator, rule))
+            return TextStream(
+                self._stream(prompts, batched, max_new_tokens, params, generator, rule, batch_size)
+            )
         tallies = [_Tally() for _ in prompts]
         new_tokens: list[list[int]] = [[] for _ in prompts]
-        for chunks in self._decode(prompts, max_new_tokens, params, generator, tallies, rule):
+        for chunks in self._decode(prompts, max_new_tokens, params, generator, tallies, rule, batch_size):
             for row, tokens in chunks:
                 new_tokens[row].extend(tokens)
         return self._result(prompts, batched, new_tokens, tallies, rule)
@@ -692,12 +738,12 @@ class SpeculativeGenerator:
             return results[0]
         return BatchGenerationResult(results, batch_stats(results, tallies))
 
-    def _stream(self, prompts, batched, max_new_tokens, params, generator, rule):
+    def _stream(self, prompts, batched, max_new_tokens, params, generator, rule, batch_size=None):
         """Text pieces as steps are accepted ((row, piece) for a batch); returns the result at the end."""
         tallies = [_Tally() for _ in prompts]
         new_tokens: list[list[int]] = [[] for _ in prompts]
         printed = [""] * len(prompts)
-        for chunks in self._decode(prompts, max_new_tokens, params, generator, tallies, rule):
+        for chunks in self._decode(prompts, max_new_tokens, params, generator, tallies, rule, batch_size):
             for row, tokens in chunks:
                 new_tokens[row].extend(tokens)
                 text = rule.trim_text(self.tokenizer.decode(new_tokens[row], skip_special_tokens=True))

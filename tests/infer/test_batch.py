@@ -568,3 +568,87 @@ def test_one_tree_size_for_the_batch():
     )
     kept = keep_likeliest(draft, [1.0, 0.9, 0.4, 0.5], 3)
     assert kept.tokens.tolist() == [5, 6, 8] and kept.topology.parents == (-1, 0, 1)
+
+
+# ---- continuous batching (``batch_size``) -------------------------------------------------------
+
+
+def forward_batch_sizes(monkeypatch) -> list[int]:
+    """The number of rows of every verification forward the decode loop runs from now on."""
+    import draftheads.infer.generate as generate_module
+
+    sizes: list[int] = []
+    original = generate_module.rows_forward
+
+    def recording(model, cache, tokens, *args, **kwargs):
+        sizes.append(len(tokens))
+        return original(model, cache, tokens, *args, **kwargs)
+
+    monkeypatch.setattr(generate_module, "rows_forward", recording)
+    return sizes
+
+
+@pytest.mark.parametrize("kind", list(HEADS))
+def test_waiting_prompts_take_the_places_of_finished_rows(model, kind, monkeypatch):
+    """Eight prompts of 3 to 60 tokens, at most three rows at once: every row's output is its own
+    ``generate``'s, no forward holds more than three rows, and later prompts start while earlier
+    ones still decode (more three-row forwards than the shortest row took part in)."""
+    torch.manual_seed(0)
+    config, tree = HEADS[kind]
+    generator = SpeculativeGenerator(model, build_head(model, config), tree=tree)
+    prompts = ragged_prompts(8, seed=7)
+    sizes = forward_batch_sizes(monkeypatch)
+    result = assert_rows_match(model, generator, prompts, max_new_tokens=24, batch_size=3)
+    assert max(sizes) == 3 and sizes.count(3) > min(r.stats.verification_steps for r in result.results)
+    assert sum(r.stats.verification_steps for r in result.results) == sum(sizes)
+    assert result.stats.batch_size == 8 and result.stats.new_tokens == 8 * 24
+
+
+def test_rows_that_stop_early_are_replaced_at_once(model, monkeypatch):
+    """A row that ends at EOS after a few tokens gives its place to the next prompt: while prompts
+    wait, every forward holds two rows; only the tail runs one row; every row matches
+    ``generate`` (adaptive drafting with context drafts)."""
+    torch.manual_seed(0)
+    prompts = ragged_prompts(6, seed=2)
+    eos = reference(model, prompts[1], 6)[-1]  # row 1's 6th new token ends its sequence
+    stopped = make_tiny_llama()
+    stopped.generation_config.eos_token_id = eos
+    head = build_head(stopped, HEADS["eagle3"][0])
+    generator = SpeculativeGenerator(stopped, head, tree="chain-4", context=True, adaptive=True)
+    generator.batch_costs[2] = CostCurve((1, 4, 8, 16), (1.0, 1.3, 1.6, 2.2))
+    generator.cost = CostCurve((1, 4, 8, 16), (1.0, 1.2, 1.4, 2.0))
+    sizes = forward_batch_sizes(monkeypatch)
+    result = assert_rows_match(stopped, generator, prompts, max_new_tokens=30, batch_size=2)
+    assert result.results[1].stats.new_tokens <= 6
+    first_single = sizes.index(1) if 1 in sizes else len(sizes)
+    assert set(sizes[:first_single]) == {2} and set(sizes[first_single:]) <= {1}
+    assert sum(r.stats.verification_steps for r in result.results) == sum(sizes)
+
+
+def test_a_stream_with_a_batch_size_yields_what_generate_returns(model):
+    torch.manual_seed(0)
+    generator = SpeculativeGenerator(
+        model, build_head(model, HEADS["mtp"][0]), tokenizer=LetterTokenizer(), tree="cpu-8"
+    )
+    prompts = [p.tolist() for p in ragged_prompts(4, seed=6)]
+    expected = generator.generate(prompts, max_new_tokens=12)
+    stream = generator.generate(prompts, max_new_tokens=12, stream=True, batch_size=2)
+    pieces = [""] * len(prompts)
+    for row, piece in stream:
+        pieces[row] += piece
+    assert pieces == expected.texts == stream.result.texts
+
+
+def test_sampling_with_a_batch_size_is_reproducible_per_seed(model):
+    generator = SpeculativeGenerator(model, build_head(model, HEADS["eagle"][0]), tree="dynamic-cpu")
+    prompts = ragged_prompts(5, seed=3)
+    first = generator.generate(prompts, max_new_tokens=16, temperature=1.0, seed=4, batch_size=2)
+    again = generator.generate(prompts, max_new_tokens=16, temperature=1.0, seed=4, batch_size=2)
+    assert [r.new_tokens for r in first.results] == [r.new_tokens for r in again.results]
+
+
+def test_a_bad_batch_size_is_named(model):
+    generator = SpeculativeGenerator(model, build_head(model, HEADS["eagle"][0]))
+    for bad in (0, -1, 2.5, True):
+        with pytest.raises(ValueError, match=f"batch_size must be an integer >= 1 or None, got {bad!r}"):
+            generator.generate([[5, 6], [7]], batch_size=bad)

@@ -134,9 +134,12 @@ def test_generate_command_streams(smollm2, tmp_path, capsys):
 
 
 @pytest.mark.integration
-@pytest.mark.parametrize("kind,context", [("eagle3", True), ("mtp", False)])
-def test_smollm2_batch_rows_match_generate(smollm2, kind, context):
-    """Chat prompts of different lengths in one batch; one row stops early at EOS."""
+@pytest.mark.parametrize(
+    "kind,context,batch_size", [("eagle3", True, None), ("mtp", False, None), ("eagle3", True, 2)]
+)
+def test_smollm2_batch_rows_match_generate(smollm2, kind, context, batch_size):
+    """Chat prompts of different lengths in one batch (or two rows at a time, the third taking the
+    place of the first to finish); one row stops early at EOS."""
     model, tokenizer = smollm2
     config, tree = HEAD_CONFIGS[kind]
     torch.manual_seed(0)
@@ -144,14 +147,15 @@ def test_smollm2_batch_rows_match_generate(smollm2, kind, context):
         model, build_head(model, config, BASE), tokenizer, tree=tree, context=context
     )
     prompts = [chat_ids(tokenizer, q)[0] for q in (QUESTIONS[0], QUESTIONS[12], QUESTIONS[7])]
-    result = generator.generate(prompts, max_new_tokens=24)
+    result = generator.generate(prompts, max_new_tokens=24, batch_size=batch_size)
     for prompt, row in zip(prompts, result.results):
         expected = model.generate(prompt[None], max_new_tokens=24, do_sample=False)
         assert row.sequences.tolist() == expected.tolist()
 
 
 @pytest.mark.integration
-def test_generate_command_decodes_a_batch(smollm2, tmp_path, capsys):
+@pytest.mark.parametrize("batch_size", [[], ["--batch-size", "1"]])
+def test_generate_command_decodes_a_batch(smollm2, tmp_path, capsys, batch_size):
     from draftheads.cli import main
 
     model, tokenizer = smollm2
@@ -160,7 +164,7 @@ def test_generate_command_decodes_a_batch(smollm2, tmp_path, capsys):
     questions = QUESTIONS[:2]
     (tmp_path / "prompts.jsonl").write_text("".join(f'{{"prompt": "{q}"}}\n' for q in questions[1:]))
     argv = ["generate", "--heads", str(tmp_path / "head"), "--prompt", questions[0]]
-    argv += ["--prompts-file", str(tmp_path / "prompts.jsonl"), "--max-new-tokens", "10"]
+    argv += ["--prompts-file", str(tmp_path / "prompts.jsonl"), "--max-new-tokens", "10", *batch_size]
     assert main(argv) == 0
     captured = capsys.readouterr()
     for index, question in enumerate(questions):
