@@ -90,7 +90,10 @@ class StepGate:
     # 1%: at 2% the probes of a 16-row batch stepping plainly measured 2.3% of its time (most of it
     # the head catching up on the skipped tokens), more than the whole gap to batched generate.
     probe_budget: float = 0.01
-    warmup_steps: int = 3
+    # 8: one drafting step emits 1 to 9 tokens, and on 3 steps of each kind the choice for the
+    # first MT-bench prompt differed between runs (98 to 128 forwards for 128 tokens; on 8, 78 to
+    # 108), which once cost a 16-prompt bench 0.1x (docs/benchmarks.md, session 30)
+    warmup_steps: int = 8
     smoothing: float = 0.2
     measured: dict[tuple[int, bool], Throughput] = field(default_factory=dict)  # (batch, drafted) ->
     since_probe: dict[int, int] = field(default_factory=dict)  # batch -> steps since the last probe

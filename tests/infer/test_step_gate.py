@@ -51,7 +51,7 @@ def test_the_gate_follows_a_change_through_its_probes():
 def test_probes_of_a_much_slower_kind_are_rarer():
     """A probe of a kind r times slower costs r - 1 steps: the interval keeps probes within the
     budget, between probe_every and max_probe_every."""
-    gate = StepGate(probe_every=8, max_probe_every=64, probe_budget=0.02)
+    gate = StepGate(probe_every=8, max_probe_every=64, probe_budget=0.02, warmup_steps=3)
     assert gate.probe_interval(1.05) == 8
     assert gate.probe_interval(1.5) == 25
     assert gate.probe_interval(3.0) == 64 and gate.probe_interval(float("inf")) == 64
