@@ -16,7 +16,8 @@ since the 1, 2 or 3 tokens one step happens to accept are too noisy to compare o
 head, a few unlucky steps would otherwise send the gate to plain steps for many steps. (The decode
 loop counts a batch's drafting step as its rows times its least-advanced row's expected tokens:
 the batch is done when its slowest row is; while prompts wait for a place, ``generate(...,
-batch_size=B)``, as all its rows' expected tokens, since a finished row is replaced at once.) It keeps the faster of the two and tries the other
+batch_size=B)``, as all its rows' expected tokens, since a finished row is replaced at once.)
+It keeps the faster of the two and tries the other
 every ``probe_every`` steps (less often the slower the other kind was), so it follows the text
 (repetitive passages make drafting pay, then stop) and the batch (it shrinks as rows finish; each
 size has its own measurements). A plain step is what the base model's own decoding does, so a
