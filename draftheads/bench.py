@@ -124,6 +124,12 @@ def _sampling_kwargs(temperature: float, seed: int) -> dict:
     return {"do_sample": True, "temperature": temperature, "top_p": 1.0, "top_k": 0}
 
 
+def consecutive_batches(prompts: list[BenchPrompt], size: int) -> list[list[BenchPrompt]]:
+    """The prompts in batches of ``size`` consecutive prompts (the last may be smaller); batch i
+    decodes with seed ``seed + i`` whichever way it is run."""
+    return [prompts[start : start + size] for start in range(0, len(prompts), size)]
+
+
 class HFMethod:
     """Plain HF ``generate`` or its prompt-lookup variant, as a bench method."""
 
@@ -146,13 +152,8 @@ class HFMethod:
         if batch_size is not None and len(prompts) > batch_size:
             return [
                 sample
-                for start in range(0, len(prompts), batch_size)
-                for sample in self.run(
-                    prompts[start : start + batch_size],
-                    max_new_tokens,
-                    temperature,
-                    seed + start // batch_size,
-                )
+                for index, batch in enumerate(consecutive_batches(prompts, batch_size))
+                for sample in self.run(batch, max_new_tokens, temperature, seed + index)
             ]
         if self.prompt_lookup and len(prompts) > 1:
             raise BenchError("prompt lookup decodes one prompt at a time in transformers; use batch size 1")
@@ -281,7 +282,7 @@ def run_bench(
     if continuous and batch_size > 1:
         batches, concurrency = [prompts], batch_size
     else:
-        batches, concurrency = [prompts[i : i + batch_size] for i in range(0, len(prompts), batch_size)], None
+        batches, concurrency = consecutive_batches(prompts, batch_size), None
     for method in methods:  # warm-up: allocator, kernels, caches; not timed
         method.run(batches[0], warmup_tokens, temperature, seed, concurrency)
     samples: list[Sample] = []
