@@ -41,8 +41,14 @@ and its interval is set for two.
 
 Expected tokens are calibrated probabilities, and the trees keep the nodes whose estimates
 came out highest, so they run a little high (a winner's curse): the gate scales a drafting step's
-expected tokens by what drafting steps actually emitted over what they were expected to, summed
-over every drafting step so far.
+expected tokens by what recent drafting steps emitted over what they were expected to. Recent,
+and pulled towards 1 by a prior: the calibration it corrects learns within a few dozen steps (its
+first context drafts, priced at the drafter's own score, expected up to 9 tokens from a single
+earlier occurrence and emitted about one), and a ratio summed over every step since the start kept
+those first errors for hundreds of steps, in which the gate stepped plainly on text where drafting
+doubled the rate (docs/benchmarks.md, session 31). Its sums fade with every step, plain ones
+included, so evidence that is old weighs as little in the correction as it does in the
+calibration.
 """
 
 from __future__ import annotations
@@ -100,15 +106,17 @@ class StepGate:
     measured: dict[tuple[int, bool], Throughput] = field(default_factory=dict)  # (batch, drafted) ->
     since_probe: dict[int, int] = field(default_factory=dict)  # batch -> steps since the last probe
     follow_up: set[int] = field(default_factory=set)  # batch sizes whose next step drafts, to be measured
-    expected_tokens: float = 0.0  # over every drafting step: the tokens expected of it ...
-    emitted_tokens: float = 0.0  # ... and those it emitted
+    correction_prior: float = 32.0  # tokens of drafting that emitted what was expected, always counted
+    correction_decay: float = 0.98  # per recorded step of either kind: about the last 50 steps count
+    expected_tokens: float = 0.0  # over recent drafting steps (fading): the tokens expected of them ...
+    emitted_tokens: float = 0.0  # ... and those they emitted
 
     @property
     def correction(self) -> float:
-        """Emitted over expected tokens of drafting steps (1 until a few dozen tokens are in)."""
-        if self.expected_tokens < 32 or self.emitted_tokens <= 0:
-            return 1.0
-        return self.emitted_tokens / self.expected_tokens
+        """Emitted over expected tokens of recent drafting steps, with ``correction_prior`` tokens
+        at a ratio of 1 (so 1 before any evidence, and again once the evidence has faded)."""
+        expected = self.expected_tokens + self.correction_prior
+        return (self.emitted_tokens + self.correction_prior) / expected if expected > 0 else 1.0
 
     def _arm(self, batch: int, drafted: bool) -> Throughput:
         return self.measured.setdefault((batch, drafted), Throughput())
@@ -184,6 +192,8 @@ class StepGate:
             raise ValueError(
                 f"a step emits tokens >= 0 in seconds >= 0, got {tokens} ({emitted} emitted) in {seconds}"
             )
+        self.expected_tokens *= self.correction_decay
+        self.emitted_tokens *= self.correction_decay
         if drafted and emitted is not None:
             self.expected_tokens += expected
             self.emitted_tokens += emitted
@@ -209,7 +219,7 @@ class StepGate:
             )
         if self.expected_tokens:
             lines.append(
-                f"drafting steps emitted {self.emitted_tokens:.0f} tokens of {self.expected_tokens:.1f} "
-                f"expected (rates scaled by {self.correction:.3f})"
+                f"recent drafting steps emitted {self.emitted_tokens:.0f} tokens of "
+                f"{self.expected_tokens:.1f} expected (rates scaled by {self.correction:.3f})"
             )
         return "\n".join(lines)

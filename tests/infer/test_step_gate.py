@@ -98,13 +98,38 @@ def test_drafting_that_lost_with_fewer_rows_loses_with_more_and_won_with_more_wi
 
 
 def test_the_gate_scales_expected_tokens_by_what_drafting_steps_emitted():
-    gate = StepGate(probe_every=8, warmup_steps=2)
+    gate = StepGate(probe_every=8, warmup_steps=2, correction_prior=0.0, correction_decay=1.0)
     for _ in range(20):  # drafting expected 2.4 tokens per step at 20 steps/s, emitted 1.8
         gate.record(1, True, tokens=2.4, seconds=0.05, emitted=1.8)
         gate.record(1, False, tokens=1.0, seconds=0.025)  # plain: 40 tokens/s
     assert gate.correction == pytest.approx(0.75)
     assert gate._compare(1)[0] is False  # 48 expected tokens/s, 36 emitted: plain steps win
     assert "emitted 36 tokens of 48.0 expected" in gate.summary()
+
+
+def test_the_correction_starts_at_one_and_forgets_early_errors():
+    """The first drafts are priced before the calibration has learned anything (a context draft of
+    9 tokens expected from one earlier occurrence); once expectations are right, the correction
+    returns to about 1 instead of holding those first steps against drafting for good."""
+    gate = StepGate(warmup_steps=2)
+    assert gate.correction == 1.0
+    for _ in range(4):  # four wildly overconfident steps
+        gate.record(1, True, tokens=9.0, seconds=0.03, emitted=1.0)
+    assert gate.correction < 0.6
+    for _ in range(200):  # then expectations that hold, and plain steps between them
+        gate.record(1, True, tokens=2.0, seconds=0.03, emitted=2.0)
+        gate.record(1, False, tokens=1.0, seconds=0.025)
+    assert gate.correction == pytest.approx(1.0, abs=0.01)
+    stale = StepGate(warmup_steps=2)
+    for _ in range(4):
+        stale.record(1, True, tokens=9.0, seconds=0.03, emitted=1.0)
+    for _ in range(200):  # no drafting at all: the old evidence fades
+        stale.record(1, False, tokens=1.0, seconds=0.025)
+    assert stale.correction == pytest.approx(1.0, abs=0.02)
+    steady = StepGate(warmup_steps=2)
+    for _ in range(300):  # a steady winner's curse is kept, less the prior's pull
+        steady.record(1, True, tokens=2.0, seconds=0.03, emitted=1.6)
+    assert 0.8 < steady.correction < 0.86
 
 
 def test_a_drafting_step_that_catches_the_head_up_is_not_measured_and_the_next_one_is():
@@ -231,7 +256,10 @@ def test_the_generator_weighs_a_drafting_step_by_its_expected_tokens():
     emitted = [count for did, _, count in recorded if did]
     assert all(count is not None and count >= 1 for count in emitted)
     assert all(count is None for did, _, count in recorded if not did)
-    assert generator.step_gate.emitted_tokens == sum(emitted)
+    decay = generator.step_gate.correction_decay  # the sums fade with every recorded step
+    assert generator.step_gate.emitted_tokens == pytest.approx(
+        sum(count * decay ** (len(recorded) - 1 - i) for i, (did, _, count) in enumerate(recorded) if did)
+    )
 
 
 def test_a_batch_drafting_step_counts_its_least_advanced_row_in_every_row():
@@ -259,6 +287,11 @@ def test_a_batch_drafting_step_counts_its_least_advanced_row_in_every_row():
     drafting = [(tokens, expected) for batch, did, tokens, _, expected in recorded if did and batch == 2]
     assert drafting and all(2.0 <= tokens <= expected + 1e-9 for tokens, expected in drafting)
     assert any(tokens < expected - 0.1 for tokens, expected in drafting)  # the rows' expectations differ
+    decay = generator.step_gate.correction_decay  # the sums fade with every recorded step
     assert generator.step_gate.expected_tokens == pytest.approx(
-        sum(expected for batch, did, _, _, expected in recorded if did)
+        sum(
+            expected * decay ** (len(recorded) - 1 - i)
+            for i, (_, did, _, _, expected) in enumerate(recorded)
+            if did
+        )
     )
