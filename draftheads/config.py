@@ -303,5 +303,21 @@ def load_run_config(path: str | Path | None = None, overrides: list[str] | None 
     """Defaults <- YAML file <- ``key=value`` overrides."""
     data = read_yaml(path) if path else {}
     if overrides:
-        data = merge(data, parse_overrides(overrides))
+        update = parse_overrides(overrides)
+        _refuse_ignored_max_steps(data, update, path)
+        data = merge(data, update)
     return build_run_config(data, where=str(path) if path else "config")
+
+
+def _refuse_ignored_max_steps(data: dict, update: dict, path: str | Path | None) -> None:
+    """A ``train.max_steps`` override on a config whose ``train.epochs`` is set would be silently
+    ignored (epochs decide the length): refuse it, naming both, unless the overrides set epochs too."""
+    file_train, new_train = data.get("train"), update.get("train")
+    if not isinstance(file_train, dict) or not isinstance(new_train, dict):
+        return
+    if "max_steps" in new_train and "epochs" not in new_train and file_train.get("epochs") is not None:
+        raise ConfigError(
+            f"override train.max_steps={new_train['max_steps']}: {path} sets train.epochs="
+            f"{file_train['epochs']}, which decides the run's length instead; add train.epochs=null "
+            f"to train for train.max_steps steps"
+        )

@@ -22,6 +22,16 @@ def test_yaml_then_overrides_win(tmp_path):
     assert run.train.adam_betas == (0.8, 0.9)
 
 
+def test_a_max_steps_override_that_epochs_would_ignore_is_refused(tmp_path):
+    path = tmp_path / "run.yaml"
+    path.write_text("train:\n  epochs: 3\n")
+    refused = r"train.max_steps=40: .*run.yaml sets train.epochs=3.*train.epochs=null"
+    with pytest.raises(ConfigError, match=refused):
+        load_run_config(path, ["train.max_steps=40"])
+    assert load_run_config(path, ["train.max_steps=40", "train.epochs=null"]).train.max_steps == 40
+    assert load_run_config(path, ["train.epochs=2"]).train.epochs == 2
+
+
 def test_unknown_key_names_key_and_closest(tmp_path):
     path = tmp_path / "run.yaml"
     path.write_text("train:\n  max_step: 7\n")
