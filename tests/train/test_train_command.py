@@ -21,6 +21,7 @@ def test_unknown_key_and_missing_file(capsys, tmp_path):
 
 def test_the_launcher_local_rank_argument_is_accepted(capsys, monkeypatch):
     monkeypatch.delenv("LOCAL_RANK", raising=False)
-    assert main(["train", "--local_rank=3", "--config", MEDUSA, "train.epochs=null", "train.max_steps=-1"]) == 2
+    invalid = ["train.epochs=null", "train.max_steps=-1"]
+    assert main(["train", "--local_rank=3", "--config", MEDUSA, *invalid]) == 2
     assert "train.max_steps must be >= 0" in capsys.readouterr().err
     assert os.environ["LOCAL_RANK"] == "3"
