@@ -260,5 +260,6 @@ def open_corpus(args, config: DistillConfig):
         max_length=args.max_length,
         temperature=config.temperature,
         dtype=str(resolve_dtype(args.dtype, args.device)).removeprefix("torch."),
+        seed=args.seed if config.temperature > 0 else None,
     )
     return Corpus.open_or_create(args.corpus, settings)

@@ -26,7 +26,7 @@ import gzip
 import hashlib
 import json
 import os
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import MISSING, asdict, dataclass, field, fields
 from pathlib import Path
 
 from draftheads.data.sources import DataError
@@ -63,6 +63,9 @@ class CorpusSettings:
     max_length: int | None  # a conversation ends at the first turn whose prompt + answer would exceed it
     temperature: float
     dtype: str  # the base's, as decoded (greedy answers differ between float32 and bfloat16)
+    # The sampling seed (answers at temperature > 0 are a function of it); None when greedy.
+    # Manifests written before it was recorded are greedy, and read as None.
+    seed: int | None = None
 
 
 @dataclass(frozen=True)
@@ -81,11 +84,13 @@ class Chunk:
 
 
 def _from_dict(cls, data, where: str):
-    """``cls(**data)`` with every field present and nothing else, or a CorpusError naming ``where``."""
+    """``cls(**data)`` with every field present (those with a default may be absent) and nothing
+    else, or a CorpusError naming ``where``."""
     names = {f.name for f in fields(cls)}
+    required = {f.name for f in fields(cls) if f.default is MISSING and f.default_factory is MISSING}
     if not isinstance(data, dict):
         raise CorpusError(f"{where}: expected an object, got {type(data).__name__}")
-    missing, unknown = names - data.keys(), data.keys() - names
+    missing, unknown = required - data.keys(), data.keys() - names
     if missing or unknown:
         raise CorpusError(
             f"{where}: missing fields {sorted(missing) or 'none'}, unknown fields {sorted(unknown) or 'none'}"

@@ -105,6 +105,26 @@ def test_a_run_with_other_settings_is_refused(tmp_path, tiny_base_dir, source, c
     assert len(Corpus.load(corpus_dir).chunks) == 1  # nothing was lost or added
 
 
+def test_a_sampled_corpus_records_its_seed_and_refuses_another(tmp_path, tiny_base_dir, source, capsys):
+    sampled = tmp_path / "sampled"
+    assert _distill(tiny_base_dir, source, sampled, "--temperature", "0.7", "--seed", "3") == 0
+    assert Corpus.load(sampled).settings.seed == 3
+    assert _distill(tiny_base_dir, source, sampled, "--temperature", "0.7", "--seed", "4") == 1
+    assert "field 'settings.seed' is 3, this run's 4" in capsys.readouterr().err
+    assert len(Corpus.load(sampled).chunks) == 1
+
+    # greedy answers do not depend on the seed: none is recorded, and any --seed extends the corpus
+    greedy = tmp_path / "greedy"
+    assert _distill(tiny_base_dir, source, greedy) == 0
+    assert _distill(tiny_base_dir, source, greedy, "--seed", "5") == 0
+    assert Corpus.load(greedy).settings.seed is None and len(Corpus.load(greedy).chunks) == 2
+    # a manifest written before the seed was recorded (greedy) still reads
+    manifest = json.loads((greedy / MANIFEST).read_text())
+    del manifest["settings"]["seed"]
+    (greedy / MANIFEST).write_text(json.dumps(manifest))
+    assert Corpus.load(greedy).settings.seed is None
+
+
 def test_bad_manifests_are_named(tmp_path):
     corpus_dir = tmp_path / "corpus"
     corpus_dir.mkdir()
