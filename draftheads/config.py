@@ -43,6 +43,9 @@ class DataConfig:
     """Where conversations come from and how they become training examples."""
 
     source: str = "sharegpt"  # sharegpt | path to .json/.jsonl/.parquet | Hub dataset id
+    # More sources of the same kinds whose every kept example joins the training split, after
+    # data.source's own (the held-out split stays data.source's, so evaluations still compare).
+    extra_sources: tuple[str, ...] = ()
     split: str = "train"  # split name for Hub datasets
     limit: int | None = None  # keep the first N usable conversations (None: all)
     max_length: int = 1024  # tokens per example; longer examples are truncated
@@ -71,6 +74,12 @@ class DataConfig:
             )
         if not 0.0 <= self.max_drop_fraction <= 1.0:
             raise ConfigError(f"data.max_drop_fraction must be in [0, 1], got {self.max_drop_fraction}")
+        for index, source in enumerate(self.extra_sources):
+            if not str(source).strip() or source == self.source or source in self.extra_sources[:index]:
+                raise ConfigError(
+                    f"data.extra_sources[{index}] is {source!r}: each extra source must name a source "
+                    f"other than data.source ({self.source!r}) and the extra sources before it"
+                )
 
 
 @dataclass

@@ -45,6 +45,13 @@ def format_drop_summary(report: DataReport) -> str:
         lines.extend(f"    e.g. {example}" for example in report.drop_examples.get(reason, []))
     for repair, count in report.repairs.items():
         lines.append(f"repaired: {repair}: {count:,}")
+    for extra in report.extra_sources:
+        drops = ", ".join(f"{reason} {count:,}" for reason, count in extra["dropped"].items()) or "none"
+        lines.append(
+            f"extra source (training only): {extra['source']}: {extra['conversations_read']:,} "
+            f"conversations read, {extra['examples']:,} examples kept, {extra['tokens']:,} tokens "
+            f"({extra['assistant_tokens']:,} under the loss mask); dropped: {drops}"
+        )
     return "\n".join(lines)
 
 

@@ -177,7 +177,11 @@ _HEAD_CHECKS = (
     ("head_kind", "head kind"),
     ("hidden_state_layers", "head feature layers"),
 )
-_REBUILD = "rebuild it with `draftheads cache-features` or point data.features elsewhere"
+_REBUILD = (
+    "rebuild it with `draftheads cache-features` (rows added after the cached training rows, as "
+    "data.extra_sources adds them, are written on without rewriting the rest) or point "
+    "data.features elsewhere"
+)
 
 
 def _check_fields(found: CacheIdentity, expected: CacheIdentity, where: str, checks) -> None:
@@ -238,20 +242,69 @@ def _write_index(directory: Path, index: dict) -> None:
     os.replace(temporary, directory / INDEX_NAME)
 
 
-def _existing_index(directory: Path, identity: CacheIdentity, settings: dict) -> dict | None:
-    """The index already in ``directory`` after checking it was made for ``identity`` and
-    ``settings``; None when there is none."""
+def grown_splits(found: CacheIdentity, expected: CacheIdentity, splits: dict[str, Any]) -> dict[str, int]:
+    """Splits whose rows are the cache's followed by new ones (``data.extra_sources`` added to a
+    run's training split), as {split: rows cached}; empty when no split grew or anything else
+    differs (the caller's ``check_identity`` then names it)."""
+    grown = {}
+    for name, dataset in splits.items():
+        cached = found.examples.get(name, 0)
+        if found.rows.get(name) == expected.rows.get(name) or not 0 < cached < len(dataset):
+            continue
+        if rows_fingerprint(dataset.select(range(cached))) == found.rows[name]:
+            grown[name] = cached
+    if not grown:
+        return {}
+    rows = {**expected.rows, **{name: found.rows[name] for name in grown}}
+    examples = {**expected.examples, **grown}
+    try:  # all else must be the cache's: the same base, tokenizer, head layers and other splits
+        check_identity(found, dataclasses.replace(expected, rows=rows, examples=examples), "")
+    except FeatureCacheError:
+        return {}
+    return grown
+
+
+def _extend_index(directory: Path, index: dict, identity: CacheIdentity, grown: dict[str, int]) -> dict:
+    """``index`` made over for ``identity``, whose ``grown`` splits gained rows after the cached
+    ones: every full shard of cached rows is kept; a split's last, partial shard is removed (its
+    rows are written again with the first new ones)."""
+    per_shard = int(index["examples_per_shard"])
+    for name, cached in grown.items():
+        keep = cached // per_shard
+        for stale in sorted((directory / name).glob("shard-*.safetensors")):
+            if int(stale.stem.split("-")[1]) >= keep:
+                stale.unlink()
+        index["complete_shards"][name] = min(index["complete_shards"][name], keep)
+        index["shard_tokens"][name] = index["shard_tokens"][name][:keep]
+        print(
+            f"[draftheads] feature cache {directory}: split '{name}' grew from {cached:,} to "
+            f"{identity.examples[name]:,} rows; keeping its first {keep} shards, writing the rest"
+        )
+    index["identity"] = dataclasses.asdict(identity)
+    _write_index(directory, index)
+    return index
+
+
+def _existing_index(
+    directory: Path, identity: CacheIdentity, settings: dict, splits: dict[str, Any]
+) -> tuple[dict | None, dict[str, int]]:
+    """``(index, grown)``: the index already in ``directory`` (None when there is none) after
+    checking it was made for ``identity`` and ``settings``, except for splits whose cached rows the
+    run's ``splits`` extend (``grown``, see ``grown_splits``; the caller extends the cache)."""
     if not (directory / INDEX_NAME).is_file():
-        return None
+        return None, {}
     index = read_index(directory)
-    check_identity(CacheIdentity.from_dict(index["identity"]), identity, f"feature cache {directory}")
+    found = CacheIdentity.from_dict(index["identity"])
+    grown = grown_splits(found, identity, splits)
+    if not grown:
+        check_identity(found, identity, f"feature cache {directory}")
     for name, value in settings.items():
         if index[name] != value:
             raise FeatureCacheError(
                 f"feature cache {directory} is being written with {name}={index[name]!r}; "
                 f"resume with the same value (got {value!r}) or choose another directory"
             )
-    return index
+    return index, grown
 
 
 def _new_index(identity: CacheIdentity, settings: dict, base_model, splits: dict) -> dict:
@@ -437,8 +490,13 @@ def write_feature_cache(
     directory = Path(directory)
     settings = {"dtype": dtype, "examples_per_shard": examples_per_shard}
     # Every rank checks an existing index before rank 0 may write a new one.
-    index = _existing_index(directory, identity, settings)
+    index, grown = _existing_index(directory, identity, settings, splits)
     barrier(world_size)
+    if grown:
+        if rank == 0:
+            _extend_index(directory, index, identity, grown)
+        barrier(world_size)
+        index = read_index(directory)
     if index is None:
         if rank == 0:
             directory.mkdir(parents=True, exist_ok=True)

@@ -59,6 +59,10 @@ class DataReport:
     cache_hit: bool = False
     cache_path: str = ""
     template_end_of_turn: str = ""
+    # data.extra_sources, each as {source, conversations_read, examples, tokens, assistant_tokens,
+    # dropped}: their examples and tokens are counted in examples, train_examples, tokens and
+    # assistant_tokens above; the other fields describe data.source alone
+    extra_sources: list[dict] = dataclasses.field(default_factory=list)
 
     @property
     def assistant_share(self) -> float:
@@ -110,7 +114,7 @@ def cache_key(data: DataConfig, tokenizer) -> str:
     fields = {
         name: value
         for name, value in dataclasses.asdict(data).items()
-        if name not in ("cache_dir", "features", "max_drop_fraction")
+        if name not in ("cache_dir", "features", "max_drop_fraction", "extra_sources")
     }
     parts = {
         "version": PIPELINE_VERSION,
@@ -273,8 +277,11 @@ def _encode(data: DataConfig, tokenizer, key: str, source_report: SourceReport, 
     return result, stats
 
 
-def _split(dataset, data: DataConfig):
-    """Deterministic train/validation split: a seeded shuffle of the kept examples."""
+def _split(dataset, data: DataConfig, held_out: bool = True):
+    """Deterministic train/validation split: a seeded shuffle of the kept examples (with
+    ``held_out`` False, every example in source order for training and an empty validation split)."""
+    if not held_out:
+        return dataset, dataset.select([])
     if data.validation_size >= len(dataset):
         raise DataError(
             f"data.validation_size={data.validation_size} leaves no training examples out of "
@@ -289,7 +296,12 @@ def _load_cached(path: Path):
 
     report = DataReport.from_json((path / "report.json").read_text())
     train = datasets.load_from_disk(str(path / "train"))
-    validation = datasets.load_from_disk(str(path / "validation"))
+    # An extra source's entry holds no validation split (datasets cannot save an empty one).
+    validation = (
+        datasets.load_from_disk(str(path / "validation"))
+        if (path / "validation").is_dir()
+        else train.select([])
+    )
     return train, validation, report
 
 
@@ -321,7 +333,8 @@ def save_cache_entry(path: Path, train, validation, report: DataReport) -> None:
     staging = Path(tempfile.mkdtemp(dir=path.parent, prefix=path.name + ".tmp-"))
     try:
         train.save_to_disk(str(staging / "train"))
-        validation.save_to_disk(str(staging / "validation"))
+        if len(validation):
+            validation.save_to_disk(str(staging / "validation"))
         (staging / "report.json").write_text(report.to_json())
         _load_cached(staging)
         os.replace(staging, path)
@@ -337,7 +350,8 @@ def build_datasets(data: DataConfig, tokenizer, base_name: str):
 
     Args:
         data: source, split, limit (first N usable conversations), max_length, validation_size, seed,
-            cache_dir, max_drop_fraction (more records dropped than this share: ``DataError``).
+            cache_dir, max_drop_fraction (more records dropped than this share: ``DataError``),
+            extra_sources (every kept example of each joins the training split, after the source's).
         tokenizer: the base model's fast tokenizer; its chat template formats the conversations.
         base_name: the base model reference, used to name the cache entry.
 
@@ -345,9 +359,45 @@ def build_datasets(data: DataConfig, tokenizer, base_name: str):
         ``(train, validation, report)``: ``datasets.Dataset`` with rows input_ids, loss_mask,
         length, id; and a ``DataReport``.
     """
-    start = time.perf_counter()
     data.validate()
-    key = cache_key(data, tokenizer)
+    train, validation, report = _build_source(data, tokenizer, base_name, held_out=True)
+    if not data.extra_sources:
+        return train, validation, report
+    import datasets
+
+    parts = [train]
+    for index, source in enumerate(data.extra_sources):
+        # Every conversation of an extra source, in source order, encoded as data.source's are.
+        extra = dataclasses.replace(data, source=source, limit=None, extra_sources=())
+        try:
+            rows, _, extra_report = _build_source(extra, tokenizer, base_name, held_out=False)
+        except DataError as error:
+            raise DataError(f"data.extra_sources[{index}]: {error}") from None
+        parts.append(rows)
+        report.extra_sources.append(
+            {
+                "source": extra_report.source,
+                "conversations_read": extra_report.conversations_read,
+                "examples": extra_report.examples,
+                "tokens": extra_report.tokens,
+                "assistant_tokens": extra_report.assistant_tokens,
+                "dropped": extra_report.dropped,
+            }
+        )
+        report.seconds += extra_report.seconds
+        report.tokens += extra_report.tokens
+        report.assistant_tokens += extra_report.assistant_tokens
+    train = datasets.concatenate_datasets(parts)
+    report.examples += len(train) - report.train_examples
+    report.train_examples = len(train)
+    return train, validation, report
+
+
+def _build_source(data: DataConfig, tokenizer, base_name: str, held_out: bool):
+    """``build_datasets`` for ``data.source`` alone; with ``held_out`` False, every kept example
+    goes to the training split (an extra source)."""
+    start = time.perf_counter()
+    key = cache_key(data, tokenizer) + ("" if held_out else "-all")
     label = re.sub(r"[^A-Za-z0-9._-]+", "_", f"{Path(base_name).name}-{Path(data.source).name}")[:60]
     path = dataset_cache_root(data) / f"{label}-{key}"
     cached = load_cache_entry(path)
@@ -379,7 +429,7 @@ def build_datasets(data: DataConfig, tokenizer, base_name: str):
     examples, stats = _encode(data, tokenizer, key, source_report, conversations)
     if len(examples) == 0:
         raise DataError(f"no example kept from '{data.source}'; dropped: {source_report.dropped}")
-    train, validation = _split(examples, data)
+    train, validation = _split(examples, data, held_out)
     report = DataReport(
         source=source_report.source,
         conversations_read=source_report.records,

@@ -886,7 +886,10 @@ def run_training(
             base_forward_tokens_per_second=base_tokens_per_second,
             data_source="given datasets"
             if datasets is not None
-            else (run.data.source + (f" (first {run.data.limit})" if run.data.limit else "")),
+            else " + ".join(
+                [run.data.source + (f" (first {run.data.limit})" if run.data.limit else "")]
+                + list(run.data.extra_sources)
+            ),
             train_examples=session.train_examples,
             eval=session.last_eval.to_dict() if session.last_eval else None,
             head_dir=str(session.output_dir / HEAD_DIR),

@@ -164,6 +164,38 @@ def test_an_interrupted_write_resumes_after_the_last_complete_shard(
             assert path.read_bytes() == (tmp_path / "resumed" / split / path.name).read_bytes(), path
 
 
+def test_a_cache_grows_when_rows_are_added_after_its_own(tmp_path, tiny_llama, splits, capsys):
+    head = MedusaConfig(num_heads=2)
+    options = {"dtype": "float32", "examples_per_shard": 2, "progress": False}
+    cache = tmp_path / "cache"
+    write_feature_cache(tiny_llama, splits, cache, _identity(tiny_llama, head, splits), **options)
+    full_shards = {path.name: path.read_bytes() for path in sorted((cache / "train").iterdir())[:3]}
+
+    # an extra source's rows follow the cached training rows (7 rows: 3 full shards and row 6 alone)
+    more = datasets.concatenate_datasets([splits["train"], _rows(4, seed=2)])
+    grown = {"train": more, "validation": splits["validation"]}
+    identity = _identity(tiny_llama, head, grown)
+    summary = write_feature_cache(tiny_llama, grown, cache, identity, **options)
+    assert summary.written_examples == 5  # row 6's partial shard again, and the 4 new rows
+    assert "split 'train' grew from 7 to 11 rows; keeping its first 3 shards" in capsys.readouterr().out
+    for name, content in full_shards.items():
+        assert (cache / "train" / name).read_bytes() == content, name
+    FeatureCache(cache).check(identity)
+    # the same bytes as a cache written from the start with every row
+    write_feature_cache(tiny_llama, grown, tmp_path / "fresh", identity, **options)
+    for path in sorted((tmp_path / "fresh" / "train").iterdir()):
+        assert path.read_bytes() == (cache / "train" / path.name).read_bytes(), path
+
+    # rows that do not begin with the cache's are another data set: refused, naming the rows
+    other = {"train": _rows(11, seed=5), "validation": splits["validation"]}
+    with pytest.raises(FeatureCacheError, match="rows"):
+        write_feature_cache(tiny_llama, other, cache, _identity(tiny_llama, head, other), **options)
+    # so is a grown split whose other fields differ (here the held-out rows)
+    moved = {"train": more, "validation": _rows(3, seed=7)}
+    with pytest.raises(FeatureCacheError, match="rows"):
+        write_feature_cache(tiny_llama, moved, cache, _identity(tiny_llama, head, moved), **options)
+
+
 def test_resuming_with_other_settings_is_refused(tmp_path, tiny_llama, splits):
     identity = _identity(tiny_llama, MedusaConfig(num_heads=2), splits)
     write_feature_cache(tiny_llama, splits, tmp_path, identity, examples_per_shard=4, progress=False)

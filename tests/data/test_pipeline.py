@@ -8,6 +8,7 @@ from data_fixtures import sharegpt_record, write_jsonl
 from draftheads.config import DataConfig
 from draftheads.data.pipeline import DataReport, build_datasets, length_histogram
 from draftheads.data.sources import DataError
+from draftheads.settings import ConfigError
 
 
 @pytest.fixture
@@ -76,6 +77,44 @@ def test_limit_and_bad_validation_size(source, tmp_path, byte_tokenizer):
     assert report.conversations_valid == 10 and len(train) + len(validation) == 10
     with pytest.raises(DataError, match="validation_size=10 leaves no training examples out of 10"):
         build_datasets(config(source, tmp_path, limit=10, validation_size=10), byte_tokenizer, "tiny")
+
+
+def test_extra_sources_join_the_training_split_only(source, tmp_path, byte_tokenizer):
+    extra = write_jsonl(
+        tmp_path / "more.jsonl",
+        [sharegpt_record(f"m{i}", ("human", f"more {i}"), ("gpt", f"more answer {i}")) for i in range(10)]
+        + ['{"broken'],
+    )
+    alone = build_datasets(config(source, tmp_path), byte_tokenizer, "tiny")
+    train, validation, report = build_datasets(
+        config(source, tmp_path, extra_sources=(str(extra),)), byte_tokenizer, "tiny"
+    )
+    # data.source's rows first, as without the extra source (a feature cache of them stays valid),
+    # then every example of the extra source in its order; the held-out split is unchanged
+    assert list(train["id"]) == list(alone[0]["id"]) + [f"m{i}" for i in range(10)]
+    assert list(validation["id"]) == list(alone[1]["id"])
+    assert report.train_examples == 35 and report.examples == 40
+    assert report.tokens == sum(train["length"]) + sum(validation["length"])
+    assert report.extra_sources == [
+        {
+            "source": report.extra_sources[0]["source"],
+            "conversations_read": 11,
+            "examples": 10,
+            "tokens": sum(train["length"][25:]),
+            "assistant_tokens": sum(sum(mask) for mask in train.select(range(25, 35))["loss_mask"]),
+            "dropped": {"invalid_json": 1},
+        }
+    ]
+    assert "more.jsonl" in report.extra_sources[0]["source"]
+    # a second build hits both caches and gives the same rows
+    again = build_datasets(config(source, tmp_path, extra_sources=(str(extra),)), byte_tokenizer, "tiny")
+    assert list(again[0]["id"]) == list(train["id"]) and again[2].extra_sources == report.extra_sources
+    # a bad extra source is named by its place in the list
+    missing = str(tmp_path / "nope.jsonl")
+    with pytest.raises(DataError, match=r"data.extra_sources\[1\]: .*nope.jsonl"):
+        build_datasets(config(source, tmp_path, extra_sources=(str(extra), missing)), byte_tokenizer, "tiny")
+    with pytest.raises(ConfigError, match=r"data.extra_sources\[0\] is .*other than data.source"):
+        build_datasets(config(source, tmp_path, extra_sources=(str(source),)), byte_tokenizer, "tiny")
 
 
 def test_length_histogram_bins_cover_zero_to_max_length():

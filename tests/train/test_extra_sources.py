@@ -1,0 +1,66 @@
+"""``data.extra_sources``: a second conversation source joins the training split; a feature cache
+of the first source's rows is extended with the second's, not rewritten, and training from it
+follows online training on the same rows."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from distributed_launch import empty_config, run_options, write_conversations, write_tiny_base
+
+from draftheads.cli import main
+from draftheads.config import load_run_config
+from draftheads.data.features import FeatureCacheError
+from draftheads.train.loop import run_training
+from draftheads.train.reporting import read_metrics
+
+
+def test_a_cache_of_one_source_is_extended_by_an_extra_source_and_trains(tmp_path, capsys):
+    everything = write_conversations(tmp_path / "all.jsonl", count=36)
+    lines = everything.read_text().splitlines(keepends=True)
+    first, extra = tmp_path / "first.jsonl", tmp_path / "extra.jsonl"
+    first.write_text("".join(lines[:26]))
+    extra.write_text("".join(lines[26:]))
+    base = write_tiny_base(tmp_path / "base", everything)
+    config = empty_config(tmp_path)
+    features = tmp_path / "features"
+    shards = ["--examples-per-shard", "5", "--dtype", "float32", "--no-progress"]
+
+    def options(output_dir, *more):
+        return [*run_options(base, first, output_dir, "eagle3", 0), f"data.features={features}", *more]
+
+    with_extra = f"data.extra_sources=[{extra}]"
+    assert main(["cache-features", "--config", str(config), *options(tmp_path / "x"), *shards]) == 0
+    index = json.loads((features / "index.json").read_text())
+    assert index["identity"]["examples"] == {"train": 24, "validation": 2}
+
+    # the cache lacks the extra rows: refused, pointing at cache-features
+    run = load_run_config(config, [*options(tmp_path / "refused", with_extra), "train.max_steps=2"])
+    with pytest.raises(FeatureCacheError, match="cache-features.*data.extra_sources"):
+        run_training(run)
+
+    capsys.readouterr()
+    assert (
+        main(["cache-features", "--config", str(config), *options(tmp_path / "x", with_extra), *shards]) == 0
+    )
+    assert "split 'train' grew from 24 to 34 rows; keeping its first 4 shards" in capsys.readouterr().out
+    index = json.loads((features / "index.json").read_text())
+    assert index["identity"]["examples"] == {"train": 34, "validation": 2}
+    assert index["complete_shards"] == {"train": 7, "validation": 1}
+
+    offline = run_training(load_run_config(config, options(tmp_path / "offline", with_extra)))
+    assert offline.train_examples == 34 and offline.data_source == f"{first} + {extra}"
+    online_options = [*options(tmp_path / "online", with_extra), "data.features=null"]
+    online = run_training(load_run_config(config, online_options))
+    losses = {
+        name: [
+            entry["loss"]
+            for entry in read_metrics(tmp_path / name)
+            if "loss" in entry and "eval" not in entry
+        ]
+        for name in ("offline", "online")
+    }
+    assert len(losses["offline"]) == 6
+    assert losses["offline"] == pytest.approx(losses["online"], rel=1e-4)
+    assert offline.eval["top1"] == pytest.approx(online.eval["top1"], abs=1e-6)
