@@ -32,6 +32,7 @@ ENCODE_BATCH = 256
 HISTOGRAM_BINS = 8
 EXAMPLES_PER_REASON = 3
 LENGTH_DROP = "no_supervised_tokens"  # the drop reason of examples cut before any assistant token
+HELD_OUT_DROP = "held_out_id"  # an extra source's example with the id of a held-out one
 
 
 @dataclass
@@ -366,6 +367,7 @@ def build_datasets(data: DataConfig, tokenizer, base_name: str):
     import datasets
 
     parts = [train]
+    held_out_ids = set(validation["id"])
     for index, source in enumerate(data.extra_sources):
         # Every conversation of an extra source, in source order, encoded as data.source's are.
         extra = dataclasses.replace(data, source=source, limit=None, extra_sources=())
@@ -373,20 +375,29 @@ def build_datasets(data: DataConfig, tokenizer, base_name: str):
             rows, _, extra_report = _build_source(extra, tokenizer, base_name, held_out=False)
         except DataError as error:
             raise DataError(f"data.extra_sources[{index}]: {error}") from None
+        dropped = dict(extra_report.dropped)
+        # Another answer to a held-out conversation (the same source distilled otherwise) would
+        # leak its prompt into training: such rows are left out, and counted.
+        leaked = [position for position, identifier in enumerate(rows["id"]) if identifier in held_out_ids]
+        if leaked:
+            rows = rows.select(sorted(set(range(len(rows))) - set(leaked)))
+            dropped[HELD_OUT_DROP] = len(leaked)
+        tokens = sum(rows["length"])
+        assistant_tokens = sum(sum(mask) for mask in rows["loss_mask"])
         parts.append(rows)
         report.extra_sources.append(
             {
                 "source": extra_report.source,
                 "conversations_read": extra_report.conversations_read,
-                "examples": extra_report.examples,
-                "tokens": extra_report.tokens,
-                "assistant_tokens": extra_report.assistant_tokens,
-                "dropped": extra_report.dropped,
+                "examples": len(rows),
+                "tokens": tokens,
+                "assistant_tokens": assistant_tokens,
+                "dropped": dropped,
             }
         )
         report.seconds += extra_report.seconds
-        report.tokens += extra_report.tokens
-        report.assistant_tokens += extra_report.assistant_tokens
+        report.tokens += tokens
+        report.assistant_tokens += assistant_tokens
     train = datasets.concatenate_datasets(parts)
     report.examples += len(train) - report.train_examples
     report.train_examples = len(train)

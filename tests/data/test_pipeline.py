@@ -80,12 +80,15 @@ def test_limit_and_bad_validation_size(source, tmp_path, byte_tokenizer):
 
 
 def test_extra_sources_join_the_training_split_only(source, tmp_path, byte_tokenizer):
+    alone = build_datasets(config(source, tmp_path), byte_tokenizer, "tiny")
+    held_out = alone[1]["id"][0]
     extra = write_jsonl(
         tmp_path / "more.jsonl",
         [sharegpt_record(f"m{i}", ("human", f"more {i}"), ("gpt", f"more answer {i}")) for i in range(10)]
+        # another answer to a held-out conversation: left out, or its prompt would leak into training
+        + [sharegpt_record(held_out, ("human", "the same question"), ("gpt", "another answer"))]
         + ['{"broken'],
     )
-    alone = build_datasets(config(source, tmp_path), byte_tokenizer, "tiny")
     train, validation, report = build_datasets(
         config(source, tmp_path, extra_sources=(str(extra),)), byte_tokenizer, "tiny"
     )
@@ -98,11 +101,11 @@ def test_extra_sources_join_the_training_split_only(source, tmp_path, byte_token
     assert report.extra_sources == [
         {
             "source": report.extra_sources[0]["source"],
-            "conversations_read": 11,
+            "conversations_read": 12,
             "examples": 10,
             "tokens": sum(train["length"][25:]),
             "assistant_tokens": sum(sum(mask) for mask in train.select(range(25, 35))["loss_mask"]),
-            "dropped": {"invalid_json": 1},
+            "dropped": {"invalid_json": 1, "held_out_id": 1},
         }
     ]
     assert "more.jsonl" in report.extra_sources[0]["source"]
