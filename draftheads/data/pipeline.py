@@ -322,7 +322,8 @@ def load_cache_entry(path: Path):
             return _load_cached(path)
         except Exception as error:  # noqa: BLE001 - datasets and pyarrow raise many types for damaged files
             problem = f"is unreadable ({type(error).__name__}: {error})"
-    warnings.warn(f"datasets cache entry {path} {problem}; removing it and building again", stacklevel=3)
+    # stacklevel: the warning points at build_datasets' caller (through _build_source)
+    warnings.warn(f"datasets cache entry {path} {problem}; removing it and building again", stacklevel=4)
     shutil.rmtree(path, ignore_errors=True)
     return None
 
