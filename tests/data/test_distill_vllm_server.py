@@ -68,6 +68,13 @@ def test_a_server_that_dies_while_starting_names_its_log(venv, tmp_path, monkeyp
     assert "engine core failed to start" in log.read_text()
 
 
+def test_the_token_budget_is_passed_only_when_asked(venv):
+    # seeded sampling needs every prompt in flight prefilled in one step (vLLM-CPU's generators)
+    assert "--max-num-batched-tokens" not in serve_command(venv, "m", 8000, "float32", 512)
+    command = serve_command(venv, "m", 8000, "float32", 512, max_num_batched_tokens=32768)
+    assert command[command.index("--max-num-batched-tokens") + 1] == "32768"
+
+
 def test_a_missing_virtualenv_is_named(tmp_path):
     with pytest.raises(ServerError, match=f"{tmp_path / 'nowhere' / 'bin' / 'python'} not found"):
         serve_command(tmp_path / "nowhere", "m", 8000, "float32", 2048)
