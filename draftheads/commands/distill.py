@@ -132,14 +132,15 @@ def run_vllm(
     log = out.with_name(out.name + ".vllm.log")
     print(f"[distill] starting vLLM from {config.vllm_venv} on {base_path} (log: {log})")
     started = time.perf_counter()
+    max_model_len = context or 2048
     # Sampling is seeded per request: every prompt in flight must prefill in one step (see serve_command).
-    budget = (context or 2048) * config.requests_in_flight if config.temperature > 0 else None
+    budget = max_model_len * config.requests_in_flight if config.temperature > 0 else None
     with vllm_server(
         config.vllm_venv,
         base_path,
         log,
         dtype=dtype,
-        max_model_len=context or 2048,
+        max_model_len=max_model_len,
         max_num_batched_tokens=budget,
     ) as url:
         print(f"[distill] vLLM ready at {url} after {time.perf_counter() - started:.0f} s")

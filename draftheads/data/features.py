@@ -264,8 +264,8 @@ def grown_splits(found: CacheIdentity, expected: CacheIdentity, splits: dict[str
     return grown
 
 
-def _extend_index(directory: Path, index: dict, identity: CacheIdentity, grown: dict[str, int]) -> dict:
-    """``index`` made over for ``identity``, whose ``grown`` splits gained rows after the cached
+def _extend_index(directory: Path, index: dict, identity: CacheIdentity, grown: dict[str, int]) -> None:
+    """Rewrite ``index`` for ``identity``, whose ``grown`` splits gained rows after the cached
     ones: every full shard of cached rows is kept; a split's last, partial shard is removed (its
     rows are written again with the first new ones)."""
     per_shard = int(index["examples_per_shard"])
@@ -282,7 +282,6 @@ def _extend_index(directory: Path, index: dict, identity: CacheIdentity, grown: 
         )
     index["identity"] = dataclasses.asdict(identity)
     _write_index(directory, index)
-    return index
 
 
 def _existing_index(

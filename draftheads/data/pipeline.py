@@ -379,10 +379,10 @@ def build_datasets(data: DataConfig, tokenizer, base_name: str):
         dropped = dict(extra_report.dropped)
         # Another answer to a held-out conversation (the same source distilled otherwise) would
         # leak its prompt into training: such rows are left out, and counted.
-        leaked = [position for position, identifier in enumerate(rows["id"]) if identifier in held_out_ids]
-        if leaked:
-            rows = rows.select(sorted(set(range(len(rows))) - set(leaked)))
-            dropped[HELD_OUT_DROP] = len(leaked)
+        kept = [position for position, identifier in enumerate(rows["id"]) if identifier not in held_out_ids]
+        if len(kept) < len(rows):
+            dropped[HELD_OUT_DROP] = len(rows) - len(kept)
+            rows = rows.select(kept)
         tokens = sum(rows["length"])
         assistant_tokens = sum(sum(mask) for mask in rows["loss_mask"])
         parts.append(rows)
