@@ -43,3 +43,10 @@ def test_heads_with_different_vocabulary_maps_are_refused(tmp_path):
     second = _head(tmp_path / "b", torch.zeros(1, 2), torch.tensor([0, 4, 5]))
     with pytest.raises(SystemExit, match="'d2t' differs"):
         _script().average([first, second])
+
+
+def test_heads_of_different_widths_are_refused(tmp_path):
+    first = _head(tmp_path / "a", torch.zeros(1, 2), torch.tensor([0, 3, 5]))
+    second = _head(tmp_path / "b", torch.zeros(1, 4), torch.tensor([0, 3, 5]))
+    with pytest.raises(SystemExit, match="'fc.weight' has shape"):
+        _script().average([first, second])

@@ -28,11 +28,17 @@ def average(heads: list[Path]) -> dict:
             )
     mean = {}
     for name, first in states[0].items():
+        for head, state in zip(heads[1:], states[1:]):
+            if state[name].shape != first.shape:
+                raise SystemExit(
+                    f"{head / WEIGHTS}: '{name}' has shape {tuple(state[name].shape)}, "
+                    f"{heads[0]}'s {tuple(first.shape)}; only heads of one layout average"
+                )
         if first.is_floating_point():
             mean[name] = sum(state[name].float() for state in states).div(len(states)).to(first.dtype)
             continue
         for head, state in zip(heads[1:], states[1:]):
-            if state[name].shape != first.shape or not (state[name] == first).all():
+            if not (state[name] == first).all():
                 raise SystemExit(
                     f"{head / WEIGHTS}: '{name}' differs from {heads[0]}'s; only heads of one layout average"
                 )
