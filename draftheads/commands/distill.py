@@ -107,7 +107,7 @@ def run_vllm(
 ) -> DistillCounts:
     from draftheads.base_model import resolve_base_path
     from draftheads.data.distill_vllm import ServerEngine, check_server
-    from draftheads.data.vllm_server import vllm_server
+    from draftheads.data.vllm_server import MAX_MODEL_LEN, vllm_server
 
     base_path = resolve_base_path(args.base)
     context = context_limit(model_config, args.max_length)
@@ -132,7 +132,7 @@ def run_vllm(
     log = out.with_name(out.name + ".vllm.log")
     print(f"[distill] starting vLLM from {config.vllm_venv} on {base_path} (log: {log})")
     started = time.perf_counter()
-    max_model_len = context or 2048
+    max_model_len = context or MAX_MODEL_LEN
     # Sampling is seeded per request: every prompt in flight must prefill in one step (see serve_command).
     budget = max_model_len * config.requests_in_flight if config.temperature > 0 else None
     with vllm_server(

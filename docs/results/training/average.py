@@ -1,6 +1,6 @@
 """Average the weights of saved heads of one layout (a uniform "model soup", Wortsman et al. 2022):
 
-    python docs/results/training/average.py OUT_DIR HEAD_DIR HEAD_DIR [...]
+    python docs/results/training/average.py OUT_DIR HEAD HEAD [...]   # head or training-run directories
 
 OUT_DIR gets the first head's config.json and the mean of every floating-point tensor; integer
 tensors (the draft-vocabulary maps) must be equal in every head and are copied. Score the average
@@ -14,36 +14,39 @@ import argparse
 import shutil
 from pathlib import Path
 
-from safetensors.torch import load_file, save_file
+import torch
+from safetensors.torch import save_file
 
-WEIGHTS = "model.safetensors"
+from draftheads.heads.base import CONFIG_NAME, WEIGHTS_NAME, HeadFormatError, read_weights, resolve_head_dir
+from draftheads.storage import apply_default_mode
 
 
-def average(heads: list[Path]) -> dict:
-    states = [load_file(head / WEIGHTS) for head in heads]
+def average(heads: list[Path]) -> dict[str, torch.Tensor]:
+    states = [read_weights(head / WEIGHTS_NAME) for head in heads]
+    first_head, first_state = heads[0], states[0]
     for head, state in zip(heads[1:], states[1:]):
-        if state.keys() != states[0].keys():
+        if state.keys() != first_state.keys():
             raise SystemExit(
-                f"{head / WEIGHTS}: tensors {sorted(state.keys() ^ states[0].keys())} differ from {heads[0]}"
+                f"{head / WEIGHTS_NAME}: tensors {sorted(state.keys() ^ first_state.keys())} "
+                f"differ from {first_head}'s"
             )
-    mean = {}
-    for name, first in states[0].items():
-        for head, state in zip(heads[1:], states[1:]):
+        for name, first in first_state.items():
             if state[name].shape != first.shape:
                 raise SystemExit(
-                    f"{head / WEIGHTS}: '{name}' has shape {tuple(state[name].shape)}, "
-                    f"{heads[0]}'s {tuple(first.shape)}; only heads of one layout average"
+                    f"{head / WEIGHTS_NAME}: '{name}' has shape {tuple(state[name].shape)}, "
+                    f"{first_head}'s {tuple(first.shape)}; only heads of one layout average"
                 )
-        if first.is_floating_point():
-            mean[name] = sum(state[name].float() for state in states).div(len(states)).to(first.dtype)
-            continue
-        for head, state in zip(heads[1:], states[1:]):
-            if not (state[name] == first).all():
+            if not first.is_floating_point() and not torch.equal(state[name], first):
                 raise SystemExit(
-                    f"{head / WEIGHTS}: '{name}' differs from {heads[0]}'s; only heads of one layout average"
+                    f"{head / WEIGHTS_NAME}: '{name}' differs from {first_head}'s; "
+                    "only heads of one layout average"
                 )
-        mean[name] = first
-    return mean
+    return {
+        name: sum(state[name].float() for state in states).div(len(states)).to(first.dtype)
+        if first.is_floating_point()
+        else first  # index tables, equal in every head
+        for name, first in first_state.items()
+    }
 
 
 def main() -> None:
@@ -53,11 +56,16 @@ def main() -> None:
     args = parser.parse_args()
     if len(args.heads) < 2:
         parser.error("give two or more heads")
-    mean = average(args.heads)
+    try:
+        heads = [resolve_head_dir(head) for head in args.heads]
+        mean = average(heads)
+    except HeadFormatError as error:
+        raise SystemExit(f"error: {error}") from None
     args.out_dir.mkdir(parents=True, exist_ok=True)
-    shutil.copy(args.heads[0] / "config.json", args.out_dir / "config.json")
-    save_file(mean, str(args.out_dir / WEIGHTS), metadata={"format": "pt"})
-    print(f"wrote {args.out_dir / WEIGHTS}: the mean of {len(args.heads)} heads")
+    shutil.copy(heads[0] / CONFIG_NAME, args.out_dir / CONFIG_NAME)
+    save_file(mean, str(args.out_dir / WEIGHTS_NAME), metadata={"format": "pt"})
+    apply_default_mode(args.out_dir / WEIGHTS_NAME)  # save_file leaves its temporary file's 0600
+    print(f"wrote {args.out_dir / WEIGHTS_NAME}: the mean of {len(heads)} heads")
 
 
 if __name__ == "__main__":
