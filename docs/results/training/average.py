@@ -15,10 +15,9 @@ import shutil
 from pathlib import Path
 
 import torch
-from safetensors.torch import save_file
 
+from draftheads.export.checkpoint import save_tensors
 from draftheads.heads.base import CONFIG_NAME, WEIGHTS_NAME, HeadFormatError, read_weights, resolve_head_dir
-from draftheads.storage import apply_default_mode
 
 
 def average(heads: list[Path]) -> dict[str, torch.Tensor]:
@@ -63,8 +62,7 @@ def main() -> None:
         raise SystemExit(f"error: {error}") from None
     args.out_dir.mkdir(parents=True, exist_ok=True)
     shutil.copy(heads[0] / CONFIG_NAME, args.out_dir / CONFIG_NAME)
-    save_file(mean, str(args.out_dir / WEIGHTS_NAME), metadata={"format": "pt"})
-    apply_default_mode(args.out_dir / WEIGHTS_NAME)  # save_file leaves its temporary file's 0600
+    save_tensors(mean, args.out_dir / WEIGHTS_NAME)
     print(f"wrote {args.out_dir / WEIGHTS_NAME}: the mean of {len(heads)} heads")
 
 
