@@ -136,9 +136,11 @@ class DraftHead(nn.Module):
     def init_from_base(self, base_model) -> None:
         """Copy initial weights from the base model (default: nothing to copy)."""
 
-    def load_saved(self, saved: DraftHead) -> None:
+    def load_saved(self, saved: DraftHead, token_counts: torch.Tensor | None = None) -> None:
         """Take the weights (and buffers) of ``saved``, a head of the same kind and settings except
-        ``GROWABLE`` ones (``train.init_head``); default: as they are."""
+        ``GROWABLE`` ones (``train.init_head``); default: as they are. ``token_counts`` (V,), this
+        run's supervised-token counts (as ``init_from_data``), is for heads whose growth depends on
+        the data (EAGLE-3's draft vocabulary)."""
         self.load_state_dict(saved.state_dict())
 
     def init_from_data(self, token_counts: torch.Tensor) -> None:

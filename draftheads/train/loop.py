@@ -193,10 +193,11 @@ def seed_everything(seed: int) -> None:
 # ---- pieces of the loop ---------------------------------------------------------------------------
 
 
-def init_from_saved_head(head, directory: str, base_model) -> None:
+def init_from_saved_head(head, directory: str, base_model, token_counts: torch.Tensor | None = None) -> None:
     """Copy a saved head's weights (and buffers, e.g. EAGLE-3's vocabulary maps) into ``head``
     (``train.init_head``); refused unless the saved head is the same kind with the same settings
-    (a ``GROWABLE`` one may be larger here: the head grows the saved weights) and fits ``base_model``."""
+    (a ``GROWABLE`` one may be larger here: the head grows the saved weights, choosing what it adds
+    from ``token_counts`` where that depends on the data) and fits ``base_model``."""
     from draftheads.heads import HeadMismatchError, load_head
     from draftheads.heads.base import GROWABLE, INIT_ONLY, TRAINING_ONLY
 
@@ -217,7 +218,7 @@ def init_from_saved_head(head, directory: str, base_model) -> None:
         if ours != theirs:
             raise ConfigError(f"{where}: its head.{field.name} is {theirs!r}, this run's is {ours!r}")
     try:
-        head.load_saved(saved)
+        head.load_saved(saved, token_counts)
     except ConfigError as err:
         raise ConfigError(f"{where}: {err}") from err
 
@@ -527,10 +528,11 @@ def build_session(
         head = build_head(base_model, run.head, run.model.base)
     except (ValueError, IndexError) as err:
         raise ConfigError(f"head ({run.head.kind}): {err}") from err
+    token_counts = supervised_token_counts(train_dataset, base_model.config.vocab_size)
     if train.init_head:
-        init_from_saved_head(head, train.init_head, base_model)
+        init_from_saved_head(head, train.init_head, base_model, token_counts)
     else:
-        head.init_from_data(supervised_token_counts(train_dataset, base_model.config.vocab_size))
+        head.init_from_data(token_counts)
     head.train()
     recipe = recipe_class.build(
         run,

@@ -8,7 +8,9 @@ from head_fixtures import TINY_LLAMA
 from transformers import LlamaConfig
 
 from draftheads.heads import Eagle3Config, Eagle3Head, build_head
+from draftheads.heads import eagle3 as eagle3_module
 from draftheads.heads.base import head_config_from_dict
+from draftheads.heads.eagle3 import grow_draft_vocabulary
 from draftheads.heads.layers import prefix_causal_mask
 from draftheads.settings import ConfigError
 
@@ -180,3 +182,58 @@ def test_a_narrower_saved_head_grows_into_a_wider_mlp_and_drafts_the_same(tiny_l
 
     with pytest.raises(ConfigError, match="saved head's draft MLP is 200 wide.*can grow, not shrink"):
         narrow.load_saved(wide)
+
+
+def test_grow_draft_vocabulary_keeps_the_saved_rows_and_adds_the_most_frequent_ids(monkeypatch):
+    """Saved rows that are an exact linear map of the base's: without the ridge the added ids' rows
+    follow the same map, a known answer for the fit; with it they shrink toward zero."""
+    generator = torch.Generator().manual_seed(0)
+    base_rows = torch.randn(40, 6, generator=generator)
+    true_map = torch.randn(6, 6, generator=generator)
+    saved_ids = torch.tensor([1, 4, 7, 9, 12, 15, 20, 22, 30, 33])
+    counts = torch.zeros(40, dtype=torch.long)
+    counts[[5, 4, 38, 2, 11]] = torch.tensor([50, 40, 30, 20, 20])  # 4 is saved; 2 and 11 tie
+    saved_rows = base_rows[saved_ids] @ true_map
+    ridged_ids, ridged = grow_draft_vocabulary(saved_ids, saved_rows, base_rows, counts, 14)
+    monkeypatch.setattr(eagle3_module, "GROWTH_RIDGE", 0.0)
+    ids, rows = grow_draft_vocabulary(saved_ids, saved_rows, base_rows, counts, 14)
+    assert ids.tolist() == ridged_ids.tolist() == sorted([*saved_ids.tolist(), 5, 38, 2, 11])
+    torch.testing.assert_close(rows, base_rows[ids] @ true_map, rtol=1e-4, atol=1e-4)
+    kept = torch.isin(ids, saved_ids)
+    assert torch.equal(rows[kept], saved_rows) and torch.equal(
+        ridged[kept], saved_rows
+    )  # copied, not refitted
+    assert ridged[~kept].norm() < rows[~kept].norm()
+    with pytest.raises(ValueError, match="cannot grow a 10-id draft vocabulary to 8 ids of 40"):
+        grow_draft_vocabulary(saved_ids, base_rows[saved_ids], base_rows, counts, 8)
+
+
+def test_a_saved_head_grows_into_a_larger_draft_vocabulary(tiny_llama):
+    """The grown head drafts the saved ids with the saved logits (the rows are kept; only the
+    softmax gains ids); a smaller vocabulary, or growth without token counts, is refused."""
+    small = build_head(tiny_llama, Eagle3Config(feature_layers=(1, 2, 3), draft_vocab_size=32))
+    counts = torch.arange(256, 0, -1)  # id 0 most frequent
+    small.init_from_data(counts.roll(100))  # saved vocabulary: ids 100-131
+    with torch.no_grad():
+        small.lm_head.weight.add_(
+            torch.randn(small.lm_head.weight.shape, generator=torch.Generator().manual_seed(1))
+        )
+    large = build_head(tiny_llama, Eagle3Config(feature_layers=(1, 2, 3), draft_vocab_size=48))
+    large.load_saved(small, counts)
+    target_ids = large.draft_to_target(torch.arange(48))
+    assert target_ids.tolist() == list(range(16)) + list(range(100, 132))
+    assert torch.equal(large.t2d.nonzero().flatten(), target_ids)
+    features = torch.randn(1, 5, 3 * 64, generator=torch.Generator().manual_seed(2))
+    input_ids = torch.randint(0, 256, (1, 5), generator=torch.Generator().manual_seed(3))
+    positions = torch.arange(5)[None]
+    mask = prefix_causal_mask(1, 0, 5, torch.float32, input_ids.device)
+    with torch.no_grad():
+        logits = [
+            h.logits(h.step(h.fuse(features), input_ids, positions, mask, None)) for h in (small, large)
+        ]
+    torch.testing.assert_close(logits[1][..., 16:], logits[0])
+
+    with pytest.raises(ConfigError, match="draft vocabulary has 48 ids.*draft_vocab_size is 32.*not shrink"):
+        small.load_saved(large, counts)
+    with pytest.raises(ConfigError, match="growing the draft vocabulary from 32 to 48 ids needs"):
+        large.load_saved(small)

@@ -280,6 +280,15 @@ def test_init_head_continues_from_a_saved_head_and_refuses_a_different_one(tmp_p
     assert load_head(tmp_path / "g" / "head").midlayer.mlp.up_proj.weight.shape[0] == 192
     with pytest.raises(ConfigError, match=r"draft MLP is 128 wide.*head.intermediate_size is 64"):
         continue_saved("head.intermediate_size=64", f"train.output_dir={tmp_path / 's'}")
+    # A larger draft vocabulary keeps the saved ids and adds this run's most frequent others; the
+    # patterned rows use ids 3-62, so the saved 64 ids already cover every target and top-1 stays.
+    wider_vocab = continue_saved("head.draft_vocab_size=80", f"train.output_dir={tmp_path / 'v'}")
+    grown_vocab = load_head(tmp_path / "v" / "head")
+    assert grown_vocab.draft_vocab_size == 80
+    assert torch.all(grown_vocab.t2d[saved.t2d])
+    assert wider_vocab.eval["top1"][0] == pytest.approx(first.eval["top1"][0], abs=0.05)
+    with pytest.raises(ConfigError, match=r"has 64 ids, this run's head.draft_vocab_size is 32"):
+        continue_saved("head.draft_vocab_size=32", f"train.output_dir={tmp_path / 'w'}")
     with pytest.raises(ConfigError, match=r"head.feature_layers is \(1, 2, 3\), this run's is \(1, 2, 4\)"):
         continue_saved("head.feature_layers=[1,2,4]", f"train.output_dir={tmp_path / 'x'}")
     with pytest.raises(ConfigError, match=r"a 'eagle3' head, but head.kind is 'medusa'"):
