@@ -86,4 +86,18 @@ def describe(record: dict) -> str:
             if chosen["expected_speedup"] < 1.0
             else ""
         )
+        + _timing_warning(record.get("timing_check"))
+    )
+
+
+def _timing_warning(check: dict | None) -> str:
+    """A warning line when the one-token timings at the start and the end of tuning disagree."""
+    if check is None or check["quiet"]:
+        return ""
+    before, after = (1000 * seconds for seconds in check["one_token_seconds"])
+    return (
+        f"\nwarning: one-token verification took {before:.1f} ms at the start of the timings and "
+        f"{after:.1f} ms at the end ({100 * check['drift']:.0f}% apart, more than "
+        f"{100 * check['tolerance']:.0f}%): something else was using the CPU, so the cost curve, and "
+        "the chosen tree, may be wrong; rerun tune-tree on quiet cores"
     )

@@ -25,6 +25,26 @@ from draftheads.tuning.held_out import greedy_continuations, held_out_prompts
 from draftheads.tuning.report import plot_tuning
 from draftheads.tuning.search import Candidate, choose_dynamic_tree, choose_static_tree
 
+# The cost curve is only right if nothing else ran while it was timed: another process on a core
+# slows some forwards more than others and skews the curve (docs/benchmarks.md, "Session 35": a
+# tuning that overlapped a 5-second test run timed one token at 28.7 ms instead of 22.0, and chose
+# a tree that cost 1.3x what it predicted). So the one-token verification is timed again after
+# everything else; if the two medians differ by more than this fraction, the record says so and
+# the report warns.
+TIMING_DRIFT_TOLERANCE = 0.10
+
+
+def timing_check(before: float, after: float) -> dict:
+    """The one-token verify medians at the start and the end of tuning's timings, and whether they
+    agree within ``TIMING_DRIFT_TOLERANCE`` (relative to the faster)."""
+    drift = abs(after - before) / min(before, after)
+    return {
+        "one_token_seconds": [before, after],
+        "drift": drift,
+        "tolerance": TIMING_DRIFT_TOLERANCE,
+        "quiet": drift <= TIMING_DRIFT_TOLERANCE,
+    }
+
 
 @dataclass(frozen=True)
 class TuneSettings:
@@ -111,6 +131,8 @@ def tune_tree(
         )
     else:
         best, candidates = choose_static_tree(acceptance, curve.relative, draft_cost, settings.max_nodes, pad)
+    # after the search, which timed the drafting: the start and the end of every timing
+    timings = timing_check(one_step, bench.verify_cost([1], progress=False).seconds[0])
     key = tuned_tree_key(model.dtype, model.device)
     record = {
         "setting": key,
@@ -139,6 +161,7 @@ def tune_tree(
             }
             for b, c in sorted(costs.items())
         },
+        "timing_check": timings,
         "chosen": _candidate_dict(best),
         "candidates": [_candidate_dict(c) for c in candidates],
     }

@@ -19,7 +19,7 @@ from draftheads.tuning.acceptance import AcceptanceModel, acceptance_from_ranks,
 from draftheads.tuning.cost import CostCurve, DecodingBench, isotonic
 from draftheads.tuning.report import describe
 from draftheads.tuning.search import choose_dynamic_tree, choose_static_tree, dynamic_proposals
-from draftheads.tuning.tune import TuneSettings, save_tuned_tree
+from draftheads.tuning.tune import TuneSettings, save_tuned_tree, timing_check
 from tests.data.data_fixtures import save_tiny_base
 from tests.infer.infer_stubs import AutoregressiveStub, ModuleStub, ParallelStub, greedy_reference
 
@@ -99,6 +99,11 @@ def test_a_hopeless_head_gets_the_root_only_tree_unpadded_and_a_warning():
     assert "at tau 2 / 3 / 4 at most 1.50x / 1.40x / 1.60x" in describe(record)
     record["chosen"]["expected_speedup"] = 1.3
     assert "warning" not in describe(record)
+    record["timing_check"] = timing_check(0.0220, 0.0235)
+    assert record["timing_check"]["quiet"] and "warning" not in describe(record)
+    record["timing_check"] = timing_check(0.0287, 0.0220)
+    assert not record["timing_check"]["quiet"]
+    assert "22.0 ms at the end (30% apart, more than 10%)" in describe(record)
 
 
 def test_dynamic_proposals_follow_eagle2_selection():
@@ -336,6 +341,8 @@ def test_tune_tree_saves_a_tree_the_generator_and_bench_use(tmp_path, tiny_base_
     assert loaded.tree == tuned.truncated(2)
     # the verify costs tune-tree measured (one row and batches) are what adaptive drafting weighs
     assert sorted(record["verify_cost_by_batch"]) == ["1", "16", "2", "4", "8"]
+    check = record["timing_check"]
+    assert check["one_token_seconds"][0] == cost["seconds"][0] and check["one_token_seconds"][1] > 0
     assert loaded.cost is not None and sorted(loaded.batch_costs) == [1, 2, 4, 8, 16]
     assert loaded.batch_costs[4].seconds == tuple(record["verify_cost_by_batch"]["4"]["seconds"])
     assert SpeculativeGenerator.from_pretrained(head_dir, dtype="float32").tree.head == tuned.truncated(2)
