@@ -1,6 +1,5 @@
 """docs/results/training/average.py: the mean of float tensors, integer maps kept, mismatches refused."""
 
-import importlib.util
 import json
 from pathlib import Path
 
@@ -8,14 +7,11 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-SCRIPT = Path(__file__).resolve().parents[2] / "docs" / "results" / "training" / "average.py"
+from tests.train.results_scripts import load_script
 
 
 def _script():
-    spec = importlib.util.spec_from_file_location("average_heads", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("average")
 
 
 def _head(directory: Path, weight: torch.Tensor, d2t: torch.Tensor) -> Path:

@@ -1,22 +1,15 @@
 """docs/results/training/restrict_vocab.py: a grown EAGLE-3 head restricted to the vocabulary it
 grew from is the head it grew from; a vocabulary it does not hold is refused."""
 
-import importlib.util
-from pathlib import Path
-
 import pytest
 import torch
 
 from draftheads.heads import Eagle3Config, build_head, load_head
-
-SCRIPT = Path(__file__).resolve().parents[2] / "docs" / "results" / "training" / "restrict_vocab.py"
+from tests.train.results_scripts import load_script
 
 
 def _script():
-    spec = importlib.util.spec_from_file_location("restrict_vocab", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("restrict_vocab")
 
 
 def test_restricting_a_grown_head_gives_back_the_head_it_grew_from(tmp_path, tiny_llama, monkeypatch):
