@@ -143,6 +143,20 @@ def resolve_draft_vocab_size(config: Eagle3Config, vocab_size: int) -> int:
     return size
 
 
+def by_frequency(token_counts: torch.Tensor) -> torch.Tensor:
+    """(V,) target ids, most frequent first (ties: lower id first): the order draft vocabularies
+    take ids in."""
+    return torch.argsort(token_counts.detach().cpu().double(), descending=True, stable=True)
+
+
+def vocabulary_maps(draft_ids: torch.Tensor, vocab_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(d2t, t2d) for the ascending target ids ``draft_ids`` (N,): d2t[d] = draft_ids[d] - d, and
+    t2d the (V,) mask of the ids in the vocabulary."""
+    t2d = torch.zeros(vocab_size, dtype=torch.bool, device=draft_ids.device)
+    t2d[draft_ids] = True
+    return draft_ids - torch.arange(len(draft_ids), device=draft_ids.device), t2d
+
+
 def grow_draft_vocabulary(
     saved_ids: torch.Tensor,
     saved_rows: torch.Tensor,
@@ -167,9 +181,8 @@ def grow_draft_vocabulary(
     if not saved_size <= size <= vocab_size:
         raise ValueError(f"cannot grow a {saved_size}-id draft vocabulary to {size} ids of {vocab_size}")
     device = saved_ids.device
-    in_saved = torch.zeros(vocab_size, dtype=torch.bool, device=device)
-    in_saved[saved_ids] = True
-    order = torch.argsort(token_counts.detach().cpu().double(), descending=True, stable=True).to(device)
+    _, in_saved = vocabulary_maps(saved_ids, vocab_size)
+    order = by_frequency(token_counts).to(device)
     added = order[~in_saved[order]][: size - saved_size]  # (size - N_s,)
     # (h, h) map: base row -> head row, a ridge fit on the saved ids, in float64
     base = base_rows.detach().to(device=device, dtype=torch.float64)
@@ -307,9 +320,7 @@ class Eagle3Head(DraftHead):
                 size,
             )
             state["lm_head.weight"] = rows
-            state["d2t"] = draft_ids - torch.arange(size, device=draft_ids.device)
-            state["t2d"] = torch.zeros_like(self.t2d)
-            state["t2d"][draft_ids] = True
+            state["d2t"], state["t2d"] = vocabulary_maps(draft_ids, self.base_spec.vocab_size)
         if saved_width < width:
             mlp = "midlayer.mlp."
             ours = self.state_dict()
@@ -334,12 +345,11 @@ class Eagle3Head(DraftHead):
         vocab_size = self.base_spec.vocab_size
         if token_counts.shape != (vocab_size,):
             raise ValueError(f"token_counts must have shape ({vocab_size},), got {tuple(token_counts.shape)}")
-        order = torch.argsort(token_counts.detach().cpu().double(), descending=True, stable=True)
-        draft_ids = order[: self.draft_vocab_size].sort().values  # (N,)
+        draft_ids = by_frequency(token_counts)[: self.draft_vocab_size].sort().values  # (N,)
+        d2t, t2d = vocabulary_maps(draft_ids, vocab_size)
         with torch.no_grad():
-            self.d2t.copy_(draft_ids - torch.arange(self.draft_vocab_size))
-            self.t2d.zero_()
-            self.t2d[draft_ids.to(self.t2d.device)] = True
+            self.d2t.copy_(d2t)
+            self.t2d.copy_(t2d)
         if self.config.init_from_base:
             self._lm_head_from_base(self.base_lm_head.weight)
 

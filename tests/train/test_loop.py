@@ -281,7 +281,8 @@ def test_init_head_continues_from_a_saved_head_and_refuses_a_different_one(tmp_p
     with pytest.raises(ConfigError, match=r"draft MLP is 128 wide.*head.intermediate_size is 64"):
         continue_saved("head.intermediate_size=64", f"train.output_dir={tmp_path / 's'}")
     # A larger draft vocabulary keeps the saved ids and adds this run's most frequent others; the
-    # patterned rows use ids 3-62, so the saved 64 ids already cover every target and top-1 stays.
+    # patterned rows use ids 3-62, so the saved 64 ids already cover every target and top-1 moves
+    # only where an added id's fitted row outscores the right one.
     wider_vocab = continue_saved("head.draft_vocab_size=80", f"train.output_dir={tmp_path / 'v'}")
     grown_vocab = load_head(tmp_path / "v" / "head")
     assert grown_vocab.draft_vocab_size == 80
