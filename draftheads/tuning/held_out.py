@@ -7,6 +7,8 @@ from pathlib import Path
 
 import torch
 
+from draftheads.data.sources import DataError, ReadFailure, read_lines
+
 
 def held_out_prompts(
     source: str, skip: int, count: int, tokenizer, max_prompt_tokens: int
@@ -36,19 +38,23 @@ def held_out_prompts(
         if len(prompts) == count:
             break
     if not prompts:
-        raise ValueError(
-            f"--data {source}: no prompt of at most {max_prompt_tokens} tokens after skipping {skip}"
+        raise DataError(
+            f"{source}: none of the {len(texts)} prompts after skipping {skip} has at most "
+            f"{max_prompt_tokens} tokens; skip fewer or allow longer prompts"
         )
     return prompts
 
 
 def _is_prompt_file(source: str) -> bool:
-    """A .jsonl of prompts (``turns`` or ``prompt``, as bench reads) rather than of conversations."""
+    """A .jsonl (or .jsonl.gz) of prompts (``turns`` or ``prompt``, as bench reads) rather than of
+    conversations."""
     path = Path(source)
-    if path.suffix != ".jsonl" or not path.is_file():
+    if not path.name.endswith((".jsonl", ".jsonl.gz")) or not path.is_file():
         return False
-    with open(path, encoding="utf-8") as stream:
-        first = next((line for line in stream if line.strip()), "{}")
+    lines = (line for _, line in read_lines(path) if isinstance(line, ReadFailure) or line.strip())
+    first = next(lines, "{}")
+    if isinstance(first, ReadFailure):
+        return False  # read as conversations, whose reader names the bad byte
     try:
         record = json.loads(first)
     except json.JSONDecodeError:

@@ -364,3 +364,29 @@ def test_tune_tree_refuses_bad_arguments(tmp_path, capsys):
     assert "argument --top-k: must be >= 1, got 0" in capsys.readouterr().err
     assert main(["tune-tree", "--heads", str(tmp_path)]) == 2
     assert "no config.json" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("name", ["prompts.jsonl", "prompts.jsonl.gz"])
+def test_held_out_prompts_read_prompt_files_plain_or_gzipped(tmp_path, name):
+    import gzip
+
+    from draftheads.data.sources import DataError
+    from draftheads.tuning.held_out import held_out_prompts
+    from tests.data.data_fixtures import make_byte_tokenizer
+
+    text = "".join(json.dumps({"id": i, "turns": [f"Count to {i}."]}) + "\n" for i in range(5))
+    path = tmp_path / name
+    path.write_bytes(gzip.compress(text.encode()) if name.endswith(".gz") else text.encode())
+    tokenizer = make_byte_tokenizer()
+    prompts = held_out_prompts(str(path), 2, 8, tokenizer, 256)
+    expected = [
+        tokenizer.apply_chat_template(
+            [{"role": "user", "content": f"Count to {i}."}], add_generation_prompt=True, return_dict=False
+        )
+        for i in (2, 3, 4)
+    ]
+    assert [p.tolist() for p in prompts] == expected
+    with pytest.raises(
+        DataError, match=rf"{path}: none of the 3 prompts after skipping 2 has at most 4 tokens"
+    ):
+        held_out_prompts(str(path), 2, 8, tokenizer, 4)
