@@ -80,6 +80,23 @@ def device_name(text: str) -> str:
 device_name.__name__ = "device"
 
 
+def add_draft_dtype_argument(parser: argparse.ArgumentParser, several: bool = False) -> None:
+    """``--draft-dtype``: the dtype the head drafts in (``draftheads.infer.precision``); with
+    ``several``, one or more (a list), each head running once per dtype (bench)."""
+    from draftheads.infer.precision import DEFAULT_DRAFT_DTYPE, DRAFT_DTYPES
+
+    parser.add_argument(
+        "--draft-dtype",
+        nargs="+" if several else None,
+        choices=DRAFT_DTYPES,
+        default=[DEFAULT_DRAFT_DTYPE] if several else DEFAULT_DRAFT_DTYPE,
+        help="dtype the head drafts in; the base verifies in --dtype either way, so the output does not "
+        "change (default auto: bf16 for an EAGLE-3 head beside an fp32 base on a CPU with AVX512_BF16 "
+        "or AMX, else the base's dtype)"
+        + ("; several: each head runs once per dtype, named <kind>:<head>@<dtype>" if several else ""),
+    )
+
+
 def add_no_pack_argument(parser: argparse.ArgumentParser) -> None:
     """``--no-pack``: keep PyTorch's default linear kernels (``draftheads.infer.packed`` is used by
     default where it applies: fp32 on an x86 CPU)."""

@@ -32,6 +32,7 @@ import torch
 
 from draftheads.base_model import DEFAULT_DTYPE
 from draftheads.infer.generate import DEFAULT_MAX_NEW_TOKENS
+from draftheads.infer.precision import DEFAULT_DRAFT_DTYPE, prepare_head
 from draftheads.machine import machine_info
 from draftheads.optional import available
 
@@ -64,6 +65,8 @@ class BenchSettings:
     adaptive: bool = True  # include each drafting method with adaptive drafting too
     methods: tuple[str, ...] | None = None  # only these (names before ':'; generate always runs)
     pack: bool = True  # prepacked linear layers for every method (``draftheads.infer.packed``)
+    # the dtypes each head drafts in (``draftheads.infer.precision``); several: each head once per dtype
+    draft_dtypes: tuple[str, ...] = (DEFAULT_DRAFT_DTYPE,)
     seed: int = 0
     out: str = "bench-results"
     batch_sizes: tuple[int, ...] = (1,)  # run every method at each batch size (prompt lookup: 1 only)
@@ -601,11 +604,14 @@ def bench_tree(tree: str | None, head_dir: str, model):
     return tree
 
 
-def method_name(kind: str, head_dir: str, methods: list) -> str:
+def method_name(kind: str, head_dir: str, methods: list, draft_dtype: torch.dtype | None = None) -> str:
     """``kind:label``: the head directory's name, or its run's name for the ``<run>/head`` that
-    training writes; a repeated label gets a ``#n`` suffix so every method stays distinct."""
+    training writes, with ``@<dtype>`` when ``draft_dtype`` is given (a head benched in several);
+    a repeated label gets a ``#n`` suffix so every method stays distinct."""
     path = Path(head_dir).resolve()
     label = path.parent.name if path.name == "head" else path.name
+    if draft_dtype is not None:
+        label += "@" + str(draft_dtype).removeprefix("torch.")
     base = name = f"{kind}:{label}"
     taken = {method.name for method in methods}
     copies = 1
@@ -626,6 +632,7 @@ def speculative_methods(
     hybrid: bool = False,
     adaptive: bool = False,
     keep: Callable[[str], bool] = lambda name: True,
+    draft_dtypes: tuple[str, ...] = (DEFAULT_DRAFT_DTYPE,),
 ) -> list:
     """One ``SpeculativeMethod`` per head directory, each on the model it drafts for: ``model`` itself,
     or for a joint (Medusa-2) head an adapted copy of it (``load_head_and_base``), so the baselines and
@@ -633,7 +640,9 @@ def speculative_methods(
     head and of every adapted copy (after the merge), so every method runs on the same kernels.
     ``context_only``: also the context drafter with no head (``context``); ``hybrid``: also each head
     with context drafts merged into its trees (``<kind>+context:<label>``); ``adaptive``: each of
-    these also with adaptive drafting (``.../adaptive``). ``keep``: which method names to build."""
+    these also with adaptive drafting (``.../adaptive``). ``keep``: which method names to build.
+    ``draft_dtypes``: each head loaded once per dtype it drafts in (``draftheads.infer.precision``);
+    with more than one, method names say which (``eagle3:run@bfloat16``)."""
     from draftheads.heads import load_head_and_base
     from draftheads.heads.base import resolve_head_dir
     from draftheads.infer import SpeculativeGenerator
@@ -641,9 +650,13 @@ def speculative_methods(
     from draftheads.infer.packed import pack_linears
 
     head_dirs = [resolve_head_dir(d) for d in head_dirs]  # a training run's output directory: its head/
-    loaded = [(head_dir, *load_head_and_base(head_dir, model, map_location=device)) for head_dir in head_dirs]
+    loaded = []  # (head_dir, head, the model it drafts for, its draft dtype)
+    for head_dir in head_dirs:
+        for requested in draft_dtypes:
+            head, head_model = load_head_and_base(head_dir, model, map_location=device)
+            loaded.append((head_dir, head, head_model, prepare_head(head, head_model, requested, pack)))
     if pack:
-        pack_linears(model, *(module for _, head, head_model in loaded for module in (head, head_model)))
+        pack_linears(model, *(module for _, head, head_model, _ in loaded for module in (head, head_model)))
     variants = (False, True) if adaptive else (False,)
     methods: list = []
     if context_only:
@@ -651,7 +664,7 @@ def speculative_methods(
             generator = SpeculativeGenerator(model, None, tokenizer, adaptive=is_adaptive)
             if keep(generator.method):
                 methods.append(SpeculativeMethod(generator.method, generator))
-    for head_dir, head, head_model in loaded:
+    for head_dir, head, head_model, dtype in loaded:
         for with_context in (False, True) if hybrid else (False,):
             for is_adaptive in variants:
                 costs = load_tuned_costs(head_dir, head_model.dtype, head_model.device) if is_adaptive else {}
@@ -667,7 +680,12 @@ def speculative_methods(
                 generator.batch_costs.update(costs)  # tune-tree's curves, when measured on this machine
                 if keep(generator.method):
                     methods.append(
-                        SpeculativeMethod(method_name(generator.method, head_dir, methods), generator)
+                        SpeculativeMethod(
+                            method_name(
+                                generator.method, head_dir, methods, dtype if len(draft_dtypes) > 1 else None
+                            ),
+                            generator,
+                        )
                     )
     return methods
 
@@ -739,6 +757,7 @@ def bench(settings: BenchSettings, progress: bool = True) -> tuple[list[Summary]
         hybrid=settings.hybrid,
         adaptive=settings.adaptive,
         keep=keep,
+        draft_dtypes=settings.draft_dtypes,
     )
     check_methods(settings.methods, offered)
     methods = [HFMethod(REFERENCE, model, tokenizer)]

@@ -50,6 +50,7 @@ USER_ERRORS: tuple[tuple[str, str], ...] = (
     ("draftheads.export.hub", "HubError"),
     ("draftheads.base_model", "BaseModelError"),
     ("draftheads.bench", "BenchError"),
+    ("draftheads.infer.precision", "DraftDtypeError"),
     ("draftheads.optional", "MissingDependencyError"),
     ("safetensors", "SafetensorError"),
 )

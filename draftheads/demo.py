@@ -331,6 +331,7 @@ def shipped_stage(model, tokenizer, settings: DemoSettings, plain: PlainRun) -> 
     from draftheads.heads import load_head_and_base
     from draftheads.heads.base import HeadMismatchError
     from draftheads.infer.packed import pack_linears
+    from draftheads.infer.precision import prepare_head
     from draftheads.infer.tree import load_tuned_tree
 
     if settings.shipped_head is None:
@@ -346,6 +347,7 @@ def shipped_stage(model, tokenizer, settings: DemoSettings, plain: PlainRun) -> 
         print(f"skipped: the shipped head does not draft for {settings.base}: {error}")
         return None
     head.eval()
+    prepare_head(head, shipped_model)  # drafting in bf16 where that pays, as generate and bench do
     pack_linears(shipped_model, head)
     training = json.loads((head_dir / "config.json").read_text()).get("training") or {}
     steps = f", {training['steps']} training steps" if "steps" in training else ""
@@ -363,6 +365,7 @@ def run_demo(settings: DemoSettings) -> dict:
     from draftheads.base_model import load_base
     from draftheads.heads import load_head_and_base
     from draftheads.infer.packed import pack_linears
+    from draftheads.infer.precision import prepare_head
 
     out_dir = Path(settings.out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -385,8 +388,9 @@ def run_demo(settings: DemoSettings) -> dict:
         times.reused.append("train")
     head, model = load_head_and_base(head_dir, model)
     head.eval()
-    # Training is over: tune and decode on prepacked linear layers, as generate and bench do (the
-    # plain generate it is compared with runs on the same packed base).
+    # Training is over: tune and decode on prepacked linear layers, the head in its drafting dtype, as
+    # generate and bench do (the plain generate it is compared with runs on the same packed base).
+    prepare_head(head, model)
     pack_linears(model, head)
 
     heading(3, "tune: the draft tree for this machine")

@@ -7,6 +7,7 @@ import argparse
 import sys
 
 from draftheads.arguments import (
+    add_draft_dtype_argument,
     add_no_pack_argument,
     device_name,
     dtype_name,
@@ -67,6 +68,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="run only these methods (names before ':', e.g. prompt-lookup context/adaptive "
         "eagle3+context/adaptive); generate always runs",
     )
+    add_draft_dtype_argument(parser, several=True)
     add_no_pack_argument(parser)
     parser.add_argument("--seed", type=int, default=defaults.seed)
     parser.add_argument(
@@ -110,6 +112,7 @@ def settings_from_args(args: argparse.Namespace) -> BenchSettings:
         adaptive=not args.no_adaptive,
         methods=tuple(args.methods) if args.methods else None,
         pack=not args.no_pack,
+        draft_dtypes=tuple(dict.fromkeys(args.draft_dtype)),
         seed=args.seed,
         out=args.out,
         batch_sizes=tuple(args.batch_size),

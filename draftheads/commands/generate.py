@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 
 from draftheads.arguments import (
+    add_draft_dtype_argument,
     add_no_pack_argument,
     device_name,
     dtype_name,
@@ -108,6 +109,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="verify every drafted node (default: prune each tree to what pays on this machine, and "
         "let a head that does not pay sit steps out)",
     )
+    add_draft_dtype_argument(parser)
     add_no_pack_argument(parser)
 
 
@@ -144,6 +146,7 @@ def run(args: argparse.Namespace) -> int:
             pack=not args.no_pack,
             context=args.context,
             adaptive=args.adaptive,
+            draft_dtype=args.draft_dtype,
         )
     except HeadFormatError as err:
         print(f"draftheads generate: {err}", file=sys.stderr)

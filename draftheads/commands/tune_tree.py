@@ -7,6 +7,7 @@ import sys
 import time
 
 from draftheads.arguments import (
+    add_draft_dtype_argument,
     add_no_pack_argument,
     at_least,
     device_name,
@@ -51,6 +52,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--dtype", type=dtype_name, default=defaults.dtype, help="float32 | bfloat16 (costs differ by dtype)"
     )
     parser.add_argument("--device", type=device_name, default=defaults.device)
+    add_draft_dtype_argument(parser)
     add_no_pack_argument(parser)
 
 
@@ -69,6 +71,7 @@ def settings_from_args(args: argparse.Namespace) -> TuneSettings:
         batch_sizes=tuple(args.batch_sizes),
         dtype=args.dtype,
         device=args.device,
+        draft_dtype=args.draft_dtype,
     )
 
 
@@ -77,6 +80,7 @@ def run(args: argparse.Namespace) -> int:
     from draftheads.heads import HeadFormatError, load_head_and_base, resolve_base_model
     from draftheads.heads.base import resolve_head_dir
     from draftheads.infer.packed import pack_linears
+    from draftheads.infer.precision import prepare_head
     from draftheads.infer.tree import read_tuned_entry
     from draftheads.tuning.report import describe
     from draftheads.tuning.tune import tune_tree
@@ -92,6 +96,7 @@ def run(args: argparse.Namespace) -> int:
         return 2
     model, tokenizer = load_base(base, dtype=settings.dtype, device=settings.device)
     head, model = load_head_and_base(head_dir, model, map_location=settings.device)
+    prepare_head(head, model, settings.draft_dtype, pack=not args.no_pack)  # time the drafting it will do
     if not args.no_pack:  # tune on the kernels generate and bench decode with by default
         pack_linears(model, head)
     started = time.perf_counter()

@@ -113,6 +113,10 @@ class DraftHead(nn.Module):
     # Its catch_up takes an ``attention_mask`` (B, 1, T, past + T), so a batch's rows catch up in
     # one forward (left-padded to the longest: each row's last position is its real last one).
     batch_catch_up: ClassVar[bool] = False
+    # Its drafting reads no base weight but the token embeddings, and takes features and masks in the
+    # base's dtype, casting them to its own: its weights may be in another dtype than the base's
+    # (a bf16 drafter beside an fp32 base, ``draftheads.infer.precision``).
+    own_dtype_drafting: ClassVar[bool] = False
 
     def __init__(self, config: HeadConfig, base_config, base_name: str | None = None):
         super().__init__()

@@ -219,6 +219,7 @@ def gather_rows(rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 @register_head
 class Eagle3Head(DraftHead):
     kind = "eagle3"
+    own_dtype_drafting = True  # its own lm_head; embeddings and features are cast (fuse, step)
     config_class = Eagle3Config
     drafting = "autoregressive"
     batch_catch_up = True
@@ -359,8 +360,8 @@ class Eagle3Head(DraftHead):
     # ---- the drafter --------------------------------------------------------------------------
 
     def fuse(self, features: torch.Tensor) -> torch.Tensor:
-        """(B, T, 3h) concatenated base features -> (B, T, h) drafter input g."""
-        return self.fc(features)
+        """(B, T, 3h) concatenated base features -> (B, T, h) drafter input g, in the head's dtype."""
+        return self.fc(features.to(self.fc.weight.dtype))
 
     def step(
         self,
@@ -374,6 +375,8 @@ class Eagle3Head(DraftHead):
         ``attention_mask`` is additive (B, 1, T, past + T); ``cache`` is extended in place."""
         layer = self.midlayer
         embeddings = self.embed_tokens(token_ids).to(hidden.dtype)  # (B, T, h)
+        if attention_mask is not None:  # a mask built in the base's dtype
+            attention_mask = attention_mask.to(hidden.dtype)
         attention_input = torch.cat(
             [layer.input_layernorm(embeddings), layer.hidden_norm(hidden)], dim=-1
         )  # (B, T, 2h)

@@ -34,6 +34,7 @@ from draftheads.infer.draft import Drafter, drafter_for
 from draftheads.infer.forward import SUPPORTED_ATTENTION, TreeInputError, prefill_rows, rows_forward
 from draftheads.infer.hybrid import HybridDrafter, HybridTree
 from draftheads.infer.packed import has_packed_linears, pack_linears
+from draftheads.infer.precision import DEFAULT_DRAFT_DTYPE, prepare_head
 from draftheads.infer.step_gate import StepGate
 from draftheads.infer.stopping import StopRule
 from draftheads.infer.tree import load_tuned_tree, padded_size, resolve_tree
@@ -341,6 +342,7 @@ class SpeculativeGenerator:
         pack: bool = True,
         context: bool | ContextTree = RECOMMENDED_CONTEXT,
         adaptive: bool = RECOMMENDED_ADAPTIVE,
+        draft_dtype: str = DEFAULT_DRAFT_DTYPE,
     ) -> SpeculativeGenerator:
         """Load a saved head and its base model (by default the one recorded in the head's
         config.json ``base_model.name_or_path``); ``head_dir=None`` (with ``base``): no head, the
@@ -350,7 +352,9 @@ class SpeculativeGenerator:
         weights where that applies (fp32 on an x86 CPU; ``draftheads.infer.packed``). ``context``:
         merge context drafts into the head's trees; ``adaptive``: adaptive drafting,
         weighing against the verify-cost curves ``tune-tree`` measured on this machine (saved in
-        the head's ``tree.json``), else curves measured at the first call (see the class)."""
+        the head's ``tree.json``), else curves measured at the first call (see the class).
+        ``draft_dtype``: the dtype the head drafts in, ``auto`` (bf16 where that pays, see
+        ``draftheads.infer.precision``), ``float32`` or ``bfloat16``; the output does not depend on it."""
         from draftheads.base_model import load_base
         from draftheads.heads import load_head_and_base, resolve_base_model
         from draftheads.heads.base import resolve_head_dir
@@ -366,6 +370,7 @@ class SpeculativeGenerator:
         model, tokenizer = load_base(resolve_base_model(head_dir, base), dtype=dtype, device=device)
         # A Medusa-2 head drafts for its adapted base: adapt the base loaded here in place.
         head, model = load_head_and_base(head_dir, model, map_location=device, copy_base=False)
+        prepare_head(head, model, draft_dtype, pack)
         if pack:
             pack_linears(model, head)
         if tree is None:  # the tree `draftheads tune-tree` chose for this device and dtype, if any

@@ -12,8 +12,9 @@ same parameters plus the reordered copy), so ``isinstance`` checks, ``.weight`` 
 unchanged. It is an inference optimisation: with autograd recording, a ``PackedLinear`` runs plain
 ``F.linear``; if its weight is changed in place (an adapter merged, a checkpoint loaded) the copy is
 re-packed on the next call. oneDNN's reordered fp32 path needs an x86 CPU; ``packing_supported``
-says whether this build and machine have it (bf16 needs AVX-512 or AVX-NE-CONVERT, so bf16 stays
-on the default kernels).
+says whether this build and machine have it. A bf16 base stays on the default kernels; a head
+drafting in bf16 beside an fp32 base (``draftheads.infer.precision``) is packed in bf16
+(``pack_linears(head, dtype=torch.bfloat16)``).
 """
 
 from __future__ import annotations
@@ -36,27 +37,34 @@ def _packed_linear(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | N
 
 
 @functools.cache
-def _probe() -> bool:
-    """Whether this torch build can reorder and run an fp32 linear through oneDNN, correctly."""
+def _probe(dtype: torch.dtype = torch.float32) -> bool:
+    """Whether this torch build can reorder and run a ``dtype`` linear through oneDNN, correctly."""
     if not torch.backends.mkldnn.is_available():
         return False
     try:
         generator = torch.Generator().manual_seed(0)
-        weight = torch.randn(24, 16, generator=generator)
-        x = torch.randn(3, 16, generator=generator)
+        weight = torch.randn(24, 16, generator=generator).to(dtype)
+        x = torch.randn(3, 16, generator=generator).to(dtype)
         out = _packed_linear(x, _reorder(weight), None)
     except (RuntimeError, AttributeError, NotImplementedError):
         return False
-    return bool(torch.allclose(out, F.linear(x, weight), atol=1e-5, rtol=1e-5))
+    tolerance = 1e-5 if dtype == torch.float32 else 2e-2  # bf16: its own rounding of the sum
+    expected = F.linear(x.float(), weight.float())
+    return out.dtype == dtype and bool(torch.allclose(out.float(), expected, atol=tolerance, rtol=tolerance))
 
 
-def packing_supported(model: nn.Module) -> bool:
-    """True where ``pack_linears`` applies: fp32 parameters on the CPU and a oneDNN build that runs
-    reordered fp32 linears (x86)."""
+def can_pack(dtype: torch.dtype) -> bool:
+    """Whether this torch build and CPU run reordered ``dtype`` linears through oneDNN, correctly."""
+    return _probe(dtype)
+
+
+def packing_supported(model: nn.Module, dtype: torch.dtype = torch.float32) -> bool:
+    """True where ``pack_linears`` applies: parameters of ``dtype`` on the CPU and a oneDNN build
+    that runs reordered linears of that dtype (x86)."""
     parameter = next(model.parameters(), None)
-    if parameter is None or parameter.device.type != "cpu" or parameter.dtype != torch.float32:
+    if parameter is None or parameter.device.type != "cpu" or parameter.dtype != dtype:
         return False
-    return _probe()
+    return _probe(dtype)
 
 
 class PackedLinear(nn.Linear):
@@ -79,24 +87,26 @@ class PackedLinear(nn.Linear):
         # Not a buffer: the reordered tensor is an opaque oneDNN layout, rebuilt from the weight.
         self._packed_weight = _reorder(self.weight)
         self._packed_version = self.weight._version
+        self._packed_dtype = self.weight.dtype
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if torch.is_grad_enabled() and (x.requires_grad or self.weight.requires_grad):
             return F.linear(x, self.weight, self.bias)  # training: the packed op has no backward
-        if x.dtype != torch.float32 or x.device.type != "cpu":
+        if x.dtype != self.weight.dtype or x.device.type != "cpu" or not _probe(x.dtype):
             return F.linear(x, self.weight, self.bias)
-        if self.weight._version != self._packed_version:  # changed in place since it was packed
+        if self.weight._version != self._packed_version or self.weight.dtype != self._packed_dtype:
+            # changed in place, or converted to another dtype, since it was packed
             self._pack()
         return _packed_linear(x, self._packed_weight, self.bias)
 
 
-def pack_linears(*modules: nn.Module) -> int:
+def pack_linears(*modules: nn.Module, dtype: torch.dtype = torch.float32) -> int:
     """Replace every ``nn.Linear`` inside each module (a base model, its head) by a ``PackedLinear``
     sharing its parameters; returns how many were replaced (none in a module where
-    ``packing_supported`` is false). Idempotent."""
+    ``packing_supported(module, dtype)`` is false: fp32 modules by default). Idempotent."""
     replaced = 0
     for module in modules:
-        if not packing_supported(module):
+        if not packing_supported(module, dtype):
             continue
         for parent in list(module.modules()):
             for name, child in list(parent.named_children()):

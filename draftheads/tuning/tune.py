@@ -18,6 +18,7 @@ import torch
 
 from draftheads.base_model import DEFAULT_DTYPE
 from draftheads.infer.cost import CostCurve, costs_to_dict
+from draftheads.infer.precision import DEFAULT_DRAFT_DTYPE
 from draftheads.infer.tree import TUNED_TREE_FILE, TUNED_TREE_FORMAT, tree_to_dict, tuned_tree_key
 from draftheads.tuning.acceptance import head_vocab_size, measure_acceptance, measured_depth
 from draftheads.tuning.cost import DecodingBench, cost_sizes
@@ -54,9 +55,9 @@ class TuneSettings:
     # prompts: mt-bench | humaneval | a prompt .jsonl (bench's form) | a conversation source
     # (first user turns)
     data: str = "sharegpt"
-    skip: int = (
-        10000  # skip the first N prompts: the shipped configs train on ShareGPT's first 2,600 (eagle3: 9,000)
-    )
+    # skip the first N prompts: the small shipped configs train on ShareGPT's first 2,600 (eagle3:
+    # 9,000); the corpus heads train on all of it, so tune those on other prompts (a prompt file)
+    skip: int = 10000
     prompts: int = 8  # held-out prompts
     max_new_tokens: int = 128  # greedy continuation per prompt (the positions measured)
     max_prompt_tokens: int = 256  # longer prompts are skipped
@@ -69,6 +70,13 @@ class TuneSettings:
     batch_max_nodes: int = 32  # largest per-row tree timed at those batch sizes
     dtype: str = DEFAULT_DTYPE
     device: str = "cpu"
+    draft_dtype: str = DEFAULT_DRAFT_DTYPE  # the head's own (draftheads.infer.precision): drafting cost
+
+
+def _dtype_name(module) -> str | None:
+    """The dtype of a module's first floating-point parameter ("bfloat16"), None if it has none."""
+    dtype = next((p.dtype for p in module.parameters() if p.is_floating_point()), None)
+    return None if dtype is None else str(dtype).removeprefix("torch.")
 
 
 def save_tuned_tree(
@@ -139,7 +147,7 @@ def tune_tree(
         "setting": key,
         "settings": asdict(settings),
         "machine": machine_info(model.dtype, str(model.device)),
-        "head": {"kind": head.kind, "dir": str(head_dir)},
+        "head": {"kind": head.kind, "dir": str(head_dir), "draft_dtype": _dtype_name(head)},
         "tau_convention": "expected tokens per step count the token the base model produces itself",
         "acceptance": asdict(acceptance),
         "verify_cost": {

@@ -1,0 +1,83 @@
+"""The dtype a head drafts in: bf16 beside an fp32 base, where that pays.
+
+A draft only proposes; the base's verification decides every emitted token, so the drafter's
+precision moves acceptance, never the output: greedy output stays the base's own, and sampling
+keeps the base's distribution, since verification takes drafts as fixed candidates whose draft
+probabilities never enter its acceptance test (docs/inference.md). On a 2-core CPU a drafting
+forward reads its weights from memory each time (the shipped EAGLE-3 head has about 10M
+parameters, 39 MB in fp32), so bf16 weights halve what it reads; docs/inference.md, "Drafting in
+bf16", has the measurements.
+
+``auto`` drafts in bf16 only where all of these hold: the head can (``DraftHead.own_dtype_drafting``,
+EAGLE-3, whose drafting reads no base weight but the token embeddings), the base runs in fp32 on the
+CPU, linear layers are prepacked (bf16 on the default kernels is slower than packed fp32) and the CPU
+has native bf16 dot products (AVX512_BF16 or AMX-BF16). Elsewhere the head drafts in the base's dtype.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from draftheads.infer.packed import can_pack, pack_linears
+
+DRAFT_DTYPES = ("auto", "float32", "bfloat16")
+DEFAULT_DRAFT_DTYPE = "auto"
+NATIVE_BF16_FLAGS = ("avx512_bf16", "amx_bf16")  # /proc/cpuinfo flags of native bf16 dot products
+
+
+class DraftDtypeError(ValueError):
+    """A draft dtype that is not one of ``DRAFT_DTYPES``, or that the head cannot draft in."""
+
+
+def native_bf16() -> bool:
+    """Whether this CPU computes bf16 dot products natively (AVX512_BF16 or AMX-BF16)."""
+    from draftheads.machine import cpu_flags
+
+    flags = set(cpu_flags())
+    return any(flag in flags for flag in NATIVE_BF16_FLAGS)
+
+
+def draft_dtype(head, model, requested: str = DEFAULT_DRAFT_DTYPE, pack: bool = True) -> torch.dtype:
+    """The dtype ``head`` should draft in beside ``model`` (see the module docstring for ``auto``).
+
+    Raises:
+        DraftDtypeError: ``requested`` is not one of ``DRAFT_DTYPES``, or asks a head that drafts through
+            the base's weights for a dtype other than the base's.
+    """
+    if requested not in DRAFT_DTYPES:
+        raise DraftDtypeError(f"draft dtype must be one of {', '.join(DRAFT_DTYPES)}, got {requested!r}")
+    base = model.dtype
+    if requested == "auto":
+        pays = (
+            head.own_dtype_drafting
+            and base == torch.float32
+            and model.device.type == "cpu"
+            and pack
+            and native_bf16()
+            and can_pack(torch.bfloat16)
+        )
+        return torch.bfloat16 if pays else base
+    wanted = getattr(torch, requested)
+    if wanted != base and not head.own_dtype_drafting:
+        raise DraftDtypeError(
+            f"draft dtype {requested}: {head.kind} heads draft through the base model's weights, "
+            f"so they draft in its dtype ({str(base).removeprefix('torch.')})"
+        )
+    return wanted
+
+
+def set_draft_dtype(head, dtype: torch.dtype, pack: bool = True) -> None:
+    """Convert the head's own floating-point parameters to ``dtype`` (its buffers, such as rotary
+    frequencies, stay as they are) and, with ``pack``, prepack its linear layers in it."""
+    for parameter in head.parameters():
+        if parameter.is_floating_point() and parameter.dtype != dtype:
+            parameter.data = parameter.data.to(dtype)
+    if pack:
+        pack_linears(head, dtype=dtype)
+
+
+def prepare_head(head, model, requested: str = DEFAULT_DRAFT_DTYPE, pack: bool = True) -> torch.dtype:
+    """``set_draft_dtype`` with the dtype ``draft_dtype`` chooses; returns it."""
+    dtype = draft_dtype(head, model, requested, pack)
+    set_draft_dtype(head, dtype, pack)
+    return dtype
