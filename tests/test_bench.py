@@ -228,6 +228,31 @@ def test_context_and_hybrid_methods_report_acceptance_by_source(tmp_path, tiny_l
     assert "accepted per step by source" in table
 
 
+def test_a_head_benched_in_several_draft_dtypes_runs_once_per_dtype(tmp_path, tiny_llama):
+    from draftheads.bench import speculative_methods
+    from draftheads.heads.eagle3 import Eagle3Config
+
+    head_dir = tmp_path / "e3"
+    build_head(tiny_llama, Eagle3Config(feature_layers=(1, 2, 3), draft_vocab_size=64)).save_pretrained(
+        head_dir
+    )
+    methods = speculative_methods(
+        [str(head_dir)], tiny_llama, None, "chain-2", "cpu", draft_dtypes=("float32", "bfloat16")
+    )
+    assert [m.name for m in methods] == ["eagle3:e3@float32", "eagle3:e3@bfloat16"]
+    assert [next(m.generator.head.parameters()).dtype for m in methods] == [torch.float32, torch.bfloat16]
+    methods = [HFMethod("generate", tiny_llama, SimpleNamespace(pad_token_id=0)), *methods]
+    torch.manual_seed(0)
+    prompts = [BenchPrompt(str(i), "x", torch.randint(3, 256, (1, 12))) for i in range(2)]
+    samples = run_bench(methods, prompts, max_new_tokens=16, temperature=0.0, progress=False)
+    assert all(s.agrees for s in samples)  # the base verifies in fp32 whatever the head drafts in
+    # one dtype: the names stay as they were
+    [method] = speculative_methods(
+        [str(head_dir)], tiny_llama, None, "chain-2", "cpu", draft_dtypes=("float32",)
+    )
+    assert method.name == "eagle3:e3"
+
+
 def test_batched_bench_agrees_with_batched_generate_and_reports_by_batch(tmp_path, tiny_llama):
     tokenizer = SimpleNamespace(pad_token_id=0)
     torch.manual_seed(0)
