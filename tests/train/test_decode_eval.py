@@ -241,7 +241,10 @@ def test_what_setup_cannot_use_is_refused_naming_the_field(tmp_path, chat_llama,
     with pytest.raises(ConfigError, match=rf"train.decode_eval_source={missing}: .*missing.jsonl"):
         run_training(run, base_model=chat_llama, tokenizer=tokenizer, datasets=splits)
     run = _config(tmp_path, "medusa", prompt_file, "train.decode_eval_max_prompt_tokens=8")
-    with pytest.raises(ConfigError, match="train.decode_eval_source=.*no prompt of at most 8 tokens"):
+    with pytest.raises(
+        ConfigError,
+        match="train.decode_eval_source=.*none of the 6 prompts after skipping 0 has at most 8 tokens",
+    ):
         run_training(run, base_model=chat_llama, tokenizer=tokenizer, datasets=splits)
     with pytest.raises(ConfigError, match="train.decode_eval_prompts=4 needs the base model's tokenizer"):
         run_training(_config(tmp_path, "medusa", prompt_file), base_model=chat_llama, datasets=splits)
