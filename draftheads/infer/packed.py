@@ -37,8 +37,8 @@ def _packed_linear(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | N
 
 
 @functools.cache
-def _probe(dtype: torch.dtype = torch.float32) -> bool:
-    """Whether this torch build can reorder and run a ``dtype`` linear through oneDNN, correctly."""
+def can_pack(dtype: torch.dtype = torch.float32) -> bool:
+    """Whether this torch build and CPU run reordered ``dtype`` linears through oneDNN, correctly."""
     if not torch.backends.mkldnn.is_available():
         return False
     try:
@@ -53,18 +53,13 @@ def _probe(dtype: torch.dtype = torch.float32) -> bool:
     return out.dtype == dtype and bool(torch.allclose(out.float(), expected, atol=tolerance, rtol=tolerance))
 
 
-def can_pack(dtype: torch.dtype) -> bool:
-    """Whether this torch build and CPU run reordered ``dtype`` linears through oneDNN, correctly."""
-    return _probe(dtype)
-
-
 def packing_supported(model: nn.Module, dtype: torch.dtype = torch.float32) -> bool:
     """True where ``pack_linears`` applies: parameters of ``dtype`` on the CPU and a oneDNN build
     that runs reordered linears of that dtype (x86)."""
     parameter = next(model.parameters(), None)
     if parameter is None or parameter.device.type != "cpu" or parameter.dtype != dtype:
         return False
-    return _probe(dtype)
+    return can_pack(dtype)
 
 
 class PackedLinear(nn.Linear):
@@ -92,10 +87,12 @@ class PackedLinear(nn.Linear):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if torch.is_grad_enabled() and (x.requires_grad or self.weight.requires_grad):
             return F.linear(x, self.weight, self.bias)  # training: the packed op has no backward
-        if x.dtype != self.weight.dtype or x.device.type != "cpu" or not _probe(x.dtype):
+        if x.dtype != self.weight.dtype or x.device.type != "cpu":
             return F.linear(x, self.weight, self.bias)
         if self.weight._version != self._packed_version or self.weight.dtype != self._packed_dtype:
             # changed in place, or converted to another dtype, since it was packed
+            if not can_pack(self.weight.dtype):
+                return F.linear(x, self.weight, self.bias)
             self._pack()
         return _packed_linear(x, self._packed_weight, self.bias)
 

@@ -17,6 +17,7 @@ from pathlib import Path
 import torch
 
 from draftheads.base_model import DEFAULT_DTYPE
+from draftheads.export.checkpoint import dtype_name
 from draftheads.infer.cost import CostCurve, costs_to_dict
 from draftheads.infer.precision import DEFAULT_DRAFT_DTYPE
 from draftheads.infer.tree import TUNED_TREE_FILE, TUNED_TREE_FORMAT, tree_to_dict, tuned_tree_key
@@ -71,12 +72,6 @@ class TuneSettings:
     dtype: str = DEFAULT_DTYPE
     device: str = "cpu"
     draft_dtype: str = DEFAULT_DRAFT_DTYPE  # the head's own (draftheads.infer.precision): drafting cost
-
-
-def _dtype_name(module) -> str | None:
-    """The dtype of a module's first floating-point parameter ("bfloat16"), None if it has none."""
-    dtype = next((p.dtype for p in module.parameters() if p.is_floating_point()), None)
-    return None if dtype is None else str(dtype).removeprefix("torch.")
 
 
 def save_tuned_tree(
@@ -147,7 +142,7 @@ def tune_tree(
         "setting": key,
         "settings": asdict(settings),
         "machine": machine_info(model.dtype, str(model.device)),
-        "head": {"kind": head.kind, "dir": str(head_dir), "draft_dtype": _dtype_name(head)},
+        "head": {"kind": head.kind, "dir": str(head_dir), "draft_dtype": dtype_name(head)},
         "tau_convention": "expected tokens per step count the token the base model produces itself",
         "acceptance": asdict(acceptance),
         "verify_cost": {
