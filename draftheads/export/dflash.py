@@ -26,7 +26,7 @@ import torch
 
 from draftheads.base_model import hub_name
 from draftheads.export.checkpoint import DRAFTHEADS_KEY, dtype_name, head_metadata, save_tensors, write_config
-from draftheads.export.draft_layer import LAYER_GEOMETRY, engine_layer_config
+from draftheads.export.draft_layer import LAYER_GEOMETRY, engine_layer_config, require_engine_features
 from draftheads.export.registry import (
     EngineReader,
     ExportOptions,
@@ -70,6 +70,7 @@ def head_tensors(head: DraftHead) -> dict[str, torch.Tensor]:
 @register_writer("dflash", ("dflash",), "SGLang (DFLASH), vLLM, z-lab dflash (DFlashDraftModel)")
 def write_dflash(head: DraftHead, directory: Path, options: ExportOptions) -> dict[str, Any]:
     require_qwen3_layers(head, "dflash")
+    require_engine_features(head, "dflash")
     config = layer_config_dict(head, ARCHITECTURE)
     config["dflash_config"] = {
         "block_size": head.block_size,
@@ -85,6 +86,7 @@ def write_dflash(head: DraftHead, directory: Path, options: ExportOptions) -> di
 @register_writer("dflash-speculators", ("dflash",), "vLLM (`vllm serve DIR`, speculators dflash)")
 def write_dflash_speculators(head: DraftHead, directory: Path, options: ExportOptions) -> dict[str, Any]:
     require_qwen3_layers(head, "dflash-speculators")
+    require_engine_features(head, "dflash-speculators")
     verifier = options.verifier or hub_name(head.base_spec.name_or_path)
     config = {
         "architectures": ["DFlashSpeculator"],

@@ -93,6 +93,19 @@ def require_llama(head: DraftHead, format_name: str) -> None:
         )
 
 
+def require_engine_features(head: DraftHead, format_name: str) -> None:
+    """Engines capture a drafter's features between decoder layers, before the base's final norm;
+    hs[L] (HF ``hidden_states``' last entry) comes after it, so no capture point holds it."""
+    last = head.base_spec.num_hidden_layers
+    if last in head.feature_layers:
+        raise FormatError(
+            f"format '{format_name}': this head reads hs[{last}] (feature_layers "
+            f"{list(head.feature_layers)}), the base's hidden state after its final norm; engines "
+            f"capture hidden states between decoder layers (hs[0..{last - 1}] and the last layer's "
+            "unnormed output), so they would feed the head other values. Use --format draftheads."
+        )
+
+
 def base_fields_from_layer_config(config: dict[str, Any]) -> dict[str, Any]:
     """The base-config fields in a draft layer's config (its ``model_type`` included)."""
     return {k: v for k, v in config.items() if k not in DRAFT_FIELDS}

@@ -29,6 +29,7 @@ from draftheads.export.draft_layer import (
     base_fields_from_layer_config,
     draft_layer_config,
     release_fc_inputs,
+    require_engine_features,
     require_llama,
 )
 from draftheads.export.registry import (
@@ -114,6 +115,7 @@ def eagle3_tensors(head: DraftHead, layer_prefix: str) -> dict[str, torch.Tensor
 @register_writer("eagle3", ("eagle3",), "SGLang, vLLM, SafeAILab EAGLE (LlamaForCausalLMEagle3)")
 def write_eagle3(head: DraftHead, directory: Path, options: ExportOptions) -> dict[str, Any]:
     require_llama(head, "eagle3")
+    require_engine_features(head, "eagle3")
     tensors = eagle3_tensors(head, "midlayer.")
     config = eagle3_layer_config(head, "LlamaForCausalLMEagle3")
     config["draft_vocab_size"] = int(tensors["lm_head.weight"].shape[0])
@@ -127,6 +129,7 @@ def write_eagle3(head: DraftHead, directory: Path, options: ExportOptions) -> di
 @register_writer("speculators", ("eagle3",), "vLLM (`vllm serve DIR`, speculators eagle3)")
 def write_speculators(head: DraftHead, directory: Path, options: ExportOptions) -> dict[str, Any]:
     require_llama(head, "speculators")
+    require_engine_features(head, "speculators")
     # speculators' own Eagle3DraftModel names the layer ``layers.0.``; vLLM's loader prefixes
     # "model." and reads it directly (llama_eagle3.py load_weights).
     tensors = eagle3_tensors(head, "layers.0.")

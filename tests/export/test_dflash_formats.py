@@ -135,3 +135,13 @@ def test_a_missing_layer_list_is_named(head, tmp_path):
     (tmp_path / "config.json").write_text(json.dumps(config))
     with pytest.raises(FormatError, match="aux_hidden_state_layer_ids"):
         load_head(tmp_path)
+
+
+@pytest.mark.parametrize("kind", ["dflash", "dflash-speculators"])
+def test_dflash_formats_refuse_the_last_hidden_state(base, tmp_path, kind):
+    # hs[4] is the tiny base's normed output; the engines' "output of layer 3" is not normed.
+    config = DFlashConfig(num_layers=1, block_size=4, feature_layers=(1, 2, 4), layer_architecture="qwen3")
+    head = build_head(base, config, base_name="tiny-llama")
+    with pytest.raises(FormatError, match=r"reads hs\[4\].*--format draftheads"):
+        write_head(head, tmp_path, kind)
+    assert not (tmp_path / "config.json").exists()

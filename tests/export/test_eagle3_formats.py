@@ -113,3 +113,12 @@ def test_eagle3_formats_need_three_feature_layers(tiny_llama, tmp_path):
     head = make_head(tiny_llama, "eagle3", draft_vocab_size=DRAFT_VOCAB, feature_layers=(1, 3))
     with pytest.raises(FormatError, match="exactly 3"):
         write_head(head, tmp_path, "eagle3")
+
+
+@pytest.mark.parametrize("kind", ["eagle3", "speculators"])
+def test_eagle3_formats_refuse_the_last_hidden_state(tiny_llama, tmp_path, kind):
+    # hs[4] is the tiny base's normed output: no engine capture point holds it.
+    head = make_head(tiny_llama, "eagle3", draft_vocab_size=DRAFT_VOCAB, feature_layers=(1, 2, 4))
+    with pytest.raises(FormatError, match=r"reads hs\[4\].*--format draftheads"):
+        write_head(head, tmp_path, kind)
+    assert not (tmp_path / "config.json").exists()
