@@ -96,6 +96,12 @@ def eagle3_tensors(head: DraftHead, layer_prefix: str) -> dict[str, torch.Tensor
             f"this head reads {len(head.feature_layers)} "
             f"({list(head.feature_layers)}). Use --format draftheads."
         )
+    if head.config.num_layers != 1:
+        # vLLM's llama_eagle3.py and SGLang's LlamaForCausalLMEagle3 build one midlayer.
+        raise FormatError(
+            f"the EAGLE-3 engine formats hold one draft layer; this head has {head.config.num_layers} "
+            "(head.num_layers). Use --format draftheads."
+        )
     state = head.head_state_dict()
     layer = strip_prefix(state, "midlayer.")
     tensors = {f"{layer_prefix}{k}": v for k, v in layer.items()}

@@ -90,6 +90,11 @@ class Eagle3Config(HeadConfig):
     # cross-entropy on the base model's argmax, the one token greedy verification accepts.
     # Measured in docs/training.md.
     hard_target_weight: float = field(default=0.0, metadata={TRAINING_ONLY: True})
+    # Draft decoder layers. The first is EAGLE-3's midlayer (attention over [embedding | g]); each
+    # further one is a plain base-architecture decoder layer over the state, with its own slot in
+    # the draft cache. The EAGLE-3 release and the engine formats have one; more costs a drafting
+    # forward per layer. Measured in docs/training.md.
+    num_layers: int = 1
 
     def __post_init__(self):
         if self.feature_layers is not None:
@@ -105,6 +110,8 @@ class Eagle3Config(HeadConfig):
             raise ValueError(f"intermediate_size must be >= 1, got {self.intermediate_size}")
         if not 0.0 <= self.hard_target_weight <= 1.0:
             raise ValueError(f"hard_target_weight must be in [0, 1], got {self.hard_target_weight}")
+        if self.num_layers < 1:
+            raise ValueError(f"num_layers must be >= 1, got {self.num_layers}")
 
 
 def default_feature_layers(num_hidden_layers: int) -> tuple[int, int, int]:
@@ -239,6 +246,11 @@ class Eagle3Head(DraftHead):
         attention.k_proj = replace_linear_input(attention.k_proj, 2 * hidden_size)
         attention.v_proj = replace_linear_input(attention.v_proj, 2 * hidden_size)
         self.midlayer.hidden_norm = build_rms_norm(base_config)  # registered once, here (export name)
+        # Layers after the midlayer (none by default, so one-layer heads keep the release's names).
+        self.layers = nn.ModuleList(
+            build_decoder_layer(base_config, layer_idx=index, **width)
+            for index in range(1, config.num_layers)
+        )
         self.norm = build_rms_norm(base_config)
         self.lm_head = nn.Linear(hidden_size, self.draft_vocab_size, bias=False)
         self.rotary_emb = build_rotary_embedding(base_config)  # buffers only, not saved
@@ -380,15 +392,25 @@ class Eagle3Head(DraftHead):
         attention_input = torch.cat(
             [layer.input_layernorm(embeddings), layer.hidden_norm(hidden)], dim=-1
         )  # (B, T, 2h)
+        position_embeddings = self.rotary_emb(hidden, position_ids)
         attended, _ = layer.self_attn(
             hidden_states=attention_input,
             attention_mask=attention_mask,
             position_ids=position_ids,
             **cache_kwargs(cache),
-            position_embeddings=self.rotary_emb(hidden, position_ids),
+            position_embeddings=position_embeddings,
         )  # (B, T, h)
         hidden = hidden + attended
-        return hidden + layer.mlp(layer.post_attention_layernorm(hidden))  # (B, T, h)
+        hidden = hidden + layer.mlp(layer.post_attention_layernorm(hidden))  # (B, T, h)
+        for later in self.layers:
+            hidden = later(
+                hidden,
+                attention_mask=attention_mask,
+                position_ids=position_ids,
+                **cache_kwargs(cache),
+                position_embeddings=position_embeddings,
+            )  # (B, T, h)
+        return hidden
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """(..., h) drafter state -> (..., N) draft-vocabulary logits."""

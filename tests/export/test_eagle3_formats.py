@@ -122,3 +122,13 @@ def test_eagle3_formats_refuse_the_last_hidden_state(tiny_llama, tmp_path, kind)
     with pytest.raises(FormatError, match=r"reads hs\[4\].*--format draftheads"):
         write_head(head, tmp_path, kind)
     assert not (tmp_path / "config.json").exists()
+
+
+@pytest.mark.parametrize("kind", ["eagle3", "speculators"])
+def test_eagle3_formats_refuse_more_than_one_draft_layer(tiny_llama, tmp_path, kind):
+    head = make_head(
+        tiny_llama, "eagle3", draft_vocab_size=DRAFT_VOCAB, feature_layers=(1, 2, 3), num_layers=2
+    )
+    with pytest.raises(FormatError, match="hold one draft layer; this head has 2.*--format draftheads"):
+        write_head(head, tmp_path, kind)
+    assert not (tmp_path / "config.json").exists()

@@ -3,6 +3,8 @@ the training forwards and the inference path."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 from head_fixtures import AUTOREGRESSIVE_KINDS, HEAD_CONFIGS, base_hidden_states
@@ -111,11 +113,15 @@ def test_mtp_catch_up_matches_the_training_forward(tiny_llama, sequence):
     torch.testing.assert_close(logits, head.module_logits(0, states[0][:, LENGTH - 1]), **TOLERANCE)
 
 
-def test_eagle3_training_time_test_equals_drafting_a_chain(tiny_llama, sequence):
+@pytest.mark.parametrize("num_layers", [1, 2])
+def test_eagle3_training_time_test_equals_drafting_a_chain(tiny_llama, sequence, num_layers):
     """TTT step j at row i must compute what inference computes for a depth-j chain node after
-    catching up to position i: the same keys (prefix + own ancestors), positions and inputs."""
+    catching up to position i: the same keys (prefix + own ancestors), positions and inputs, in
+    every draft layer's cache slot."""
     input_ids, hidden_states, positions = sequence
-    head = make_head("eagle3", tiny_llama)
+    torch.manual_seed(0)
+    config = dataclasses.replace(HEAD_CONFIGS["eagle3"], num_layers=num_layers)
+    head = build_head(tiny_llama, config).eval()
     features = head.select_features(hidden_states)  # (2, 10, 3h)
     row = 4
     with torch.no_grad():
@@ -124,6 +130,7 @@ def test_eagle3_training_time_test_equals_drafting_a_chain(tiny_llama, sequence)
         hidden, _ = head.catch_up(
             cache, features[:, : row + 1], input_ids[:, 1 : row + 2], positions[:, : row + 1]
         )
+        assert len(cache.layers) == num_layers
         torch.testing.assert_close(hidden, states[0][:, row], **TOLERANCE)
         for depth in (1, 2):
             past = cache.get_seq_length()

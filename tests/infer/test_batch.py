@@ -26,6 +26,10 @@ HEADS = {
     "medusa": (MedusaConfig(num_heads=3, num_layers=1), "cpu-8"),
     "eagle": (EagleConfig(), "dynamic-cpu"),
     "eagle3": (Eagle3Config(feature_layers=(1, 2, 3), draft_vocab_size=64), "chain-4"),
+    "eagle3-2-layers": (
+        Eagle3Config(feature_layers=(1, 2, 3), draft_vocab_size=64, num_layers=2),
+        "dynamic-cpu",
+    ),
     "mtp": (MtpConfig(num_modules=3), "cpu-8"),
 }
 

@@ -22,9 +22,10 @@ HEAD_CONFIGS = {
     "medusa": MedusaConfig(num_heads=4, num_layers=1),
     "eagle": EagleConfig(),
     "eagle3": Eagle3Config(feature_layers=(1, 2, 3), draft_vocab_size=64),
+    "eagle3-2-layers": Eagle3Config(feature_layers=(1, 2, 3), draft_vocab_size=64, num_layers=2),
     "mtp": MtpConfig(num_modules=3),
 }
-# (head kind, tree, pad_to_multiple): 10 cases x 3 prompts x 64 tokens = 30 prompts; every head
+# (head kind, tree, pad_to_multiple): 11 cases x 3 prompts x 64 tokens = 33 prompts; every head
 # kind, static and dynamic trees, padded (None: the default, 4 in fp32 on CPU) and unpadded (1).
 GREEDY_CASES = [
     ("medusa", "cpu-8", None),
@@ -35,6 +36,7 @@ GREEDY_CASES = [
     ("eagle", "dynamic-cpu", 1),
     ("eagle3", DynamicTree("wide", top_k=3, depth=5, total_tokens=10), None),
     ("eagle3", "chain-4", None),
+    ("eagle3-2-layers", DynamicTree("wide", top_k=3, depth=5, total_tokens=10), None),
     ("mtp", "dynamic-cpu", None),
     ("mtp", "cpu-8", None),
 ]
