@@ -16,14 +16,15 @@ over the draft vocabulary (N ids); ``d2t`` maps a draft id d to the target id d 
 
 Checkpoint names (match SGLang/SafeAILab): ``fc.weight``, ``midlayer.{self_attn.{q,k,v,o}_proj,
 mlp.{gate,up,down}_proj, input_layernorm, hidden_norm, post_attention_layernorm}.weight``,
-``norm.weight``, ``lm_head.weight``, buffers ``d2t`` (int64, N) and ``t2d`` (bool, V).
+``norm.weight``, ``lm_head.weight``, buffers ``d2t`` (int64, N) and ``t2d`` (bool, V); with
+``num_layers`` > 1 (not an engine layout), the plain decoder layers after the midlayer as ``layers.{i}.``.
 
 Drafting state (see ``DraftHead.catch_up`` / ``draft_step``):
 - features: (B, T, 3h) the concatenated ``feature_layers`` (``select_features``), before ``fc``.
-- cache: a ``DynamicCache`` with one layer (slot 0); row i sits at drafter position i (the position
-  of the features it consumed).
-- hidden: the midlayer output (pre-``norm``), (B, h) or (B, N, h); a draft step feeds it back in
-  place of g (training-time test does the same).
+- cache: a ``DynamicCache`` with a slot per draft layer (slot 0 the midlayer); row i sits at
+  drafter position i (the position of the features it consumed).
+- hidden: the last draft layer's output (pre-``norm``), (B, h) or (B, N, h); a draft step feeds it
+  back in place of g (training-time test does the same).
 """
 
 from __future__ import annotations
