@@ -301,7 +301,7 @@ class Eagle3Head(DraftHead):
         self._lm_head_from_base(base_model.get_output_embeddings().weight)
 
     def load_saved(self, saved: DraftHead, token_counts: torch.Tensor | None = None) -> None:
-        """Take ``saved``'s weights; if its MLP is narrower, grow it without changing what it drafts
+        """Take ``saved``'s weights; if its MLPs are narrower, grow each without changing what it drafts
         (function-preserving widening, Chen et al. 2016, "Net2Net", arXiv 1511.05641): its units
         fill the first rows of gate/up and columns of down_proj; the new units keep their fresh
         gate/up weights and start with zero down_proj columns, so they add nothing until trained.
@@ -336,13 +336,13 @@ class Eagle3Head(DraftHead):
             state["lm_head.weight"] = rows
             state["d2t"], state["t2d"] = vocabulary_maps(draft_ids, self.base_spec.vocab_size)
         if saved_width < width:
-            mlp = "midlayer.mlp."
             ours = self.state_dict()
-            for name in ("gate_proj.weight", "up_proj.weight"):  # (I, h): fresh rows for new units
-                state[mlp + name] = torch.cat([state[mlp + name], ours[mlp + name][saved_width:]], dim=0)
-            down = state[mlp + "down_proj.weight"]  # (h, I): new units' columns start at zero
-            new_columns = down.new_zeros(down.shape[0], width - saved_width)
-            state[mlp + "down_proj.weight"] = torch.cat([down, new_columns], dim=1)
+            for mlp in ["midlayer.mlp.", *(f"layers.{i}.mlp." for i in range(len(self.layers)))]:
+                for name in ("gate_proj.weight", "up_proj.weight"):  # (I, h): fresh rows for new units
+                    state[mlp + name] = torch.cat([state[mlp + name], ours[mlp + name][saved_width:]], dim=0)
+                down = state[mlp + "down_proj.weight"]  # (h, I): new units' columns start at zero
+                new_columns = down.new_zeros(down.shape[0], width - saved_width)
+                state[mlp + "down_proj.weight"] = torch.cat([down, new_columns], dim=1)
         self.load_state_dict(state)
 
     def _lm_head_from_base(self, base_lm_head_weight: torch.Tensor) -> None:

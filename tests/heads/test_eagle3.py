@@ -156,15 +156,21 @@ def test_hard_target_weight_must_be_a_mix(weight):
         Eagle3Config(hard_target_weight=weight)
 
 
-def test_a_narrower_saved_head_grows_into_a_wider_mlp_and_drafts_the_same(tiny_llama):
-    """load_saved widens the MLP without changing the drafts: the new units' down_proj columns
-    start at zero. Training then moves them (their gate/up rows are fresh, not zero)."""
-    narrow = build_head(tiny_llama, Eagle3Config(feature_layers=(1, 2, 3), draft_vocab_size=64))
+@pytest.mark.parametrize("num_layers", [1, 2])
+def test_a_narrower_saved_head_grows_into_a_wider_mlp_and_drafts_the_same(tiny_llama, num_layers):
+    """load_saved widens every draft layer's MLP without changing the drafts: the new units'
+    down_proj columns start at zero. Training then moves them (their gate/up rows are fresh, not zero)."""
+    narrow = build_head(
+        tiny_llama, Eagle3Config(feature_layers=(1, 2, 3), draft_vocab_size=64, num_layers=num_layers)
+    )
     with torch.no_grad():
         for parameter in narrow.parameters():
             parameter.add_(torch.randn(parameter.shape, generator=torch.Generator().manual_seed(1)) * 0.05)
     wide = build_head(
-        tiny_llama, Eagle3Config(feature_layers=(1, 2, 3), draft_vocab_size=64, intermediate_size=200)
+        tiny_llama,
+        Eagle3Config(
+            feature_layers=(1, 2, 3), draft_vocab_size=64, intermediate_size=200, num_layers=num_layers
+        ),
     )
     wide.load_saved(narrow)
     features = torch.randn(2, 9, 3 * 64, generator=torch.Generator().manual_seed(2))
@@ -176,9 +182,9 @@ def test_a_narrower_saved_head_grows_into_a_wider_mlp_and_drafts_the_same(tiny_l
             h.logits(h.step(h.fuse(features), input_ids, positions, mask, None)) for h in (narrow, wide)
         ]
     torch.testing.assert_close(drafted[1], drafted[0], rtol=1e-5, atol=1e-5)
-    new_units = wide.midlayer.mlp
-    assert torch.count_nonzero(new_units.down_proj.weight[:, 128:]) == 0
-    assert torch.count_nonzero(new_units.up_proj.weight[128:]) > 0
+    for new_units in [wide.midlayer.mlp, *(layer.mlp for layer in wide.layers)]:
+        assert torch.count_nonzero(new_units.down_proj.weight[:, 128:]) == 0
+        assert torch.count_nonzero(new_units.up_proj.weight[128:]) > 0
 
     with pytest.raises(ConfigError, match="saved head's draft MLP is 200 wide.*can grow, not shrink"):
         narrow.load_saved(wide)
