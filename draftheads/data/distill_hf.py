@@ -7,7 +7,8 @@ answer ends takes the next turn from the queue at once (continuous batching, as 
 OSDI 2022, and vLLM). The KV cache is preallocated per slot (``SlotCache``): each slot holds its
 sequence from position 0, a step writes one entry per slot in place, and attention reads the
 first ``width`` entries under a 4D mask that hides what a slot does not own. New turns are prefilled
-together, right-padded, straight into their slots.
+straight into their slots, right-padded, in groups of similar length (``prefill_groups``), so that
+a short prompt does not pad to a long one's length.
 
 Greedy answers are the base model's greedy answers: each row sees exactly its own prompt and
 tokens at their own positions (``tests/data/test_distill_hf.py`` compares with ``model.generate``).
@@ -25,6 +26,31 @@ from draftheads.config import DistillConfig
 from draftheads.data.distill import Turn, TurnQueue
 
 CAPACITY_STEP = 64  # slot capacity grows in steps of this many entries (rarely: turns come shortest first)
+# What one more prefill forward costs beyond its tokens, in prompt tokens: streaming the weights once
+# (a decode step, ~20 ms for SmolLM2-135M in fp32 on 2 cores) against ~1.6 ms a prompt token in a
+# batched prefill there (docs/training.md, "Throughput: today's path vs the engines").
+FORWARD_TOKENS = 12
+
+
+def prefill_groups(lengths: list[int], forward_tokens: int = FORWARD_TOKENS) -> list[list[int]]:
+    """Split prompts into right-padded prefill forwards: indices into ``lengths``, each group sorted
+    by length, minimising the tokens computed (rows x longest, padding included) plus
+    ``forward_tokens`` for each forward. Contiguous runs of the sorted lengths are optimal for this
+    cost; found exactly by dynamic programming (a few dozen prompts at most)."""
+    order = sorted(range(len(lengths)), key=lambda i: lengths[i])
+    ordered = [lengths[i] for i in order]
+    best = [0] + [None] * len(order)  # best[j]: cost of the first j prompts
+    cut = [0] * (len(order) + 1)
+    for stop in range(1, len(order) + 1):
+        for start in range(stop):
+            cost = best[start] + forward_tokens + (stop - start) * ordered[stop - 1]
+            if best[stop] is None or cost < best[stop]:
+                best[stop], cut[stop] = cost, start
+    groups, stop = [], len(order)
+    while stop:
+        groups.append(order[cut[stop] : stop])
+        stop = cut[stop]
+    return groups[::-1]
 
 
 @dataclass
@@ -146,6 +172,15 @@ class ContinuousBatcher:
         return torch.multinomial(probabilities.cpu(), 1, generator=self.generator)[:, 0].tolist()
 
     def _prefill(self, cache: SlotCache, turns: list[tuple[int, Turn]]) -> list[int]:
+        """Each turn's prompt into its slot, in right-padded forwards of similar lengths; the first
+        new tokens, in the order of ``turns``."""
+        tokens = [0] * len(turns)
+        for group in prefill_groups([len(turn.prompt_ids) for _, turn in turns]):
+            for index, token in zip(group, self._prefill_together(cache, [turns[i] for i in group])):
+                tokens[index] = token
+        return tokens
+
+    def _prefill_together(self, cache: SlotCache, turns: list[tuple[int, Turn]]) -> list[int]:
         """Each turn's prompt into its slot, in one right-padded forward; the first new tokens."""
         lengths = torch.tensor([len(t.prompt_ids) for _, t in turns])
         longest = int(lengths.max())

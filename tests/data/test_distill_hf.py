@@ -108,3 +108,39 @@ def test_sampling_is_seeded(tiny, tmp_path):
         distill(model, tokenizer, conversations(), out, config, progress=False)
         texts.append(sorted(out.read_text().splitlines()))
     assert texts[0] == texts[1]
+
+
+def padded_cost(groups: list[list[int]], lengths: list[int], forward_tokens: int) -> int:
+    return sum(forward_tokens + len(group) * max(lengths[i] for i in group) for group in groups)
+
+
+def partitions(items: list[int]):
+    """Every way to split ``items`` into non-empty groups."""
+    if not items:
+        yield []
+        return
+    first, rest = items[0], items[1:]
+    for split in partitions(rest):
+        yield [[first], *split]
+        for k in range(len(split)):
+            yield split[:k] + [[first, *split[k]]] + split[k + 1 :]
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_prefill_groups_cover_every_prompt_at_the_least_cost(seed):
+    from draftheads.data.distill_hf import prefill_groups
+
+    generator = torch.Generator().manual_seed(seed)
+    lengths = torch.randint(1, 120, (6,), generator=generator).tolist()
+    groups = prefill_groups(lengths, forward_tokens=12)
+    assert sorted(i for group in groups for i in group) == list(range(len(lengths)))
+    best = min(padded_cost(p, lengths, 12) for p in partitions(list(range(len(lengths)))))
+    assert padded_cost(groups, lengths, 12) == best
+
+
+def test_prefill_groups_split_far_apart_lengths_and_keep_equal_ones_together():
+    from draftheads.data.distill_hf import prefill_groups
+
+    assert prefill_groups([300, 20, 22, 310]) == [[1, 2], [0, 3]]
+    assert prefill_groups([50] * 5) == [[0, 1, 2, 3, 4]]
+    assert prefill_groups([40, 400], forward_tokens=10_000) == [[0, 1]]  # a forward dearer than padding
