@@ -13,6 +13,9 @@ Under a launcher each process writes its share of the shards (one base model per
 the one index; training reads the cache whatever its own world size:
 
     torchrun --nproc_per_node 8 $(which draftheads) cache-features --config FILE data.features=DIR
+
+``--compute-dtype bfloat16`` runs the base in bf16 for the cache alone (the cache's identity is
+still the run's base, so training in fp32 reads it; the index records the dtype the base ran in).
 """
 
 from __future__ import annotations
@@ -38,6 +41,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--dtype", default=DEFAULT_DTYPE, choices=sorted(STORAGE_DTYPES), help="storage dtype"
+    )
+    parser.add_argument(
+        "--compute-dtype",
+        default=None,
+        choices=sorted(STORAGE_DTYPES),
+        help="run the base in this dtype (default: model.dtype); bfloat16 on a CPU with AVX512_BF16 "
+        "writes about twice as fast, and the cache still serves the run's model.dtype "
+        "(docs/training.md, \"A feature cache computed in bf16\")",
     )
     parser.add_argument("--examples-per-shard", type=positive_int, default=DEFAULT_EXAMPLES_PER_SHARD)
     parser.add_argument(
@@ -85,9 +96,12 @@ def run(args: argparse.Namespace) -> int:
         except (ValueError, IndexError) as err:
             raise ConfigError(f"head ({run.head.kind}): {err}") from err
         splits = {"train": train, "validation": validation}
+        # The identity names the base the run trains against; the forward may run in another dtype.
         identity = CacheIdentity.build(
             base_model, run.model.base, tokenizer, head, splits, run.data.max_length
         )
+        if args.compute_dtype is not None:
+            base_model.to(STORAGE_DTYPES[args.compute_dtype])
         write_feature_cache(
             base_model,
             splits,

@@ -298,6 +298,8 @@ def _existing_index(
     if not grown:
         check_identity(found, identity, f"feature cache {directory}")
     for name, value in settings.items():
+        if name not in index:  # compute_dtype: recorded since caches could be computed in another dtype
+            continue
         if index[name] != value:
             raise FeatureCacheError(
                 f"feature cache {directory} is being written with {name}={index[name]!r}; "
@@ -469,6 +471,9 @@ def write_feature_cache(
         identity: ``CacheIdentity.build(...)`` for this base, tokenizer, head and rows; its
             ``hidden_state_layers`` are the indices stored.
         dtype: storage dtype name (``STORAGE_DTYPES``); bf16 halves fp32's size.
+            The base runs in its own dtype, recorded as ``compute_dtype`` in the index; the identity
+            (``identity.base_weights_hash``) names the weights the run trains against, so a base
+            cast to bf16 after ``CacheIdentity.build`` writes a cache its fp32 original reads.
         examples_per_shard: examples per file (the unit of resumption).
         batch_size: examples per base forward.
         rank, world_size: this process's place among the launched ones (every rank calls, each
@@ -487,7 +492,11 @@ def write_feature_cache(
         )
     started = time.perf_counter()
     directory = Path(directory)
-    settings = {"dtype": dtype, "examples_per_shard": examples_per_shard}
+    settings = {
+        "dtype": dtype,
+        "examples_per_shard": examples_per_shard,
+        "compute_dtype": str(base_model.dtype).removeprefix("torch."),
+    }
     # Every rank checks an existing index before rank 0 may write a new one.
     index, grown = _existing_index(directory, identity, settings, splits)
     barrier(world_size)

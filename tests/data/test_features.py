@@ -132,6 +132,32 @@ def test_bf16_cache_size_matches_the_estimate(tmp_path, tiny_llama, splits, caps
     torch.testing.assert_close(states[4].float(), reference, rtol=1e-2, atol=1e-2)
 
 
+def test_a_cache_computed_in_bf16_serves_the_fp32_base(tmp_path, splits):
+    """``cache-features --compute-dtype bfloat16``: the identity is the fp32 base's, taken before the
+    cast, so training against that base reads the cache; the index records the dtype the base ran
+    in, and a resumed write must run in it too."""
+    head_config = Eagle3Config(feature_layers=(1, 2, 3), draft_vocab_size=64)
+    model = make_tiny_llama()
+    identity = _identity(model, head_config, splits)
+    model.to(torch.bfloat16)
+    write_feature_cache(model, splits, tmp_path / "bf16", identity, examples_per_shard=4, progress=False)
+    cache = FeatureCache(tmp_path / "bf16")
+    cache.check(_identity(make_tiny_llama(), head_config, splits))  # the fp32 run reads it
+    assert features.read_index(tmp_path / "bf16")["compute_dtype"] == "bfloat16"
+    write_feature_cache(make_tiny_llama(), splits, tmp_path / "fp32", identity, progress=False)
+    assert features.read_index(tmp_path / "fp32")["compute_dtype"] == "float32"
+    _, bf16_states = cache.row("train", 0)
+    _, fp32_states = FeatureCache(tmp_path / "fp32").row("train", 0)
+    for layer in (1, 2, 3, 4):  # close, and computed otherwise than the fp32 forward's rounding
+        torch.testing.assert_close(bf16_states[layer].float(), fp32_states[layer].float(), rtol=0.1, atol=0.1)
+    assert any(not torch.equal(bf16_states[layer], fp32_states[layer]) for layer in (1, 2, 3, 4))
+    features.shard_path(tmp_path / "bf16", "train", 1).unlink()  # an interrupted write
+    with pytest.raises(FeatureCacheError, match="compute_dtype='bfloat16'.*got 'float32'"):
+        write_feature_cache(
+            make_tiny_llama(), splits, tmp_path / "bf16", identity, examples_per_shard=4, progress=False
+        )
+
+
 def test_an_interrupted_write_resumes_after_the_last_complete_shard(
     tmp_path, tiny_llama, splits, monkeypatch
 ):

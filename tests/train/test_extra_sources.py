@@ -64,3 +64,20 @@ def test_a_cache_of_one_source_is_extended_by_an_extra_source_and_trains(tmp_pat
     assert len(losses["offline"]) == 6
     assert losses["offline"] == pytest.approx(losses["online"], rel=1e-4)
     assert offline.eval["top1"] == pytest.approx(online.eval["top1"], abs=1e-6)
+
+
+def test_a_cache_written_with_the_base_in_bf16_trains_the_fp32_run(tmp_path):
+    """``cache-features --compute-dtype bfloat16``: the index records the dtype the base ran in, and
+    a run whose base is fp32 (the default on CPU) trains from the cache."""
+    conversations = write_conversations(tmp_path / "all.jsonl", count=12)
+    base = write_tiny_base(tmp_path / "base", conversations)
+    config = empty_config(tmp_path)
+    features = tmp_path / "features"
+    options = [*run_options(base, conversations, tmp_path / "x", "eagle3", 0), f"data.features={features}"]
+    shards = ["--examples-per-shard", "5", "--no-progress", "--compute-dtype", "bfloat16"]
+    assert main(["cache-features", "--config", str(config), *options, *shards]) == 0
+    assert json.loads((features / "index.json").read_text())["compute_dtype"] == "bfloat16"
+    run = load_run_config(config, [*options, "train.max_steps=2", f"train.output_dir={tmp_path / 'run'}"])
+    assert run.model.dtype in ("auto", "float32")
+    run_training(run)
+    assert read_metrics(tmp_path / "run")[-1]["step"] == 2
