@@ -298,7 +298,7 @@ def _existing_index(
     if not grown:
         check_identity(found, identity, f"feature cache {directory}")
     for name, value in settings.items():
-        if name not in index:  # compute_dtype: recorded since caches could be computed in another dtype
+        if name == "compute_dtype" and name not in index:  # caches written before it was recorded
             continue
         if index[name] != value:
             raise FeatureCacheError(
