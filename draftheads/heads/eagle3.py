@@ -94,8 +94,9 @@ class Eagle3Config(HeadConfig):
     # Draft decoder layers. The first is EAGLE-3's midlayer (attention over [embedding | g]); each
     # further one is a plain base-architecture decoder layer over the state, with its own slot in
     # the draft cache. The EAGLE-3 release and the engine formats have one; more costs a drafting
-    # forward per layer. Measured in docs/training.md.
-    num_layers: int = 1
+    # forward per layer. A run continuing a saved head with fewer layers grows it (``load_saved``).
+    # Measured in docs/training.md.
+    num_layers: int = field(default=1, metadata={GROWABLE: True})
 
     def __post_init__(self):
         if self.feature_layers is not None:
@@ -306,7 +307,16 @@ class Eagle3Head(DraftHead):
         fill the first rows of gate/up and columns of down_proj; the new units keep their fresh
         gate/up weights and start with zero down_proj columns, so they add nothing until trained.
         If its draft vocabulary is smaller, grow that too (``grow_draft_vocabulary``, which needs
-        this run's ``token_counts``)."""
+        this run's ``token_counts``). If it has fewer draft layers, the added ones come after its
+        layers and start as the identity: fresh weights, but zero ``o_proj`` and ``down_proj``, so
+        neither residual branch adds anything until trained (as zero-initialised residual
+        branches, Goyal et al. 2017, arXiv 1706.02677, and LoRA's zero B, arXiv 2106.09685)."""
+        layers, saved_layers = self.config.num_layers, saved.config.num_layers
+        if saved_layers > layers:
+            raise ConfigError(
+                f"the saved head has {saved_layers} draft layers, this run's head.num_layers is "
+                f"{layers}: a head can grow, not shrink"
+            )
         width, saved_width = self.intermediate_size, saved.intermediate_size
         if saved_width > width:
             raise ConfigError(
@@ -335,14 +345,19 @@ class Eagle3Head(DraftHead):
             )
             state["lm_head.weight"] = rows
             state["d2t"], state["t2d"] = vocabulary_maps(draft_ids, self.base_spec.vocab_size)
+        ours = self.state_dict()
         if saved_width < width:
-            ours = self.state_dict()
-            for mlp in ["midlayer.mlp.", *(f"layers.{i}.mlp." for i in range(len(self.layers)))]:
+            for mlp in ["midlayer.mlp.", *(f"layers.{i}.mlp." for i in range(len(saved.layers)))]:
                 for name in ("gate_proj.weight", "up_proj.weight"):  # (I, h): fresh rows for new units
                     state[mlp + name] = torch.cat([state[mlp + name], ours[mlp + name][saved_width:]], dim=0)
                 down = state[mlp + "down_proj.weight"]  # (h, I): new units' columns start at zero
                 new_columns = down.new_zeros(down.shape[0], width - saved_width)
                 state[mlp + "down_proj.weight"] = torch.cat([down, new_columns], dim=1)
+        added = tuple(f"layers.{i}." for i in range(len(saved.layers), len(self.layers)))
+        for name, value in ours.items():
+            if name.startswith(added):
+                residual_output = ".self_attn.o_proj." in name or ".mlp.down_proj." in name
+                state[name] = torch.zeros_like(value) if residual_output else value
         self.load_state_dict(state)
 
     def _lm_head_from_base(self, base_lm_head_weight: torch.Tensor) -> None:

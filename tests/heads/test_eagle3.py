@@ -190,6 +190,45 @@ def test_a_narrower_saved_head_grows_into_a_wider_mlp_and_drafts_the_same(tiny_l
         narrow.load_saved(wide)
 
 
+@pytest.mark.parametrize("width", [None, 200])
+def test_a_saved_head_grows_more_draft_layers_and_drafts_the_same(tiny_llama, width):
+    """load_saved appends the new layers as the identity (zero o_proj and down_proj, fresh
+    everything else), alone or with a wider MLP; the first optimiser step gives them a gradient
+    that reaches past the zero weights; fewer layers than saved is refused."""
+    settings = {"feature_layers": (1, 2, 3), "draft_vocab_size": 64}
+    one = build_head(tiny_llama, Eagle3Config(**settings))
+    with torch.no_grad():
+        for parameter in one.parameters():
+            parameter.add_(torch.randn(parameter.shape, generator=torch.Generator().manual_seed(1)) * 0.05)
+    three = build_head(tiny_llama, Eagle3Config(**settings, num_layers=3, intermediate_size=width))
+    three.load_saved(one)
+    features = torch.randn(2, 9, 3 * 64, generator=torch.Generator().manual_seed(2))
+    input_ids = torch.randint(0, 256, (2, 9), generator=torch.Generator().manual_seed(3))
+    positions = torch.arange(9)[None].expand(2, 9)
+    mask = prefix_causal_mask(2, 0, 9, torch.float32, input_ids.device)
+    with torch.no_grad():
+        drafted = [h.logits(h.step(h.fuse(features), input_ids, positions, mask, None)) for h in (one, three)]
+    torch.testing.assert_close(drafted[1], drafted[0], rtol=1e-5, atol=1e-5)
+    for layer in three.layers:
+        assert torch.count_nonzero(layer.self_attn.o_proj.weight) == 0
+        assert torch.count_nonzero(layer.mlp.down_proj.weight) == 0
+        assert torch.count_nonzero(layer.self_attn.q_proj.weight) > 0
+        assert torch.count_nonzero(layer.mlp.up_proj.weight) > 0
+
+    optimizer = torch.optim.SGD(three.parameters(), lr=0.1)
+    for _ in range(2):  # step 1 moves the zero outputs; step 2 then reaches q/k/v and gate/up
+        optimizer.zero_grad()
+        three.logits(
+            three.step(three.fuse(features), input_ids, positions, mask, None)
+        ).square().mean().backward()
+        optimizer.step()
+    assert all(layer.self_attn.q_proj.weight.grad.abs().sum() > 0 for layer in three.layers)
+    assert all(layer.mlp.up_proj.weight.grad.abs().sum() > 0 for layer in three.layers)
+
+    with pytest.raises(ConfigError, match="saved head has 3 draft layers.*num_layers is 1.*not shrink"):
+        build_head(tiny_llama, Eagle3Config(**settings, intermediate_size=width)).load_saved(three)
+
+
 def test_grow_draft_vocabulary_keeps_the_saved_rows_and_adds_the_most_frequent_ids(monkeypatch):
     """Saved rows that are an exact linear map of the base's: without the ridge the added ids' rows
     follow the same map, a known answer for the fit; with it they shrink toward zero."""

@@ -280,6 +280,10 @@ def test_init_head_continues_from_a_saved_head_and_refuses_a_different_one(tmp_p
     assert load_head(tmp_path / "g" / "head").midlayer.mlp.up_proj.weight.shape[0] == 192
     with pytest.raises(ConfigError, match=r"draft MLP is 128 wide.*head.intermediate_size is 64"):
         continue_saved("head.intermediate_size=64", f"train.output_dir={tmp_path / 's'}")
+    # More draft layers grow from the saved head too (the new ones start as the identity).
+    deeper_head = continue_saved("head.num_layers=2", f"train.output_dir={tmp_path / 'l'}")
+    assert deeper_head.eval["top1"] == pytest.approx(first.eval["top1"], abs=1e-6)
+    assert len(load_head(tmp_path / "l" / "head").layers) == 1
     # A larger draft vocabulary keeps the saved ids and adds this run's most frequent others; the
     # patterned rows use ids 3-62, so the saved 64 ids already cover every target and top-1 moves
     # only where an added id's fitted row outscores the right one.
