@@ -156,6 +156,14 @@ def test_hard_target_weight_must_be_a_mix(weight):
         Eagle3Config(hard_target_weight=weight)
 
 
+def one_step_inputs():
+    """Fixed (features, input_ids, positions, mask) for one drafting step of 2 rows x 9 tokens."""
+    features = torch.randn(2, 9, 3 * 64, generator=torch.Generator().manual_seed(2))
+    input_ids = torch.randint(0, 256, (2, 9), generator=torch.Generator().manual_seed(3))
+    positions = torch.arange(9)[None].expand(2, 9)
+    return features, input_ids, positions, prefix_causal_mask(2, 0, 9, torch.float32, input_ids.device)
+
+
 @pytest.mark.parametrize("num_layers", [1, 2])
 def test_a_narrower_saved_head_grows_into_a_wider_mlp_and_drafts_the_same(tiny_llama, num_layers):
     """load_saved widens every draft layer's MLP without changing the drafts: the new units'
@@ -173,10 +181,7 @@ def test_a_narrower_saved_head_grows_into_a_wider_mlp_and_drafts_the_same(tiny_l
         ),
     )
     wide.load_saved(narrow)
-    features = torch.randn(2, 9, 3 * 64, generator=torch.Generator().manual_seed(2))
-    input_ids = torch.randint(0, 256, (2, 9), generator=torch.Generator().manual_seed(3))
-    positions = torch.arange(9)[None].expand(2, 9)
-    mask = prefix_causal_mask(2, 0, 9, torch.float32, input_ids.device)
+    features, input_ids, positions, mask = one_step_inputs()
     with torch.no_grad():
         drafted = [
             h.logits(h.step(h.fuse(features), input_ids, positions, mask, None)) for h in (narrow, wide)
@@ -202,10 +207,7 @@ def test_a_saved_head_grows_more_draft_layers_and_drafts_the_same(tiny_llama, wi
             parameter.add_(torch.randn(parameter.shape, generator=torch.Generator().manual_seed(1)) * 0.05)
     three = build_head(tiny_llama, Eagle3Config(**settings, num_layers=3, intermediate_size=width))
     three.load_saved(one)
-    features = torch.randn(2, 9, 3 * 64, generator=torch.Generator().manual_seed(2))
-    input_ids = torch.randint(0, 256, (2, 9), generator=torch.Generator().manual_seed(3))
-    positions = torch.arange(9)[None].expand(2, 9)
-    mask = prefix_causal_mask(2, 0, 9, torch.float32, input_ids.device)
+    features, input_ids, positions, mask = one_step_inputs()
     with torch.no_grad():
         drafted = [h.logits(h.step(h.fuse(features), input_ids, positions, mask, None)) for h in (one, three)]
     torch.testing.assert_close(drafted[1], drafted[0], rtol=1e-5, atol=1e-5)
