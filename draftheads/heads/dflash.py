@@ -366,8 +366,6 @@ class DFlashHead(DraftHead):
             raise ValueError(
                 f"draft cache holds {past} + {new} context rows, but the block starts at {position}"
             )
-        context = self.context(features)  # (B, n, h)
-        block = self.block_embeddings(root[:, None], 1)  # (B, K, h)
         positions = torch.arange(position - new, position + self.block_size, device=device)[None].expand(
             batch, -1
         )
@@ -375,7 +373,32 @@ class DFlashHead(DraftHead):
         keys = torch.arange(past + new + self.block_size, device=device)
         # Context rows: the prefix and themselves causally (outputs unused); block rows: everything.
         allowed = (keys[None, :] <= rows[:, None] + past) | (rows[:, None] >= new)
-        mask = additive_mask(allowed, context.dtype)[None, None].expand(batch, 1, -1, -1)
-        states = self.denoise(context, block, positions, mask, cache)  # (B, K, h)
+        mask = additive_mask(allowed, features.dtype)[None, None].expand(batch, 1, -1, -1)
+        return self.draft_blocks(cache, features, root, positions, mask)
+
+    def draft_blocks(
+        self,
+        cache: DynamicCache,
+        features: torch.Tensor,
+        root: torch.Tensor,
+        position_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+    ) -> torch.Tensor:
+        """``draft_block`` with the positions and mask given, for rows whose prefixes differ in
+        length (batched drafting, ``draftheads.infer.batch_draft``: each row's cache entries, new
+        context rows and block rows laid out, and masked, by the caller).
+
+        Args:
+            features: (B, n, F h) new context rows' features (appended to ``cache``).
+            root: (B,) each row's root token.
+            position_ids: (B, n + K) positions of the new context rows, then of the block rows.
+            attention_mask: (B, 1, n + K, past + n + K) additive.
+        Returns:
+            (B, K - 1, V) logits, row by row.
+        """
+        context = self.context(features)  # (B, n, h)
+        block = self.block_embeddings(root[:, None], 1)  # (B, K, h)
+        mask = attention_mask.to(context.dtype)
+        states = self.denoise(context, block, position_ids, mask, cache)  # (B, K, h)
         cache.crop(-self.block_size)  # the block's own rows are not context (crop counts from the end)
         return self.logits(states[:, 1:])  # (B, K - 1, V)

@@ -12,8 +12,11 @@ the batched kernels; verification decides what is accepted either way.
 
 Catching up on the accepted tokens (a ``CatchUp``) is batched the same way for heads whose
 ``catch_up`` takes a mask (``batch_catch_up``): the rows' new positions are left-padded to the
-longest, so each row's last position, whose state drafting starts from, is its real last one. What
-stays per row is the Python bookkeeping of each tree.
+longest, so each row's last position, whose state drafting starts from, is its real last one. The
+drafters that draft every depth in one forward batch it too: Medusa's heads on the rows' last
+features stacked (``DepthLogits``), DFlash's block over each row's own context cache, the rows'
+new context rows left-padded (``BlockForward``). What stays per row is the Python bookkeeping of
+each tree.
 """
 
 from __future__ import annotations
@@ -24,7 +27,16 @@ from collections.abc import Sequence
 import torch
 
 from draftheads.heads.layers import additive_mask
-from draftheads.infer.draft import CatchUp, Draft, Drafter, Expansion, root_only
+from draftheads.infer.draft import (
+    BlockForward,
+    CatchUp,
+    DepthLogits,
+    Draft,
+    Drafter,
+    Expansion,
+    HeadForward,
+    root_only,
+)
 
 
 def propose_rows(
@@ -39,7 +51,7 @@ def propose_rows(
             drafts[row] = root_only(root)
         else:
             steps[row] = drafter.propose_steps(root, position, tree)
-    pending: dict[int, Expansion | CatchUp] = {}
+    pending: dict[int, HeadForward] = {}
 
     def advance(row: int, result) -> None:
         try:
@@ -52,31 +64,42 @@ def propose_rows(
     while pending:
         groups: dict[tuple, list[int]] = defaultdict(list)
         for row, request in pending.items():
-            if isinstance(request, CatchUp):
-                groups[(id(request.head), "catch-up")].append(row)
-            else:
-                groups[(id(request.head), request.depth, request.cache_index)].append(row)
+            groups[_group(request)].append(row)
         requests, pending = pending, {}
         for rows in groups.values():
             group = [requests[row] for row in rows]
-            results = catch_up_together(group) if isinstance(group[0], CatchUp) else run_together(group)
+            results = TOGETHER[type(group[0])](group)
             for row, result in zip(rows, results):
                 advance(row, result)
     return drafts
 
 
+def _group(request: HeadForward) -> tuple:
+    """Requests that can share one forward: the same kind of forward of the same head (and, for an
+    expansion, the same depth and draft cache)."""
+    if isinstance(request, Expansion):
+        return (Expansion, id(request.head), request.depth, request.cache_index)
+    return (type(request), id(request.head))
+
+
 def _stack_caches(head, caches, index: int, longest: int):
     """A new draft cache of ``head`` whose ``index``-th cache holds the rows' ``caches`` (each a
-    batch of one) stacked, left-aligned and zero-padded to ``longest`` entries."""
+    batch of one) stacked, left-aligned and zero-padded to ``longest`` entries; a cache that holds
+    nothing yet (a row that has just joined the batch) is all padding."""
     batched = head.new_cache()
     target = head.draft_caches(batched)[index]
-    for layer in range(len(caches[0].layers)):
+    filled = [cache for cache in caches if cache.get_seq_length()]
+    if not filled:
+        return batched, target
+    for layer in range(len(filled[0].layers)):
         stacked = []
         for name in ("keys", "values"):
-            rows = [getattr(cache.layers[layer], name) for cache in caches]  # (1, H, keys_b, D) each
-            padded = rows[0].new_zeros(len(rows), *rows[0].shape[1:2], longest, rows[0].shape[-1])
-            for row, tensor in enumerate(rows):
-                padded[row, :, : tensor.shape[2]] = tensor[0]
+            like = getattr(filled[0].layers[layer], name)  # (1, H, keys, D)
+            padded = like.new_zeros(len(caches), like.shape[1], longest, like.shape[-1])
+            for row, cache in enumerate(caches):
+                if cache.get_seq_length():
+                    tensor = getattr(cache.layers[layer], name)  # (1, H, keys_b, D)
+                    padded[row, :, : tensor.shape[2]] = tensor[0]
             stacked.append(padded)
         target.update(*stacked, layer)
     return batched, target
@@ -100,8 +123,7 @@ def catch_up_together(requests: Sequence[CatchUp]) -> list[tuple[torch.Tensor, t
     (left padding); a padding position sees only itself and nothing sees it."""
     head = requests[0].head
     caches = [head.draft_caches(r.cache)[0] for r in requests]
-    if len(requests) == 1 or not head.batch_catch_up or len({len(c.layers) for c in caches}) > 1:
-        # (a cache with no layers yet beside others that have some: nothing to stack it by)
+    if len(requests) == 1 or not head.batch_catch_up:
         return [request.run() for request in requests]
     keys = [cache.get_seq_length() for cache in caches]
     counts = [r.next_ids.shape[1] for r in requests]
@@ -166,3 +188,72 @@ def run_together(expansions: Sequence[Expansion]) -> list[tuple[torch.Tensor, to
     )
     _append_rows(target, caches, [slice(longest, longest + count) for count in counts])
     return [(out_states[row, :count], out_logits[row, :count]) for row, count in enumerate(counts)]
+
+
+def logits_together(requests: Sequence[DepthLogits]) -> list[torch.Tensor]:
+    """Run rows' ``DepthLogits`` (one head) as one ``draft_logits`` over their features stacked;
+    return each one's (K, V) logits."""
+    if len(requests) == 1:
+        return [requests[0].run()]
+    logits = requests[0].head.draft_logits(torch.cat([r.features for r in requests]))  # (B, 1, K, V)
+    return [logits[row, -1] for row in range(len(requests))]
+
+
+def blocks_together(requests: Sequence[BlockForward]) -> list[torch.Tensor]:
+    """Run rows' ``BlockForward`` (one head, each row on its own context cache) as one
+    ``draft_blocks``; return each one's (K - 1, V) logits and append its new context rows to its own
+    cache, as ``BlockForward.run`` does for one.
+
+    Keys: the rows' caches stacked (left-aligned, padded to the longest), then the new context rows
+    (row b's n_b at the end of the padded width: left padding), then the K block rows. A context row
+    sees its row's cached prefix and its new rows up to itself, a block row sees all of them and the
+    whole block, a padding row only itself; nothing sees a padding row."""
+    head = requests[0].head
+    caches = [r.cache for r in requests]
+    if len(requests) == 1:
+        return [requests[0].run()]
+    keys = [cache.get_seq_length() for cache in caches]
+    counts = [r.features.shape[1] for r in requests]
+    longest, widest, size = max(keys), max(counts), head.block_size
+    batched, target = _stack_caches(head, caches, 0, longest)
+    queries = widest + size
+    visible = torch.zeros(len(requests), queries, longest + queries, dtype=torch.bool)
+    visible[:, :, longest:].diagonal(dim1=1, dim2=2).fill_(True)  # every row sees itself
+    features, position_ids = [], []
+    for row, (request, seen, count) in enumerate(zip(requests, keys, counts)):
+        pad = widest - count
+        visible[row, pad:, :seen] = True  # real context rows and the block: the cached prefix
+        visible[row, pad:widest, longest + pad : longest + widest] = torch.ones(count, count).tril().bool()
+        visible[row, widest:, longest + pad :] = True  # block rows: the new context rows and the block
+        first = request.position - count  # the first new context row's position
+        padding = request.features.new_zeros(pad, request.features.shape[-1])
+        features.append(torch.cat([padding, request.features[0]]))
+        position_ids.append(
+            torch.cat(
+                [
+                    torch.full((pad,), max(first, 0), dtype=torch.long),
+                    torch.arange(first, request.position + size, dtype=torch.long),
+                ]
+            )
+        )
+    device = requests[0].features.device
+    stacked = torch.stack(features)  # (B, widest, F)
+    roots = torch.tensor([r.root for r in requests], dtype=torch.long, device=device)
+    logits = head.draft_blocks(
+        batched,
+        stacked,
+        roots,
+        torch.stack(position_ids).to(device),  # (B, widest + K)
+        additive_mask(visible, stacked.dtype)[:, None].to(device),  # (B, 1, widest + K, longest + widest + K)
+    )
+    _append_rows(target, caches, [slice(longest + widest - count, longest + widest) for count in counts])
+    return [logits[row] for row in range(len(requests))]
+
+
+# Each kind of head forward, run for every row of a batch that needs it in one call.
+TOGETHER = {
+    CatchUp: catch_up_together,
+    Expansion: run_together,
+    DepthLogits: logits_together,
+    BlockForward: blocks_together,
+}

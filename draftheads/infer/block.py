@@ -4,8 +4,10 @@ step drafts every depth of the tree at once.
 The head's block at the root position gives K - 1 distributions (depth d = block row d), all from
 one forward conditioned on the committed features; they fill a static tree exactly as Medusa's K
 heads do (``ParallelDrafter``: the node at path [i1, ..., id] gets the i_d-th best token of depth
-d), so only where the distributions come from differs. Unlike Medusa, the distributions depend on
-the root token (it is the block's first row), so they are computed in ``propose``, not on commit.
+d), so only where the distributions come from differs. Unlike Medusa's, they depend on the root
+token (it is the block's first row), so they are kept for one (root, position), not for one commit.
+``propose_steps`` yields the forward as a ``BlockForward``, which a batch runs for all its rows at
+once (``draftheads.infer.batch_draft``).
 
 State: the head's context cache (one ``DynamicCache``, the context rows of the committed positions)
 and the features committed since the last block, which the next block's forward appends to the cache
@@ -19,7 +21,7 @@ import copy
 
 import torch
 
-from draftheads.infer.draft import ParallelDrafter, register_drafter
+from draftheads.infer.draft import BlockForward, ParallelDrafter, register_drafter
 
 
 @register_drafter("block")
@@ -51,30 +53,18 @@ class BlockDrafter(ParallelDrafter):
         self.committed += features.shape[1]
         self.block = None
 
-    def _draft(self, root: int, position: int) -> torch.Tensor:
-        """(K - 1, V) block logits for ``root`` at ``position`` (computed once per root)."""
+    def _depth_logits_steps(self, root: int, position: int):
+        """Yield the ``BlockForward`` for ``root`` at ``position`` (nothing if this root's block is known
+        already), take its (K - 1, V) logits, return them."""
         if self.block is not None and self.block[:2] == (root, position):
             return self.block[2]
         if position != self.committed:
             raise ValueError(
                 f"a block at position {position} needs the features up to it; {self.committed} committed"
             )
-        features = torch.cat(self.pending, dim=1)  # (1, n, F)
-        roots = torch.tensor([root], dtype=torch.long, device=features.device)
-        logits = self.head.draft_block(self.cache, features, position, roots)[0]  # (K - 1, V)
+        # (1, n, F); n = 0 for another root at the position of the last block (its rows are cached)
+        features = torch.cat(self.pending, dim=1) if self.pending else self.last_features[:, :0]
+        logits = yield BlockForward(self.head, self.cache, features, position, root)  # (K - 1, V)
         self.pending = []
         self.block = (root, position, logits)
         return logits
-
-    def _depth_logits(self) -> torch.Tensor:
-        return self.block[2]  # (K - 1, V), set by ``_draft`` for this step's root
-
-    def propose(self, root, position, tree):
-        self.check_tree(tree)
-        if tree.depth:
-            self._draft(root, position)
-        return super().propose(root, position, tree)
-
-    def path_candidates(self, root, position, path, top_k) -> torch.Tensor:
-        self._draft(root, position)
-        return super().path_candidates(root, position, path, top_k)

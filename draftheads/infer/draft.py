@@ -122,12 +122,48 @@ class CatchUp:
         return self.head.catch_up(self.cache, self.features, self.next_ids, self.position_ids)
 
 
+@dataclass(frozen=True)
+class DepthLogits:
+    """The forward a parallel drafter (Medusa) owes before it fills a tree: every depth's
+    distribution from the features at the last accepted position (``features`` (1, 1, F))."""
+
+    head: object
+    features: torch.Tensor
+
+    def run(self) -> torch.Tensor:
+        """The forward alone: (K, V) logits, row d - 1 for depth d."""
+        return self.head.draft_logits(self.features)[0, -1]
+
+
+@dataclass(frozen=True)
+class BlockForward:
+    """The forward a block drafter (DFlash) owes for a tree at root ``position``: ``head.draft_block``
+    on its own context ``cache`` (positions 0 .. position - n - 1), appending the ``features``
+    (1, n, F) committed since its last block, with the root token ``root``."""
+
+    head: object
+    cache: object
+    features: torch.Tensor
+    position: int
+    root: int
+
+    def run(self) -> torch.Tensor:
+        """The forward alone: (K - 1, V) logits, row d - 1 for depth d."""
+        roots = torch.tensor([self.root], dtype=torch.long, device=self.features.device)
+        return self.head.draft_block(self.cache, self.features, self.position, roots)[0]
+
+
+# A head forward a drafter may need; ``draftheads.infer.batch_draft`` runs one of each kind for all
+# the rows of a batch that need it.
+HeadForward = Expansion | CatchUp | DepthLogits | BlockForward
+
 # A drafting generator yields the head forwards it needs (an ``Expansion`` per tree depth, a
-# ``CatchUp`` first where accepted tokens are pending), is sent each one's result, returns the Draft.
-DraftSteps = Generator[Expansion | CatchUp, tuple[torch.Tensor, torch.Tensor], "Draft"]
+# ``CatchUp`` first where accepted tokens are pending; one ``DepthLogits`` or ``BlockForward`` for the
+# drafters that draft every depth at once), is sent each one's result, returns the Draft.
+DraftSteps = Generator[HeadForward, object, "Draft"]
 
 
-def run_steps(steps: Generator[Expansion | CatchUp, tuple[torch.Tensor, torch.Tensor], object]):
+def run_steps(steps: Generator[HeadForward, object, object]):
     """Drive a drafting generator alone: run each forward it yields; return what it returns."""
     try:
         expansion = next(steps)
@@ -266,33 +302,44 @@ class ParallelDrafter(Drafter):
     def __init__(self, head, pad_to_multiple: int = 1):
         super().__init__(head, pad_to_multiple)
         self.last_features: torch.Tensor | None = None  # (1, 1, F) at the last accepted position
+        self.depth_logits: torch.Tensor | None = None  # (K, V) from them, once a tree asked for it
 
     def prefill(self, features, next_ids) -> None:
         self.last_features = features[:, -1:] if features.shape[1] else None
+        self.depth_logits = None
 
     def commit(self, features, next_ids, position) -> None:
         self.last_features = features[:, -1:]
+        self.depth_logits = None
 
-    def _depth_logits(self) -> torch.Tensor:
-        """(K, V) draft logits of depths 1..K for the next tree."""
-        return self.head.draft_logits(self.last_features)[0, -1]
+    def _depth_logits_steps(self, root: int, position: int) -> Generator[HeadForward, object, torch.Tensor]:
+        """Yield the head forward for the (K, V) draft logits of depths 1..K at the root ``root`` at
+        ``position`` (nothing if they are known already), take its result, return them."""
+        if self.depth_logits is None:
+            self.depth_logits = yield DepthLogits(self.head, self.last_features)
+        return self.depth_logits
 
-    def _ranked(self, depth: int, count: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """(depth, count) base-vocabulary ids, best first, of heads 1..depth, and their probabilities."""
-        logits = self._depth_logits()[:depth].float()  # (D, V)
+    def _ranked(self, logits: torch.Tensor, depth: int, count: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """(depth, count) base-vocabulary ids, best first, of ``logits`` (K, V) depths 1..depth, and
+        their probabilities."""
+        logits = logits[:depth].float()  # (D, V)
         best = torch.topk(logits, count, dim=-1)
         probabilities = (best.values - torch.logsumexp(logits, dim=-1, keepdim=True)).exp()  # (D, count)
         return self.head.draft_to_target(best.indices), probabilities
 
     def propose(self, root, position, tree) -> Draft:
+        return run_steps(self.propose_steps(root, position, tree))
+
+    def propose_steps(self, root, position, tree) -> DraftSteps:
         self.check_tree(tree)
         topology = static_topology(tree, self.pad_to_multiple)
         device = self.last_features.device
         tokens = torch.full((tree.num_nodes,), root, dtype=torch.long, device=device)  # (M,)
         if tree.depth == 0:
             return Draft(tokens, topology, ("",), (1.0,))
+        logits = yield from self._depth_logits_steps(root, position)  # (K, V)
         widest = max(tree.top_k(d) for d in range(1, tree.depth + 1))
-        candidates, probabilities = self._ranked(tree.depth, widest)  # (D, widest) each
+        candidates, probabilities = self._ranked(logits, tree.depth, widest)  # (D, widest) each
         depths = topology.depths[1 : tree.num_nodes].to(device)  # (M - 1,)
         ranks = torch.tensor(tree.ranks[1:], dtype=torch.long, device=device)  # (M - 1,)
         tokens[1:] = candidates[depths - 1, ranks]
@@ -303,7 +350,8 @@ class ParallelDrafter(Drafter):
         return Draft(tokens, topology, ("",) + (self.source,) * (tree.num_nodes - 1), tuple(scores))
 
     def path_candidates(self, root, position, path, top_k) -> torch.Tensor:
-        return self._ranked(len(path) + 1, top_k)[0]  # each head's view is independent of the path
+        logits = run_steps(self._depth_logits_steps(root, position))
+        return self._ranked(logits, len(path) + 1, top_k)[0]  # each head's view is independent of the path
 
 
 # ---- autoregressive heads (EAGLE, EAGLE-3) and MTP ----------------------------------------------

@@ -10,7 +10,7 @@ import pytest
 import torch
 from infer_stubs import SelfDraftStub
 
-from draftheads.heads import Eagle3Config, EagleConfig, MedusaConfig, MtpConfig, build_head
+from draftheads.heads import DFlashConfig, Eagle3Config, EagleConfig, MedusaConfig, MtpConfig, build_head
 from draftheads.infer import SpeculativeGenerator
 from draftheads.infer.cache import keep_accepted_rows, left_aligned_slots, select_rows
 from draftheads.infer.cost import CostCurve
@@ -31,6 +31,7 @@ HEADS = {
         "dynamic-cpu",
     ),
     "mtp": (MtpConfig(num_modules=3), "cpu-8"),
+    "dflash": (DFlashConfig(num_layers=2, block_size=5, feature_layers=(1, 2, 3)), "cpu-8"),
 }
 
 
@@ -492,11 +493,16 @@ def test_batched_drafting_proposes_what_each_row_proposes_alone(model, kind):
 
 
 @pytest.mark.parametrize("kind", ["eagle", "eagle3", "mtp"])
-@pytest.mark.parametrize("first", [True, False], ids=["from-empty-caches", "after-earlier-steps"])
+@pytest.mark.parametrize(
+    "caught_up",
+    ["none", "all", "odd"],
+    ids=["from-empty-caches", "after-earlier-steps", "empty-beside-filled"],
+)
 @torch.no_grad()
-def test_rows_catch_up_together_as_each_alone(model, kind, first):
+def test_rows_catch_up_together_as_each_alone(model, kind, caught_up):
     """One catch-up forward for all rows (new positions of ragged counts, left-padded, over draft
-    caches of ragged lengths) gives each row the state, logits and cache entries it gets alone."""
+    caches of ragged lengths, some maybe still empty: rows that have just joined the batch) gives
+    each row the state, logits and cache entries it gets alone."""
     from draftheads.infer.batch_draft import catch_up_together
     from draftheads.infer.draft import drafter_for
     from draftheads.infer.forward import prefill_forward
@@ -508,7 +514,7 @@ def test_rows_catch_up_together_as_each_alone(model, kind, first):
         _, output = prefill_forward(model, prompt[None], tuple(head.feature_layers))
         drafter = drafter_for(head)
         drafter.start(output.hidden_states, prompt[None], int(output.logits[0, -1].argmax()))
-        if not first:  # caught up on the prompt; then 1 to 4 accepted tokens pending
+        if caught_up == "all" or (caught_up == "odd" and row % 2):  # then 1 to 4 accepted tokens pending
             drafter.flush()
             count = 1 + row % 4
             features = torch.randn(1, count, drafter.select_features(output.hidden_states).shape[-1])
@@ -528,6 +534,57 @@ def test_rows_catch_up_together_as_each_alone(model, kind, first):
             for layer, expected_layer in zip(cache.layers, expected.layers):
                 torch.testing.assert_close(layer.keys, expected_layer.keys, rtol=1e-4, atol=1e-5)
                 torch.testing.assert_close(layer.values, expected_layer.values, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("kind,forward", [("medusa", "draft_logits"), ("dflash", "draft_blocks")])
+@torch.no_grad()
+def test_drafters_of_every_depth_at_once_draft_a_batch_in_one_forward(model, kind, forward):
+    """Medusa's heads and DFlash's block run once for all the rows (ragged prefixes, 1 to 60 new
+    positions each, block caches still empty beside filled ones) and give every row the tree, and
+    leave it the drafting state, that it drafts alone."""
+    from draftheads.infer.batch_draft import propose_rows
+    from draftheads.infer.draft import drafter_for
+    from draftheads.infer.forward import prefill_forward
+    from draftheads.infer.tree import resolve_tree
+
+    torch.manual_seed(0)
+    head = build_head(model, HEADS[kind][0]).attach(model).eval()
+    tree = resolve_tree("cpu-8").truncated(head.num_draft_steps)
+    drafters, roots, positions = [], [], []
+    for row, prompt in enumerate(ragged_prompts(4, seed=13)):
+        _, output = prefill_forward(model, prompt[None], tuple(head.feature_layers))
+        root, position = int(output.logits[0, -1].argmax()), prompt.numel()
+        drafter = drafter_for(head)
+        drafter.start(output.hidden_states, prompt[None], root)
+        if row % 2:  # a tree drafted here already, then `row` more accepted tokens
+            drafter.propose(root, position, tree)
+            features = torch.randn(1, row, drafter.select_features(output.hidden_states).shape[-1])
+            next_ids = torch.randint(3, 256, (1, row))
+            drafter.commit(features, next_ids, position)
+            root, position = int(next_ids[0, -1]), position + row
+        drafters.append(drafter)
+        roots.append(root)
+        positions.append(position)
+    alone = [drafter.fork() for drafter in drafters]
+    singles = [d.propose(r, p, tree) for d, r, p in zip(alone, roots, positions)]
+    calls = []
+    original = getattr(head, forward)
+    setattr(head, forward, lambda *args: calls.append(args) or original(*args))
+    try:
+        together = propose_rows(drafters, roots, positions, [tree] * 4)
+    finally:
+        delattr(head, forward)
+    assert len(calls) == 1
+    for row, (single, batched) in enumerate(zip(singles, together)):
+        assert batched.tokens.tolist() == single.tokens.tolist(), row
+        assert batched.scores == pytest.approx(single.scores, rel=1e-4, abs=1e-6), row
+    if kind == "dflash":  # each row's context cache holds what drafting alone leaves
+        for row, (ours, theirs) in enumerate(zip(drafters, alone)):
+            assert ours.cache.get_seq_length() == theirs.cache.get_seq_length() == positions[row], row
+            assert not ours.pending
+            for layer, expected in zip(ours.cache.layers, theirs.cache.layers):
+                torch.testing.assert_close(layer.keys, expected.keys, rtol=1e-4, atol=1e-5)
+                torch.testing.assert_close(layer.values, expected.values, rtol=1e-4, atol=1e-5)
 
 
 def test_a_batch_where_drafting_cannot_pay_decodes_plainly(model):
