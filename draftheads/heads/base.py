@@ -101,6 +101,17 @@ class BaseModelSpec:
                 )
 
 
+@dataclass(frozen=True)
+class CatchUpStage:
+    """One forward of a staged catch-up (``DraftHead.catch_up_stages``): over the head's draft cache
+    ``cache_index``, n new positions with their (B, n, h) inputs, (B, n) tokens and positions."""
+
+    cache_index: int
+    hidden: torch.Tensor
+    token_ids: torch.Tensor
+    position_ids: torch.Tensor
+
+
 class DraftHead(nn.Module):
     """Base class of every draft head. Subclasses register with ``@register_head``."""
 
@@ -113,6 +124,9 @@ class DraftHead(nn.Module):
     # Its catch_up takes an ``attention_mask`` (B, 1, T, past + T), so a batch's rows catch up in
     # one forward (left-padded to the longest: each row's last position is its real last one).
     batch_catch_up: ClassVar[bool] = False
+    # Its catch-up is several forwards, each over one of its draft caches (MTP: one per module), and
+    # it gives them as ``catch_up_stages``: a batch runs each stage once for all its rows.
+    staged_catch_up: ClassVar[bool] = False
     # Its drafting reads no base weight but the token embeddings, and takes features and masks in the
     # base's dtype, casting them to its own: its weights may be in another dtype than the base's
     # (a bf16 drafter beside an fp32 base, ``draftheads.infer.precision``).
@@ -228,6 +242,22 @@ class DraftHead(nn.Module):
             draft step, and (B, V_draft) logits for the token after ``next_token_ids[:, -1]``.
         """
         raise NotImplementedError(f"{self.kind} heads draft in parallel")
+
+    def catch_up_stages(self, cache, features, next_token_ids, position_ids):
+        """Heads with ``staged_catch_up``: ``catch_up`` as a generator that yields each forward it
+        needs as a ``CatchUpStage`` (which draft cache, over which new positions), is sent that
+        forward's (B, n, h) output (``run_stage``), and returns the (B, h) state at the last new
+        position; ``catch_up_logits`` of it gives the logits ``catch_up`` returns."""
+        raise NotImplementedError(f"{self.kind} heads catch up in one forward")
+
+    def run_stage(self, stage, cache, attention_mask) -> torch.Tensor:
+        """One ``CatchUpStage`` over ``cache`` (the stage's draft cache, which gains its entries)
+        with an additive (B, 1, n, past + n) mask; (B, n, h)."""
+        raise NotImplementedError(f"{self.kind} heads catch up in one forward")
+
+    def catch_up_logits(self, state: torch.Tensor) -> torch.Tensor:
+        """(B, h) state from ``catch_up_stages`` -> (B, V_draft) logits for the first draft depth."""
+        raise NotImplementedError(f"{self.kind} heads catch up in one forward")
 
     def draft_step(self, cache, depth, hidden, token_ids, position_ids, attention_mask):
         """Autoregressive heads: one draft depth over N tree nodes.

@@ -33,7 +33,7 @@ from torch import nn
 from transformers import DynamicCache
 
 from draftheads.compat import cache_kwargs
-from draftheads.heads.base import DraftHead, HeadConfig, register_head
+from draftheads.heads.base import CatchUpStage, DraftHead, HeadConfig, register_head
 from draftheads.heads.layers import (
     build_decoder_layer,
     build_rms_norm,
@@ -106,6 +106,7 @@ class MtpHead(DraftHead):
     kind = "mtp"
     config_class = MtpConfig
     drafting = "module-per-depth"
+    staged_catch_up = True
 
     def __init__(self, config: MtpConfig, base_config, base_name: str | None = None):
         super().__init__(config, base_config, base_name)
@@ -171,8 +172,26 @@ class MtpHead(DraftHead):
         known (i <= last - (k - 1)), including positions left pending by earlier calls; module 1's
         output at the last position is returned. Positions must continue the cached ones without
         gaps, with the same offsets in every batch row; crop rows written by ``draft_step`` first.
+        (Rows whose caches differ catch up together through ``catch_up_stages``.)
         """
-        batch, length, _ = features.shape
+        stages = self.catch_up_stages(cache, features, next_token_ids, position_ids)
+        try:
+            stage = next(stages)
+            while True:
+                module_cache = cache[stage.cache_index]
+                batch, length, _ = stage.hidden.shape
+                mask = prefix_causal_mask(
+                    batch, module_cache.get_seq_length(), length, stage.hidden.dtype, stage.hidden.device
+                )
+                stage = stages.send(self.run_stage(stage, module_cache, mask))
+        except StopIteration as done:
+            state = done.value
+        return state, self.catch_up_logits(state)  # (B, h), (B, V)
+
+    def catch_up_stages(self, cache, features, next_token_ids, position_ids):
+        """See ``DraftHead.catch_up_stages``: one stage per module with positions ready, module k on
+        its own cache (``cache_index`` k - 1); the pending positions are kept in ``cache``."""
+        length = features.shape[1]
         first_position = position_ids[:, :1]  # (B, 1)
         hidden, positions = features, position_ids  # module 1 consumes every new position
         module_one_output = None
@@ -188,15 +207,19 @@ class MtpHead(DraftHead):
             hidden, positions = hidden[:, :ready], positions[:, :ready]
             if ready == 0:
                 continue  # nothing for this module yet, hence nothing new for the next one either
-            module_cache = cache[index]
-            mask = prefix_causal_mask(
-                batch, module_cache.get_seq_length(), ready, hidden.dtype, hidden.device
-            )
             tokens = torch.gather(next_token_ids, 1, token_index[:, :ready])  # (B, ready)
-            hidden = self.run_module(index, hidden, tokens, positions, mask, module_cache)  # (B, ready, h)
+            hidden = yield CatchUpStage(index, hidden, tokens, positions)  # (B, ready, h)
             if index == 0:
                 module_one_output = hidden[:, -1]  # (B, h)
-        return module_one_output, self.module_logits(0, module_one_output)  # (B, h), (B, V)
+        return module_one_output
+
+    def run_stage(self, stage, cache, attention_mask) -> torch.Tensor:
+        return self.run_module(
+            stage.cache_index, stage.hidden, stage.token_ids, stage.position_ids, attention_mask, cache
+        )
+
+    def catch_up_logits(self, state: torch.Tensor) -> torch.Tensor:
+        return self.module_logits(0, state)
 
     def draft_step(self, cache, depth, hidden, token_ids, position_ids, attention_mask):
         """See ``DraftHead.draft_step``. Depth d runs module d + 1 on its parent's h^d and the node's

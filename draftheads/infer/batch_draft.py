@@ -26,6 +26,7 @@ from collections.abc import Sequence
 
 import torch
 
+from draftheads.heads.base import CatchUpStage
 from draftheads.heads.layers import additive_mask
 from draftheads.infer.draft import (
     BlockForward,
@@ -116,40 +117,106 @@ def _append_rows(target, caches, slots) -> None:
             cache.update(*new, layer)
 
 
+def _left_padded(tensors: Sequence[torch.Tensor], widest: int) -> torch.Tensor:
+    """Rows' (1, n_b, ...) tensors stacked as (B, widest, ...), each padded on the left with its own
+    first entry (zeros where it has none)."""
+    rows = []
+    for tensor in tensors:
+        row, pad = tensor[0], widest - tensor.shape[1]
+        filler = row[:1].expand(pad, *row.shape[1:]) if row.shape[0] else row.new_zeros(pad, *row.shape[1:])
+        rows.append(torch.cat([filler, row]))
+    return torch.stack(rows)
+
+
+def _catch_up_mask(keys: Sequence[int], counts: Sequence[int], dtype) -> torch.Tensor:
+    """(B, 1, widest, longest + widest) additive mask of a catch-up over stacked caches (row b's
+    ``keys[b]`` entries left-aligned) and new positions left-padded (row b's ``counts[b]`` at the
+    end): a row's position sees its cached prefix and its new positions up to itself, a padding
+    position only itself, and nothing sees a padding position."""
+    longest, widest = max(keys), max(counts)
+    visible = torch.zeros(len(keys), widest, longest + widest, dtype=torch.bool)
+    visible[:, :, longest:].diagonal(dim1=1, dim2=2).fill_(True)  # every position sees itself
+    for row, (seen, count) in enumerate(zip(keys, counts)):
+        pad = widest - count
+        visible[row, pad:, :seen] = True
+        visible[row, pad:, longest + pad :] = torch.ones(count, count, dtype=torch.bool).tril()
+    return additive_mask(visible, dtype)[:, None]
+
+
 def catch_up_together(requests: Sequence[CatchUp]) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """Run rows' catch-ups (one head, each row on its own draft cache) as one ``catch_up``; return
+    """Run rows' catch-ups (one head, each row on its own draft cache) as one ``catch_up``, or for a
+    head with a staged catch-up (MTP) one forward per stage (``staged_catch_up_together``); return
     each one's (1, h) state and (1, V) logits and append its new entries to its own cache, as
     ``CatchUp.run`` does for one. Row b's n_b new positions sit at the end of the padded width
     (left padding); a padding position sees only itself and nothing sees it."""
     head = requests[0].head
-    caches = [head.draft_caches(r.cache)[0] for r in requests]
+    if len(requests) > 1 and head.staged_catch_up:
+        return staged_catch_up_together(requests)
     if len(requests) == 1 or not head.batch_catch_up:
         return [request.run() for request in requests]
+    caches = [head.draft_caches(r.cache)[0] for r in requests]
     keys = [cache.get_seq_length() for cache in caches]
     counts = [r.next_ids.shape[1] for r in requests]
     longest, widest = max(keys), max(counts)
     batched, target = _stack_caches(head, caches, 0, longest)
-    visible = torch.zeros(len(requests), widest, longest + widest, dtype=torch.bool)
-    visible[:, :, longest:].diagonal(dim1=1, dim2=2).fill_(True)  # every position sees itself
-    features, next_ids, position_ids = [], [], []
-    for row, (request, seen, count) in enumerate(zip(requests, keys, counts)):
-        pad = widest - count
-        visible[row, pad:, :seen] = True
-        visible[row, pad:, longest + pad :] = torch.ones(count, count, dtype=torch.bool).tril()
-        features.append(torch.cat([request.features[0, :1].expand(pad, -1), request.features[0]]))
-        next_ids.append(torch.cat([request.next_ids[0, :1].expand(pad), request.next_ids[0]]))
-        position_ids.append(torch.cat([request.position_ids[0, :1].expand(pad), request.position_ids[0]]))
-    dtype, device = requests[0].features.dtype, requests[0].features.device
-    mask = additive_mask(visible, dtype)
+    device = requests[0].features.device
     states, logits = head.catch_up(
         batched,
-        torch.stack(features),  # (B, widest, F)
-        torch.stack(next_ids),  # (B, widest)
-        torch.stack(position_ids),  # (B, widest)
-        attention_mask=mask[:, None].to(device),  # (B, 1, widest, longest + widest)
+        _left_padded([r.features for r in requests], widest),  # (B, widest, F)
+        _left_padded([r.next_ids for r in requests], widest),  # (B, widest)
+        _left_padded([r.position_ids for r in requests], widest),  # (B, widest)
+        attention_mask=_catch_up_mask(keys, counts, requests[0].features.dtype).to(device),
     )
     _append_rows(target, caches, [slice(longest + widest - count, longest + widest) for count in counts])
     return [(states[row : row + 1], logits[row : row + 1]) for row in range(len(requests))]
+
+
+def staged_catch_up_together(requests: Sequence[CatchUp]) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """``catch_up_together`` for a head whose catch-up runs in stages, each over one of its draft
+    caches (``DraftHead.catch_up_stages``; MTP: a module each): the rows' stage generators run in
+    lockstep, the stages of one draft cache as one ``run_stage`` over the rows' caches stacked and
+    their positions left-padded, and the logits of every row's final state as one call."""
+    head = requests[0].head
+    stages = [head.catch_up_stages(r.cache, r.features, r.next_ids, r.position_ids) for r in requests]
+    states: list[torch.Tensor | None] = [None] * len(requests)
+    pending = {}
+
+    def advance(row: int, result) -> None:
+        try:
+            pending[row] = stages[row].send(result)
+        except StopIteration as done:
+            states[row] = done.value
+
+    for row in range(len(requests)):
+        advance(row, None)
+    while pending:
+        groups: dict[int, list[int]] = defaultdict(list)
+        for row, stage in pending.items():
+            groups[stage.cache_index].append(row)
+        current, pending = pending, {}
+        for index, rows in groups.items():
+            caches = [head.draft_caches(requests[row].cache)[index] for row in rows]
+            runs = [current[row] for row in rows]
+            keys = [cache.get_seq_length() for cache in caches]
+            counts = [run.hidden.shape[1] for run in runs]
+            longest, widest = max(keys), max(counts)
+            _, target = _stack_caches(head, caches, index, longest)
+            stage = CatchUpStage(
+                index,
+                _left_padded([run.hidden for run in runs], widest),  # (b, widest, h)
+                _left_padded([run.token_ids for run in runs], widest),  # (b, widest)
+                _left_padded([run.position_ids for run in runs], widest),  # (b, widest)
+            )
+            mask = _catch_up_mask(keys, counts, stage.hidden.dtype).to(stage.hidden.device)
+            outputs = head.run_stage(stage, target, mask)  # (b, widest, h)
+            _append_rows(
+                target, caches, [slice(longest + widest - count, longest + widest) for count in counts]
+            )
+            for position, (row, count) in enumerate(zip(rows, counts)):
+                advance(row, outputs[position : position + 1, widest - count :])
+    state = torch.cat(states)  # (B, h)
+    logits = head.catch_up_logits(state)  # (B, V)
+    return [(state[row : row + 1], logits[row : row + 1]) for row in range(len(requests))]
 
 
 def run_together(expansions: Sequence[Expansion]) -> list[tuple[torch.Tensor, torch.Tensor]]:

@@ -500,9 +500,9 @@ def test_batched_drafting_proposes_what_each_row_proposes_alone(model, kind):
 )
 @torch.no_grad()
 def test_rows_catch_up_together_as_each_alone(model, kind, caught_up):
-    """One catch-up forward for all rows (new positions of ragged counts, left-padded, over draft
-    caches of ragged lengths, some maybe still empty: rows that have just joined the batch) gives
-    each row the state, logits and cache entries it gets alone."""
+    """One catch-up forward for all rows (for MTP, one per module; new positions of ragged counts,
+    left-padded, over draft caches of ragged lengths, some maybe still empty: rows that have just
+    joined the batch) gives each row the state, logits and cache entries it gets alone."""
     from draftheads.infer.batch_draft import catch_up_together
     from draftheads.infer.draft import drafter_for
     from draftheads.infer.forward import prefill_forward
@@ -524,11 +524,23 @@ def test_rows_catch_up_together_as_each_alone(model, kind, caught_up):
     for drafter in alone:
         drafter.flush()
     requests = [next(drafter._catch_up_steps()) for drafter in drafters]
+    stages = []
+    if head.staged_catch_up:  # MTP: one forward per module for all the rows
+        run_stage = head.run_stage
+        head.run_stage = lambda stage, *args: stages.append(stage.cache_index) or run_stage(stage, *args)
     results = catch_up_together(requests)
+    if head.staged_catch_up:
+        del head.run_stage
+        assert stages and len(stages) == len(set(stages)), stages
     for row, (single, (state, logits)) in enumerate(zip(alone, results)):
         torch.testing.assert_close(state, single.state, rtol=1e-4, atol=1e-5, msg=f"row {row}")
         torch.testing.assert_close(logits, single.logits, rtol=1e-4, atol=1e-5, msg=f"row {row}")
         ours, theirs = head.draft_caches(drafters[row].cache), head.draft_caches(single.cache)
+        if head.staged_catch_up:  # and the positions each module still waits for
+            for mine, expected in zip(drafters[row].cache.pending_hidden, single.cache.pending_hidden):
+                assert (mine is None) == (expected is None), row
+                if mine is not None:
+                    torch.testing.assert_close(mine, expected, rtol=1e-4, atol=1e-5)
         for cache, expected in zip(ours, theirs):
             assert cache.get_seq_length() == expected.get_seq_length(), row
             for layer, expected_layer in zip(cache.layers, expected.layers):

@@ -1,17 +1,19 @@
-"""Batched against per-row drafting, for the drafters that draft every depth in one forward (DFlash's
-block, Medusa's heads), in continuous batches: the first 16 MT-bench prompts, at most B rows at
-once, 128 new tokens, the head's tree at every step (no adaptive drafting, no context drafts),
-fp32 on the packed base. "per row" runs each row's head forward on its own, as the decoder did
-before batching them; "batched" runs one forward for all rows. The two alternate, R repeats each,
-beside HF batched ``generate`` (consecutive batches of B, as ``draftheads bench`` runs it). The
-outputs are checked identical to each other (greedy, fp32).
+"""Batched against per-row drafting, for the drafters whose head forwards a batch did not share
+before (DFlash's block, Medusa's heads, MTP's catch-up), in continuous batches: the first 16
+MT-bench prompts, at most B rows at once, 128 new tokens, the head's tree at every step (no
+adaptive drafting, no context drafts), fp32 on the packed base. "per row" runs each row's head
+forward on its own, as the decoder did before batching them; "batched" runs one forward for all
+rows. The two alternate, R repeats each, beside HF batched ``generate`` (consecutive batches of
+B, as ``draftheads bench`` runs it). The outputs are checked identical to each other (greedy,
+fp32).
 
 Run from the repository root:
     .venv/bin/python <this file> HEAD B TREE REPEATS
 TREE: a tree name, or ``tuned``: the head's tuned tree. HEAD: a head directory, or
 ``untrained-medusa``: four Medusa-1 heads of one residual block, each projecting with its own
 copy of the base lm_head, as ``init_from_base`` starts them (what drafting costs does not depend
-on the weights; what it proposes is not worth verifying).
+on the weights; what it proposes is not worth verifying); ``untrained-mtp``: three MTP modules, as
+``init_from_base`` starts them.
 """
 
 import sys
@@ -20,26 +22,30 @@ import time
 import torch
 
 from draftheads.bench import HFMethod, build_prompts
-from draftheads.heads import MedusaConfig, build_head
+from draftheads.heads import MedusaConfig, MtpConfig, build_head
 from draftheads.infer import SpeculativeGenerator, batch_draft
 
-UNTRAINED_MEDUSA = "runs/s41/medusa-untrained"
+UNTRAINED = {
+    "untrained-medusa": MedusaConfig(num_heads=4, num_layers=1),
+    "untrained-mtp": MtpConfig(num_modules=3),
+}
 
 
-def untrained_medusa() -> str:
+def untrained(name: str) -> str:
     from draftheads.base_model import load_base
 
     model, _ = load_base("smollm2-135m-instruct", dtype="float32")
     torch.manual_seed(0)
-    head = build_head(model, MedusaConfig(num_heads=4, num_layers=1), base_name="smollm2-135m-instruct")
+    head = build_head(model, UNTRAINED[name], base_name="smollm2-135m-instruct")
     head.init_from_base(model)
-    head.save_pretrained(UNTRAINED_MEDUSA)
-    return UNTRAINED_MEDUSA
+    directory = f"runs/s41/{name}"
+    head.save_pretrained(directory)
+    return directory
 
 
 def main(head_dir: str, batch: int, tree: str, repeats: int) -> None:
-    if head_dir == "untrained-medusa":
-        head_dir = untrained_medusa()
+    if head_dir in UNTRAINED:
+        head_dir = untrained(head_dir)
     generator = SpeculativeGenerator.from_pretrained(
         head_dir, dtype="float32", tree=None if tree == "tuned" else tree, context=False, adaptive=False
     )
