@@ -128,11 +128,11 @@ def _left_padded(tensors: Sequence[torch.Tensor], widest: int) -> torch.Tensor:
     return torch.stack(rows)
 
 
-def _catch_up_mask(keys: Sequence[int], counts: Sequence[int], dtype) -> torch.Tensor:
-    """(B, 1, widest, longest + widest) additive mask of a catch-up over stacked caches (row b's
-    ``keys[b]`` entries left-aligned) and new positions left-padded (row b's ``counts[b]`` at the
-    end): a row's position sees its cached prefix and its new positions up to itself, a padding
-    position only itself, and nothing sees a padding position."""
+def _catch_up_visible(keys: Sequence[int], counts: Sequence[int]) -> torch.Tensor:
+    """(B, widest, longest + widest) bool: what the new positions of a catch-up see, over stacked
+    caches (row b's ``keys[b]`` entries left-aligned) and new positions left-padded (row b's
+    ``counts[b]`` at the end): a row's position its cached prefix and its new positions up to
+    itself, a padding position only itself; nothing sees a padding position."""
     longest, widest = max(keys), max(counts)
     visible = torch.zeros(len(keys), widest, longest + widest, dtype=torch.bool)
     visible[:, :, longest:].diagonal(dim1=1, dim2=2).fill_(True)  # every position sees itself
@@ -140,7 +140,12 @@ def _catch_up_mask(keys: Sequence[int], counts: Sequence[int], dtype) -> torch.T
         pad = widest - count
         visible[row, pad:, :seen] = True
         visible[row, pad:, longest + pad :] = torch.ones(count, count, dtype=torch.bool).tril()
-    return additive_mask(visible, dtype)[:, None]
+    return visible
+
+
+def _catch_up_mask(keys: Sequence[int], counts: Sequence[int], dtype) -> torch.Tensor:
+    """``_catch_up_visible`` as a (B, 1, widest, longest + widest) additive mask."""
+    return additive_mask(_catch_up_visible(keys, counts), dtype)[:, None]
 
 
 def catch_up_together(requests: Sequence[CatchUp]) -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -275,26 +280,21 @@ def blocks_together(requests: Sequence[BlockForward]) -> list[torch.Tensor]:
     (row b's n_b at the end of the padded width: left padding), then the K block rows. A context row
     sees its row's cached prefix and its new rows up to itself, a block row sees all of them and the
     whole block, a padding row only itself; nothing sees a padding row."""
-    head = requests[0].head
-    caches = [r.cache for r in requests]
     if len(requests) == 1:
         return [requests[0].run()]
+    head, caches = requests[0].head, [r.cache for r in requests]
     keys = [cache.get_seq_length() for cache in caches]
     counts = [r.features.shape[1] for r in requests]
     longest, widest, size = max(keys), max(counts), head.block_size
     batched, target = _stack_caches(head, caches, 0, longest)
-    queries = widest + size
-    visible = torch.zeros(len(requests), queries, longest + queries, dtype=torch.bool)
-    visible[:, :, longest:].diagonal(dim1=1, dim2=2).fill_(True)  # every row sees itself
-    features, position_ids = [], []
+    visible = torch.zeros(len(requests), widest + size, longest + widest + size, dtype=torch.bool)
+    visible[:, :widest, : longest + widest] = _catch_up_visible(keys, counts)  # the context rows
+    position_ids = []
     for row, (request, seen, count) in enumerate(zip(requests, keys, counts)):
         pad = widest - count
-        visible[row, pad:, :seen] = True  # real context rows and the block: the cached prefix
-        visible[row, pad:widest, longest + pad : longest + widest] = torch.ones(count, count).tril().bool()
-        visible[row, widest:, longest + pad :] = True  # block rows: the new context rows and the block
+        visible[row, widest:, :seen] = True  # block rows: the cached prefix,
+        visible[row, widest:, longest + pad :] = True  # the real new context rows and the whole block
         first = request.position - count  # the first new context row's position
-        padding = request.features.new_zeros(pad, request.features.shape[-1])
-        features.append(torch.cat([padding, request.features[0]]))
         position_ids.append(
             torch.cat(
                 [
@@ -303,15 +303,16 @@ def blocks_together(requests: Sequence[BlockForward]) -> list[torch.Tensor]:
                 ]
             )
         )
-    device = requests[0].features.device
-    stacked = torch.stack(features)  # (B, widest, F)
-    roots = torch.tensor([r.root for r in requests], dtype=torch.long, device=device)
+    features = _left_padded([r.features for r in requests], widest)  # (B, widest, F)
+    device = features.device
     logits = head.draft_blocks(
         batched,
-        stacked,
-        roots,
+        features,
+        torch.tensor([r.root for r in requests], dtype=torch.long, device=device),
         torch.stack(position_ids).to(device),  # (B, widest + K)
-        additive_mask(visible, stacked.dtype)[:, None].to(device),  # (B, 1, widest + K, longest + widest + K)
+        additive_mask(visible, features.dtype)[:, None].to(
+            device
+        ),  # (B, 1, widest + K, longest + widest + K)
     )
     _append_rows(target, caches, [slice(longest + widest - count, longest + widest) for count in counts])
     return [logits[row] for row in range(len(requests))]
