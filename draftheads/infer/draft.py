@@ -313,8 +313,10 @@ class ParallelDrafter(Drafter):
         self.depth_logits = None
 
     def _depth_logits_steps(self, root: int, position: int) -> Generator[HeadForward, object, torch.Tensor]:
-        """Yield the head forward for the (K, V) draft logits of depths 1..K at the root ``root`` at
-        ``position`` (nothing if they are known already), take its result, return them."""
+        """Yield the head forward for the (K, V) draft logits of depths 1..K of a tree at ``root`` and
+        ``position`` (nothing if they are known already), take its result, return them. The heads
+        read the last committed features only, so the logits hold until the next commit (a block
+        drafter's depend on the root too: ``BlockDrafter``)."""
         if self.depth_logits is None:
             self.depth_logits = yield DepthLogits(self.head, self.last_features)
         return self.depth_logits
