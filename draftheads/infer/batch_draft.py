@@ -22,7 +22,7 @@ each tree.
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Generator, Sequence
 
 import torch
 
@@ -45,34 +45,39 @@ def propose_rows(
 ) -> list[Draft]:
     """One Draft per row: ``drafters[b].propose(roots[b], positions[b], trees[b])``, with the rows'
     head forwards batched; a row whose tree is None verifies its root alone."""
-    drafts: list[Draft | None] = [None] * len(drafters)
-    steps = {}
-    for row, (drafter, root, position, tree) in enumerate(zip(drafters, roots, positions, trees)):
-        if tree is None:
-            drafts[row] = root_only(root)
-        else:
-            steps[row] = drafter.propose_steps(root, position, tree)
-    pending: dict[int, HeadForward] = {}
+    steps = {
+        row: drafter.propose_steps(root, position, tree)
+        for row, (drafter, root, position, tree) in enumerate(zip(drafters, roots, positions, trees))
+        if tree is not None
+    }
+    drafts = _in_lockstep(steps, _group, lambda rows, group: TOGETHER[type(group[0])](group))
+    return [drafts[row] if row in drafts else root_only(root) for row, root in enumerate(roots)]
+
+
+def _in_lockstep(steps: dict[int, Generator], key, run) -> dict[int, object]:
+    """Drive the rows' generators together: each round, the requests they yield are grouped by
+    ``key(request)``, each group goes to ``run(rows, requests)`` (one result per request, in order)
+    and each result is sent back to its generator; returns what each row's generator returns."""
+    returned: dict[int, object] = {}
+    pending: dict[int, object] = {}
 
     def advance(row: int, result) -> None:
         try:
             pending[row] = steps[row].send(result)
         except StopIteration as done:
-            drafts[row] = done.value
+            returned[row] = done.value
 
     for row in steps:
         advance(row, None)
     while pending:
-        groups: dict[tuple, list[int]] = defaultdict(list)
+        groups: dict[object, list[int]] = defaultdict(list)
         for row, request in pending.items():
-            groups[_group(request)].append(row)
+            groups[key(request)].append(row)
         requests, pending = pending, {}
         for rows in groups.values():
-            group = [requests[row] for row in rows]
-            results = TOGETHER[type(group[0])](group)
-            for row, result in zip(rows, results):
+            for row, result in zip(rows, run(rows, [requests[row] for row in rows])):
                 advance(row, result)
-    return drafts
+    return returned
 
 
 def _group(request: HeadForward) -> tuple:
@@ -182,44 +187,32 @@ def staged_catch_up_together(requests: Sequence[CatchUp]) -> list[tuple[torch.Te
     lockstep, the stages of one draft cache as one ``run_stage`` over the rows' caches stacked and
     their positions left-padded, and the logits of every row's final state as one call."""
     head = requests[0].head
-    stages = [head.catch_up_stages(r.cache, r.features, r.next_ids, r.position_ids) for r in requests]
-    states: list[torch.Tensor | None] = [None] * len(requests)
-    pending = {}
 
-    def advance(row: int, result) -> None:
-        try:
-            pending[row] = stages[row].send(result)
-        except StopIteration as done:
-            states[row] = done.value
+    def run(rows: list[int], stages: list[CatchUpStage]) -> list[torch.Tensor]:
+        """The stages of one draft cache, one per row in ``rows``, as one ``run_stage``."""
+        index = stages[0].cache_index
+        caches = [head.draft_caches(requests[row].cache)[index] for row in rows]
+        keys = [cache.get_seq_length() for cache in caches]
+        counts = [stage.hidden.shape[1] for stage in stages]
+        longest, widest = max(keys), max(counts)
+        _, target = _stack_caches(head, caches, index, longest)
+        stacked = CatchUpStage(
+            index,
+            _left_padded([stage.hidden for stage in stages], widest),  # (b, widest, h)
+            _left_padded([stage.token_ids for stage in stages], widest),  # (b, widest)
+            _left_padded([stage.position_ids for stage in stages], widest),  # (b, widest)
+        )
+        mask = _catch_up_mask(keys, counts, stacked.hidden.dtype).to(stacked.hidden.device)
+        outputs = head.run_stage(stacked, target, mask)  # (b, widest, h)
+        _append_rows(target, caches, [slice(longest + widest - count, longest + widest) for count in counts])
+        return [outputs[position : position + 1, widest - count :] for position, count in enumerate(counts)]
 
-    for row in range(len(requests)):
-        advance(row, None)
-    while pending:
-        groups: dict[int, list[int]] = defaultdict(list)
-        for row, stage in pending.items():
-            groups[stage.cache_index].append(row)
-        current, pending = pending, {}
-        for index, rows in groups.items():
-            caches = [head.draft_caches(requests[row].cache)[index] for row in rows]
-            runs = [current[row] for row in rows]
-            keys = [cache.get_seq_length() for cache in caches]
-            counts = [run.hidden.shape[1] for run in runs]
-            longest, widest = max(keys), max(counts)
-            _, target = _stack_caches(head, caches, index, longest)
-            stage = CatchUpStage(
-                index,
-                _left_padded([run.hidden for run in runs], widest),  # (b, widest, h)
-                _left_padded([run.token_ids for run in runs], widest),  # (b, widest)
-                _left_padded([run.position_ids for run in runs], widest),  # (b, widest)
-            )
-            mask = _catch_up_mask(keys, counts, stage.hidden.dtype).to(stage.hidden.device)
-            outputs = head.run_stage(stage, target, mask)  # (b, widest, h)
-            _append_rows(
-                target, caches, [slice(longest + widest - count, longest + widest) for count in counts]
-            )
-            for position, (row, count) in enumerate(zip(rows, counts)):
-                advance(row, outputs[position : position + 1, widest - count :])
-    state = torch.cat(states)  # (B, h)
+    steps = {
+        row: head.catch_up_stages(r.cache, r.features, r.next_ids, r.position_ids)
+        for row, r in enumerate(requests)
+    }
+    states = _in_lockstep(steps, lambda stage: stage.cache_index, run)
+    state = torch.cat([states[row] for row in range(len(requests))])  # (B, h)
     logits = head.catch_up_logits(state)  # (B, V)
     return [(state[row : row + 1], logits[row : row + 1]) for row in range(len(requests))]
 
