@@ -298,14 +298,14 @@ def blocks_together(requests: Sequence[BlockForward]) -> list[torch.Tensor]:
         )
     features = _left_padded([r.features for r in requests], widest)  # (B, widest, F)
     device = features.device
+    # (B, 1, widest + K, longest + widest + K)
+    mask = additive_mask(visible, features.dtype)[:, None].to(device)
     logits = head.draft_blocks(
         batched,
         features,
         torch.tensor([r.root for r in requests], dtype=torch.long, device=device),
         torch.stack(position_ids).to(device),  # (B, widest + K)
-        additive_mask(visible, features.dtype)[:, None].to(
-            device
-        ),  # (B, 1, widest + K, longest + widest + K)
+        mask,
     )
     _append_rows(target, caches, [slice(longest + widest - count, longest + widest) for count in counts])
     return [logits[row] for row in range(len(requests))]
