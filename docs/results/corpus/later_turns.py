@@ -86,7 +86,9 @@ def main() -> None:
                     counts["long"] += 1
                     continue
                 seen.add(folded(text))
-                kept.append({"id": f"{conversation.id}:{index}", "turns": [text], "category": "sharegpt-later"})
+                kept.append(
+                    {"id": f"{conversation.id}:{index}", "turns": [text], "category": "sharegpt-later"}
+                )
     with args.out.open("w", encoding="utf-8") as out:
         for prompt in kept:
             out.write(json.dumps(prompt, ensure_ascii=False) + "\n")
