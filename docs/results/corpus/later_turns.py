@@ -2,7 +2,7 @@
 
 The shipped corpus (``smollm2-sharegpt``) answers a conversation's user turns in order and stops at
 the first turn whose prompt + 256 new tokens would not fit a 512-token window, so of the packaged
-ShareGPT's 61,413 user turns it answers about 19,500. The others are distinct requests a head has
+ShareGPT's 61,413 user turns it answers 19,341. The others are distinct requests a head has
 never seen. This script writes them as single-turn prompts (``{"id", "turns", "category"}`` per
 line, what ``draftheads distill --prompts`` reads), each to be answered without its conversation:
 
