@@ -25,7 +25,6 @@ repository root:
 from __future__ import annotations
 
 import argparse
-import gzip
 import json
 from pathlib import Path
 
@@ -36,14 +35,9 @@ CORPUS = Path("docs/results/corpus/smollm2-sharegpt")
 
 
 def answered_turns(corpus: Path) -> dict[str, int]:
-    """Conversation id -> user turns the corpus answered."""
-    counts = {}
-    for part in sorted(corpus.glob("part-*.jsonl.gz")):
-        with gzip.open(part, "rt", encoding="utf-8") as lines:
-            for line in lines:
-                record = json.loads(line)
-                counts[record["id"]] = sum(1 for m in record["conversations"] if m["from"] == "human")
-    return counts
+    """Conversation id -> user turns the corpus answered (its chunks read and checked as training does)."""
+    conversations, _ = read_conversations(str(corpus))
+    return {c.id: sum(1 for m in c.messages if m["role"] == "user") for c in conversations}
 
 
 def folded(text: str) -> str:
