@@ -12,6 +12,7 @@ Run from the repository root:
     .venv/bin/python <this file> HEAD PROMPTS B
 """
 
+import itertools
 import sys
 
 import draftheads.infer.generate as generate_module
@@ -42,7 +43,8 @@ def main(head: str, limit: int, batch: int) -> None:
         common_cost += relative(size)
         pooled = sorted((p for row in rows for p in row), reverse=True)
         same_total += count + sum(pooled[: count * (size - 1)])
-        choices = [(count + sum(pooled[:k]), relative(1 + k / count)) for k in range(len(pooled) + 1)]
+        prefix_sums = itertools.accumulate(pooled, initial=0.0)  # k = 0, 1, ...: the k likeliest
+        choices = [(count + total, relative(1 + k / count)) for k, total in enumerate(prefix_sums)]
         tokens, cost = max(choices, key=lambda choice: choice[0] / choice[1])
         best += tokens
         best_cost += cost
