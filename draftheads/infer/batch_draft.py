@@ -21,6 +21,7 @@ each tree.
 
 from __future__ import annotations
 
+import math
 from collections import defaultdict
 from collections.abc import Generator, Sequence
 
@@ -38,6 +39,12 @@ from draftheads.infer.draft import (
     HeadForward,
     root_only,
 )
+
+# Positions of padding worth one more catch-up forward: on a 2-core CPU the shipped EAGLE-3 head's
+# catch-up over four rows' few accepted tokens took about 2.4 ms, and one padded to a joining row's
+# prompt about 45 us a padded position, so a forward's own cost is what some 50-60 positions cost
+# (docs/inference.md, "Batches").
+CATCH_UP_PADDING_LIMIT = 64
 
 
 def propose_rows(
@@ -153,12 +160,49 @@ def _catch_up_mask(keys: Sequence[int], counts: Sequence[int], dtype) -> torch.T
     return additive_mask(_catch_up_visible(keys, counts), dtype)[:, None]
 
 
-def catch_up_together(requests: Sequence[CatchUp]) -> list[tuple[torch.Tensor, torch.Tensor]]:
+def catch_up_groups(counts: Sequence[int], limit: int = CATCH_UP_PADDING_LIMIT) -> list[list[int]]:
+    """The rows (indices of ``counts``, each row's new positions) of a batch's catch-up grouped into
+    forwards, at the least cost when a forward costs its rows times its widest row's positions plus
+    ``limit`` positions of its own (the best grouping takes rows in order of width: a dynamic
+    programme over where each group starts)."""
+    order = sorted(range(len(counts)), key=lambda row: (-counts[row], row))
+    widths = [counts[row] for row in order]
+    best = [0.0] + [math.inf] * len(order)  # best[j]: the cost of the j widest rows
+    start = [0] * (len(order) + 1)  # where the last group of the best best[j] starts
+    for end in range(1, len(order) + 1):
+        for first in range(end):
+            cost = best[first] + (end - first) * widths[first] + limit
+            if cost < best[end]:
+                best[end], start[end] = cost, first
+    groups, end = [], len(order)
+    while end:
+        groups.append(sorted(order[start[end] : end]))
+        end = start[end]
+    return groups[::-1]
+
+
+def catch_up_together(
+    requests: Sequence[CatchUp], limit: int = CATCH_UP_PADDING_LIMIT
+) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """Run rows' catch-ups (one head, each row on its own draft cache) as one ``catch_up``, or for a
     head with a staged catch-up (MTP) one forward per stage (``staged_catch_up_together``); return
     each one's (1, h) state and (1, V) logits and append its new entries to its own cache, as
     ``CatchUp.run`` does for one. Row b's n_b new positions sit at the end of the padded width
-    (left padding); a padding position sees only itself and nothing sees it."""
+    (left padding); a padding position sees only itself and nothing sees it. Rows catching up on
+    far more positions than the others (rows that have just joined the batch, on their prompts)
+    run in forwards of their own (``catch_up_groups`` with ``limit``)."""
+    groups = catch_up_groups([r.next_ids.shape[1] for r in requests], limit)
+    if len(groups) > 1:
+        results: list = [None] * len(requests)
+        for group in groups:
+            for row, result in zip(group, _catch_up_group([requests[row] for row in group])):
+                results[row] = result
+        return results
+    return _catch_up_group(requests)
+
+
+def _catch_up_group(requests: Sequence[CatchUp]) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """``catch_up_together`` for rows that run in one forward (or one per stage)."""
     head = requests[0].head
     if len(requests) > 1 and head.staged_catch_up:
         return staged_catch_up_together(requests)

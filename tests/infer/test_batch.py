@@ -12,6 +12,7 @@ from infer_stubs import SelfDraftStub
 
 from draftheads.heads import DFlashConfig, Eagle3Config, EagleConfig, MedusaConfig, MtpConfig, build_head
 from draftheads.infer import SpeculativeGenerator
+from draftheads.infer.batch_draft import CATCH_UP_PADDING_LIMIT
 from draftheads.infer.cache import keep_accepted_rows, left_aligned_slots, select_rows
 from draftheads.infer.cost import CostCurve
 from draftheads.infer.forward import prefill_rows, rows_forward
@@ -492,17 +493,30 @@ def test_batched_drafting_proposes_what_each_row_proposes_alone(model, kind):
     assert [cache_lengths(head.draft_caches(d.cache)) for d in drafters] == before
 
 
+def test_a_row_catching_up_on_its_prompt_runs_apart_from_rows_catching_up_on_a_step():
+    from draftheads.infer.batch_draft import catch_up_groups
+
+    assert catch_up_groups([2, 3, 1, 2]) == [[0, 1, 2, 3]]
+    assert catch_up_groups([2, 210, 3]) == [[1], [0, 2]]  # 3 x 210 + 64 > 210 + 64 + 2 x 3 + 64
+    assert catch_up_groups([200, 2, 190, 3]) == [[0, 2], [1, 3]]
+    assert catch_up_groups([53, 64, 68, 65]) == [[0, 1, 2, 3]]
+    assert catch_up_groups([2, 210, 3], limit=10**9) == [[0, 1, 2]]
+    assert catch_up_groups([5]) == [[0]] and catch_up_groups([]) == []
+
+
 @pytest.mark.parametrize("kind", ["eagle", "eagle3", "mtp"])
 @pytest.mark.parametrize(
     "caught_up",
     ["none", "all", "odd"],
     ids=["from-empty-caches", "after-earlier-steps", "empty-beside-filled"],
 )
+@pytest.mark.parametrize("limit", [CATCH_UP_PADDING_LIMIT, 10**9], ids=["grouped", "one-forward"])
 @torch.no_grad()
-def test_rows_catch_up_together_as_each_alone(model, kind, caught_up):
+def test_rows_catch_up_together_as_each_alone(model, kind, caught_up, limit):
     """One catch-up forward for all rows (for MTP, one per module; new positions of ragged counts,
     left-padded, over draft caches of ragged lengths, some maybe still empty: rows that have just
-    joined the batch) gives each row the state, logits and cache entries it gets alone."""
+    joined the batch), or the rows grouped by how many positions they catch up on, gives each row
+    the state, logits and cache entries it gets alone."""
     from draftheads.infer.batch_draft import catch_up_together
     from draftheads.infer.draft import drafter_for
     from draftheads.infer.forward import prefill_forward
@@ -528,10 +542,11 @@ def test_rows_catch_up_together_as_each_alone(model, kind, caught_up):
     if head.staged_catch_up:  # MTP: one forward per module for all the rows
         run_stage = head.run_stage
         head.run_stage = lambda stage, *args: stages.append(stage.cache_index) or run_stage(stage, *args)
-    results = catch_up_together(requests)
+    results = catch_up_together(requests, limit)
     if head.staged_catch_up:
         del head.run_stage
-        assert stages and len(stages) == len(set(stages)), stages
+        if limit > CATCH_UP_PADDING_LIMIT:
+            assert stages and len(stages) == len(set(stages)), stages
     for row, (single, (state, logits)) in enumerate(zip(alone, results)):
         torch.testing.assert_close(state, single.state, rtol=1e-4, atol=1e-5, msg=f"row {row}")
         torch.testing.assert_close(logits, single.logits, rtol=1e-4, atol=1e-5, msg=f"row {row}")
