@@ -191,14 +191,11 @@ def catch_up_together(
     (left padding); a padding position sees only itself and nothing sees it. Rows catching up on
     far more positions than the others (rows that have just joined the batch, on their prompts)
     run in forwards of their own (``catch_up_groups`` with ``limit``)."""
-    groups = catch_up_groups([r.next_ids.shape[1] for r in requests], limit)
-    if len(groups) > 1:
-        results: list = [None] * len(requests)
-        for group in groups:
-            for row, result in zip(group, _catch_up_group([requests[row] for row in group])):
-                results[row] = result
-        return results
-    return _catch_up_group(requests)
+    results: list = [None] * len(requests)
+    for group in catch_up_groups([r.next_ids.shape[1] for r in requests], limit):
+        for row, result in zip(group, _catch_up_group([requests[row] for row in group])):
+            results[row] = result
+    return results
 
 
 def _catch_up_group(requests: Sequence[CatchUp]) -> list[tuple[torch.Tensor, torch.Tensor]]:
