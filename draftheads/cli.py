@@ -147,5 +147,21 @@ def main(argv: list[str] | None = None) -> int:
         return 1
 
 
+def console_main() -> None:
+    """The ``draftheads`` console script: ``main``, then leave the process group a command joined
+    (``draftheads train``, ``cache-features``), so that no rank aborts as it exits."""
+    code = main()
+    if "torch" in sys.modules:  # no command joined a group without torch; checking must not import it
+        from draftheads.distributed import leave_process_group
+
+        try:
+            leave_process_group(finished=code == 0)
+        except RuntimeError as err:  # a rank failed before the end: the barrier's connection broke
+            message = f"another process of this run failed before the end ({describe(err)})"
+            print(f"draftheads: {message}", file=sys.stderr)
+            code = code or 1
+    sys.exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    console_main()

@@ -87,3 +87,26 @@ def barrier(world_size: int) -> None:
     """Wait for every rank (nothing to wait for alone)."""
     if world_size > 1:
         torch.distributed.barrier()
+
+
+def leave_process_group(finished: bool) -> None:
+    """Destroy this process's process groups before it exits (a no-op if it joined none).
+
+    A process that exits with its gloo group alive can abort in interpreter finalisation: gloo's
+    worker threads still hold work objects whose tensors reference Python, and destroying them then
+    kills the process with SIGABRT ("terminate called without an active exception") after its work
+    is done (pytorch/pytorch#190489; the analysis in pytorch/pytorch#179291). ``finished``: the
+    command succeeded, so every rank gets here; they first wait for each other, so that none tears
+    its connections down while another still talks to it. A rank that failed leaves at once (the
+    others may never arrive); they then fail in their next collective instead of at their timeout.
+
+    Only as the process ends (the console script does it): DeepSpeed caches its groups, so a
+    process cannot join again.
+    """
+    if not torch.distributed.is_initialized():
+        return
+    try:
+        if finished and torch.distributed.get_world_size() > 1:
+            torch.distributed.barrier()
+    finally:
+        torch.distributed.destroy_process_group()

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -134,6 +135,13 @@ def launch_environment() -> dict[str, str]:
     return environment
 
 
+def free_port() -> int:
+    """A localhost port nothing listens on now (for MASTER_PORT when no launcher picks one)."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
 def launch(processes: int, program: list[str]) -> subprocess.CompletedProcess:
     """``program`` (a Python script and its arguments) as ``processes`` ranks under torchrun."""
     command = [
@@ -170,11 +178,13 @@ def launch_parameter_dump(
 
 def dump_trained_parameters(out: Path, config: Path, options: list[str]) -> None:
     """setup -> train_steps, then this rank's trainable parameters (as the rank holds them after
-    the last step) to ``out/rank<r>.pt``."""
+    the last step) to ``out/rank<r>.pt``; then leave the process group as the console script does."""
     from draftheads.config import load_run_config
+    from draftheads.distributed import leave_process_group
     from draftheads.train.loop import cleanup, setup, train_steps
 
     session = setup(load_run_config(config, options))
+    finished = False
     try:
         train_steps(session)
         trained = {
@@ -183,8 +193,10 @@ def dump_trained_parameters(out: Path, config: Path, options: list[str]) -> None
             if parameter.requires_grad
         }
         torch.save(trained, out / f"rank{session.rank}.pt")
+        finished = True
     finally:
         cleanup(session)
+        leave_process_group(finished)
 
 
 def empty_config(directory: Path) -> Path:

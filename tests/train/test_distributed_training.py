@@ -29,6 +29,7 @@ from distributed_launch import (
     DRAFTHEADS,
     ROOT,
     empty_config,
+    free_port,
     head_weights,
     launch_environment,
     launch_parameter_dump,
@@ -197,7 +198,7 @@ def test_a_rank_that_dies_or_hangs_makes_the_other_exit_with_an_error(workspace,
     output_dir = workspace.root / f"rank-{how}"
     options = workspace.options(output_dir, "medusa", 0, "train.max_steps=100000", "train.save_every=0")
     environment = launch_environment()
-    environment.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()), WORLD_SIZE="2")
+    environment.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), WORLD_SIZE="2")
     timeout = COLLECTIVE_TIMEOUT_SECONDS
     if how == "hung":
         timeout = HUNG_RANK_TIMEOUT_SECONDS
@@ -230,14 +231,6 @@ def test_a_rank_that_dies_or_hangs_makes_the_other_exit_with_an_error(workspace,
                 process.wait()
     assert code != 0
     print(f"rank 1 {how}: rank 0 exited {code} after {waited:.1f} s", file=sys.stderr)
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 def test_two_ranks_write_one_head_and_one_set_of_checkpoints(workspace):

@@ -1,0 +1,72 @@
+"""The ``draftheads`` console script leaves the process group before the process exits.
+
+A rank that exits with its gloo group alive can abort in interpreter finalisation (SIGABRT,
+"terminate called without an active exception") after its work is done: a two-rank training run
+once failed that way after saving its head. Two plain processes (no launcher, which would
+terminate the other rank as soon as one fails) run ``console_main`` over a stand-in command.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+from tests.train.distributed_launch import COLLECTIVE_TIMEOUT_SECONDS, ROOT, free_port, launch_environment
+
+_RANK = """
+import sys
+import torch
+import draftheads.cli as cli
+
+torch.distributed.init_process_group("gloo")
+rank = torch.distributed.get_rank()
+failing_rank = int(sys.argv[1])
+cli.main = lambda: 1 if rank == failing_rank else 0  # the command's exit status
+try:
+    cli.console_main()
+except SystemExit as exit:
+    print(f"rank {rank} exit {exit.code} in group {torch.distributed.is_initialized()}", flush=True)
+    raise
+"""
+
+
+def _two_ranks(failing_rank: int) -> list[subprocess.CompletedProcess]:
+    environment = {**launch_environment(), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}
+    processes = [
+        subprocess.Popen(
+            [sys.executable, "-c", _RANK, str(failing_rank)],
+            cwd=ROOT,
+            env={**environment, "RANK": str(rank), "WORLD_SIZE": "2", "LOCAL_RANK": str(rank)},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for rank in range(2)
+    ]
+    try:
+        # Well inside the collective timeout: no rank waits for one that has gone.
+        outputs = [process.communicate(timeout=COLLECTIVE_TIMEOUT_SECONDS) for process in processes]
+    finally:
+        for process in processes:
+            if process.poll() is None:
+                process.kill()
+                process.wait()
+    return [
+        subprocess.CompletedProcess(process.args, process.returncode, stdout, stderr)
+        for process, (stdout, stderr) in zip(processes, outputs, strict=True)
+    ]
+
+
+def test_ranks_that_finish_leave_the_group_together():
+    results = _two_ranks(failing_rank=-1)
+    for rank, result in enumerate(results):
+        assert result.returncode == 0, result.stderr[-3000:]
+        assert f"rank {rank} exit 0 in group False" in result.stdout
+
+
+def test_a_rank_that_failed_leaves_at_once_and_the_other_says_so():
+    failed, finished = _two_ranks(failing_rank=0)
+    assert failed.returncode == 1 and "rank 0 exit 1 in group False" in failed.stdout
+    assert finished.returncode == 1, finished.stderr[-3000:]
+    assert "rank 1 exit 1 in group False" in finished.stdout
+    assert "draftheads: another process of this run failed before the end" in finished.stderr
