@@ -149,18 +149,30 @@ def main(argv: list[str] | None = None) -> int:
 
 def console_main() -> None:
     """The ``draftheads`` console script: ``main``, then leave the process group a command joined
-    (``draftheads train``, ``cache-features``), so that no rank aborts as it exits."""
-    code = main()
-    if "torch" in sys.modules:  # no command joined a group without torch; checking must not import it
-        from draftheads.distributed import leave_process_group
-
-        try:
-            leave_process_group(finished=code == 0)
-        except RuntimeError as err:  # a rank failed before the end: the barrier's connection broke
-            message = f"another process of this run failed before the end ({describe(err)})"
-            print(f"draftheads: {message}", file=sys.stderr)
-            code = code or 1
+    (``draftheads train``, ``cache-features``), so that no rank aborts as it exits; also when an
+    error propagates out of ``main`` (``--debug``)."""
+    code = 1  # the status if an exception leaves main
+    try:
+        code = main()
+    finally:
+        code = _leave_process_group(code)
     sys.exit(code)
+
+
+def _leave_process_group(code: int) -> int:
+    """``draftheads.distributed.leave_process_group`` after a command that ended with ``code``;
+    returns the exit status: ``code``, or 1 where a successful rank found another one gone."""
+    if "torch" not in sys.modules:  # no command joined a group without torch; checking must not import it
+        return code
+    from draftheads.distributed import leave_process_group
+
+    try:
+        leave_process_group(finished=code == 0)
+    except RuntimeError as err:  # a rank failed before the end: the barrier's connection broke
+        message = f"another process of this run failed before the end ({describe(err)})"
+        print(f"draftheads: {message}", file=sys.stderr)
+        return code or 1
+    return code
 
 
 if __name__ == "__main__":

@@ -11,6 +11,8 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import pytest
+
 from tests.train.distributed_launch import COLLECTIVE_TIMEOUT_SECONDS, ROOT, free_port, launch_environment
 
 _RANK = """
@@ -20,21 +22,32 @@ import draftheads.cli as cli
 
 torch.distributed.init_process_group("gloo")
 rank = torch.distributed.get_rank()
-failing_rank = int(sys.argv[1])
-cli.main = lambda: 1 if rank == failing_rank else 0  # the command's exit status
+failing_rank, failure = int(sys.argv[1]), sys.argv[2]
+
+
+def command():
+    if rank != failing_rank:
+        return 0
+    if failure == "raises":  # an error out of main, as with --debug
+        raise ValueError("the command's error")
+    return 1
+
+
+cli.main = command
 try:
     cli.console_main()
-except SystemExit as exit:
-    print(f"rank {rank} exit {exit.code} in group {torch.distributed.is_initialized()}", flush=True)
+except BaseException as ended:
+    status = ended.code if isinstance(ended, SystemExit) else type(ended).__name__
+    print(f"rank {rank} exit {status} in group {torch.distributed.is_initialized()}", flush=True)
     raise
 """
 
 
-def _two_ranks(failing_rank: int) -> list[subprocess.CompletedProcess]:
+def _two_ranks(failing_rank: int, failure: str = "returns 1") -> list[subprocess.CompletedProcess]:
     environment = {**launch_environment(), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}
     processes = [
         subprocess.Popen(
-            [sys.executable, "-c", _RANK, str(failing_rank)],
+            [sys.executable, "-c", _RANK, str(failing_rank), failure],
             cwd=ROOT,
             env={**environment, "RANK": str(rank), "WORLD_SIZE": "2", "LOCAL_RANK": str(rank)},
             stdout=subprocess.PIPE,
@@ -64,9 +77,11 @@ def test_ranks_that_finish_leave_the_group_together():
         assert f"rank {rank} exit 0 in group False" in result.stdout
 
 
-def test_a_rank_that_failed_leaves_at_once_and_the_other_says_so():
-    failed, finished = _two_ranks(failing_rank=0)
-    assert failed.returncode == 1 and "rank 0 exit 1 in group False" in failed.stdout
+@pytest.mark.parametrize("failure", ["returns 1", "raises"])
+def test_a_rank_that_failed_leaves_at_once_and_the_other_says_so(failure):
+    failed, finished = _two_ranks(failing_rank=0, failure=failure)
+    status = "1" if failure == "returns 1" else "ValueError"
+    assert failed.returncode == 1 and f"rank 0 exit {status} in group False" in failed.stdout
     assert finished.returncode == 1, finished.stderr[-3000:]
     assert "rank 1 exit 1 in group False" in finished.stdout
     assert "draftheads: another process of this run failed before the end" in finished.stderr
