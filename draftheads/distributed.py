@@ -17,7 +17,8 @@ import torch
 from draftheads.settings import ConfigError
 
 # How long a rank waits in a collective (all-reduce, barrier) before failing. A checkpoint save,
-# an evaluation or rank 0's data build must fit in it. The environment variable overrides it.
+# an evaluation, rank 0's data build, and rank 0's work after the last step (the head, the curves)
+# before the barrier at the end must fit in it. The environment variable overrides it.
 DISTRIBUTED_TIMEOUT_SECONDS = 1800
 DISTRIBUTED_TIMEOUT_VARIABLE = "DRAFTHEADS_DISTRIBUTED_TIMEOUT"
 
@@ -98,12 +99,15 @@ def leave_process_group(finished: bool) -> None:
     is done (pytorch/pytorch#190489; the analysis in pytorch/pytorch#179291). ``finished``: the
     command succeeded, so every rank gets here; they first wait for each other, so that none tears
     its connections down while another still talks to it. A rank that failed leaves at once (the
-    others may never arrive); they then fail in their next collective instead of at their timeout.
+    others may never arrive). What the others see then depends on the backend and the launcher:
+    under ``torchrun`` or ``deepspeed`` the launcher stops them as soon as one rank fails; without
+    one, gloo ranks fail at once in the barrier (their connections close), while nccl ranks wait
+    until the collective timeout.
 
     Only as the process ends (the console script does it): DeepSpeed caches its groups, so a
     process cannot join again.
     """
-    if not torch.distributed.is_initialized():
+    if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
         return
     try:
         if finished and torch.distributed.get_world_size() > 1:

@@ -195,8 +195,10 @@ def dump_trained_parameters(out: Path, config: Path, options: list[str]) -> None
         torch.save(trained, out / f"rank{session.rank}.pt")
         finished = True
     finally:
-        cleanup(session)
-        leave_process_group(finished)
+        try:
+            cleanup(session)
+        finally:
+            leave_process_group(finished)
 
 
 def empty_config(directory: Path) -> Path:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from importlib.metadata import entry_points
 
 import pytest
 
@@ -19,9 +20,9 @@ _RANK = """
 import sys
 import torch
 import draftheads.cli as cli
+from draftheads.distributed import join_process_group
 
-torch.distributed.init_process_group("gloo")
-rank = torch.distributed.get_rank()
+rank, _, _ = join_process_group()  # gloo, DRAFTHEADS_DISTRIBUTED_TIMEOUT from the environment
 failing_rank, failure = int(sys.argv[1]), sys.argv[2]
 
 
@@ -57,7 +58,7 @@ def _two_ranks(failing_rank: int, failure: str = "returns 1") -> list[subprocess
         for rank in range(2)
     ]
     try:
-        # Well inside the collective timeout: no rank waits for one that has gone.
+        # A rank that waited for one that has gone would time out (the collective timeout) here.
         outputs = [process.communicate(timeout=COLLECTIVE_TIMEOUT_SECONDS) for process in processes]
     finally:
         for process in processes:
@@ -85,3 +86,9 @@ def test_a_rank_that_failed_leaves_at_once_and_the_other_says_so(failure):
     assert finished.returncode == 1, finished.stderr[-3000:]
     assert "rank 1 exit 1 in group False" in finished.stdout
     assert "draftheads: another process of this run failed before the end" in finished.stderr
+
+
+def test_the_installed_script_is_console_main():
+    """The fix is in the entry point: ``main`` alone (what tests call in-process) leaves nothing."""
+    scripts = entry_points(group="console_scripts")
+    assert scripts["draftheads"].value == "draftheads.cli:console_main"
