@@ -10,6 +10,7 @@ that died or hangs makes the others fail instead of waiting forever.
 from __future__ import annotations
 
 import os
+import socket
 from datetime import timedelta
 
 import torch
@@ -53,6 +54,14 @@ def apply_timeout_to_every_group(timeout: timedelta) -> None:
     c10d.default_pg_timeout = timeout
     if c10d.default_pg_nccl_timeout is not None:
         c10d.default_pg_nccl_timeout = timeout
+
+
+def free_port() -> int:
+    """A localhost TCP port nothing listens on now: MASTER_PORT for a group no launcher set up, or
+    a local server's port."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
 
 
 def launched_world_size() -> int:
@@ -110,7 +119,7 @@ def leave_process_group(finished: bool) -> None:
     if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
         return
     try:
-        if finished and torch.distributed.get_world_size() > 1:
-            torch.distributed.barrier()
+        if finished:
+            barrier(torch.distributed.get_world_size())
     finally:
         torch.distributed.destroy_process_group()

@@ -13,13 +13,14 @@ import contextlib
 import json
 import os
 import signal
-import socket
 import subprocess
 import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
+
+from draftheads.distributed import free_port
 
 TCMALLOC = Path("/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4")  # Debian's libtcmalloc-minimal4
 # VLLM_CPU_KVCACHE_SPACE unless set: SmolLM2-135M in fp32 keeps 46,080 bytes a token (30 layers x keys
@@ -42,12 +43,6 @@ def vllm_environment(venv: Path) -> dict[str, str]:
     env.setdefault("VLLM_CPU_KVCACHE_SPACE", str(KV_CACHE_GIB))
     env["HF_HUB_OFFLINE"] = "1"
     return env
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 def serve_command(

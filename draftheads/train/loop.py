@@ -22,7 +22,6 @@ import math
 import os
 import random
 import shutil
-import socket
 import time
 import warnings
 from dataclasses import dataclass
@@ -35,7 +34,7 @@ import torch
 import draftheads
 from draftheads.base_model import DTYPES, load_base, resolve_dtype
 from draftheads.config import RunConfig, TrainConfig
-from draftheads.distributed import apply_timeout_to_every_group, distributed_timeout, local_device
+from draftheads.distributed import apply_timeout_to_every_group, distributed_timeout, free_port, local_device
 from draftheads.heads.base import RUN_HEAD_DIR
 from draftheads.machine import cpu_flags
 from draftheads.settings import ConfigError, to_dict
@@ -151,12 +150,6 @@ def build_deepspeed_config(train: TrainConfig, dtype: torch.dtype, world_size: i
 # ---- distributed setup ----------------------------------------------------------------------------
 
 
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
 def init_distributed() -> tuple[int, int, torch.device]:
     """Join (or, without a launcher, create) the process group; return (rank, world size, device).
 
@@ -171,7 +164,7 @@ def init_distributed() -> tuple[int, int, torch.device]:
     if "RANK" not in os.environ:
         os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0")
         os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-        os.environ.setdefault("MASTER_PORT", str(_free_port()))
+        os.environ.setdefault("MASTER_PORT", str(free_port()))
     device = local_device()
     timeout = distributed_timeout()
     apply_timeout_to_every_group(timeout)  # DeepSpeed's own groups, made later, too

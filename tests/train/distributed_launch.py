@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -133,13 +132,6 @@ def launch_environment() -> dict[str, str]:
         PYTHONPATH=os.pathsep.join([str(ROOT), environment.get("PYTHONPATH", "")]),
     )
     return environment
-
-
-def free_port() -> int:
-    """A localhost port nothing listens on now (for MASTER_PORT when no launcher picks one)."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 def launch(processes: int, program: list[str]) -> subprocess.CompletedProcess:

@@ -14,7 +14,8 @@ from importlib.metadata import entry_points
 
 import pytest
 
-from tests.train.distributed_launch import COLLECTIVE_TIMEOUT_SECONDS, ROOT, free_port, launch_environment
+from draftheads.distributed import free_port
+from tests.train.distributed_launch import COLLECTIVE_TIMEOUT_SECONDS, ROOT, launch_environment
 
 _RANK = """
 import sys

@@ -29,7 +29,6 @@ from distributed_launch import (
     DRAFTHEADS,
     ROOT,
     empty_config,
-    free_port,
     head_weights,
     launch_environment,
     launch_parameter_dump,
@@ -43,6 +42,7 @@ from safetensors.torch import load_file
 
 from draftheads.base_model import load_base
 from draftheads.config import load_run_config
+from draftheads.distributed import free_port
 from draftheads.heads import load_head
 from draftheads.settings import ConfigError
 from draftheads.train import checkpoint
