@@ -52,6 +52,7 @@ from typing import Any
 
 import torch
 
+from draftheads.data.shard_file import ShardFile, ShardFileError
 from draftheads.data.sources import DataError
 from draftheads.distributed import barrier
 
@@ -330,23 +331,34 @@ def _with_progress(index: dict, directory: Path, splits: dict, examples_per_shar
             path = shard_path(directory, name, shard)
             if not path.is_file():
                 break
-            with _open_shard(path) as handle:
-                counts.append(int(handle.get_slice("offsets")[-1:].tolist()[0]))
+            with _open_shard(path) as shard:
+                ends = shard.shape("offsets")[0]
+                counts.append(int(_read_rows(shard, "offsets", ends - 1, ends)[0]))
         complete[name], shard_tokens[name] = len(counts), counts
     return {**index, "complete_shards": complete, "shard_tokens": shard_tokens}
 
 
-def _open_shard(path: Path):
-    """A safetensors handle on a shard; a damaged file is named (safetensors' own error names none)."""
-    from safetensors import SafetensorError, safe_open
+def _damaged(path: Path, err: Exception) -> FeatureCacheError:
+    return FeatureCacheError(
+        f"feature cache shard {path} is damaged ({err}); delete it and run `draftheads cache-features` "
+        "again to rewrite it"
+    )
 
+
+def _open_shard(path: Path) -> ShardFile:
+    """A shard open for row reads; a damaged file is named with what to do."""
     try:
-        return safe_open(str(path), framework="pt")
-    except SafetensorError as err:
-        raise FeatureCacheError(
-            f"feature cache shard {path} is damaged ({err}); delete it and run `draftheads cache-features` "
-            "again to rewrite it"
-        ) from err
+        return ShardFile(path)
+    except (ShardFileError, OSError) as err:
+        raise _damaged(path, err) from err
+
+
+def _read_rows(shard: ShardFile, name: str, start: int, stop: int) -> torch.Tensor:
+    """Rows ``[start, stop)`` of tensor ``name`` of ``shard``; a damaged file is named as above."""
+    try:
+        return shard.rows(name, start, stop)
+    except (ShardFileError, OSError) as err:
+        raise _damaged(shard.path, err) from err
 
 
 @torch.no_grad()
@@ -636,7 +648,7 @@ class FeatureCache:
         self.index = read_index(self.directory)
         self.identity = CacheIdentity.from_dict(self.index["identity"])
         self.examples_per_shard = int(self.index["examples_per_shard"])
-        self._handles: dict[Path, Any] = {}
+        self._shards: dict[Path, ShardFile] = {}
         for split, examples in self.identity.examples.items():
             needed = -(-examples // self.examples_per_shard)
             if self.index["complete_shards"].get(split, 0) < needed:
@@ -653,32 +665,32 @@ class FeatureCache:
     def check(self, expected: CacheIdentity) -> None:
         check_readable(self.identity, expected, f"feature cache {self.directory}")
 
-    def _handle(self, split: str, shard: int):
+    def _shard(self, split: str, shard: int) -> ShardFile:
         path = shard_path(self.directory, split, shard)
-        if path not in self._handles:
+        if path not in self._shards:
             if not path.is_file():
                 raise FeatureCacheError(f"feature cache shard missing: {path}")
-            self._handles[path] = _open_shard(path)
-        return self._handles[path]
+            self._shards[path] = _open_shard(path)
+        return self._shards[path]
 
-    def _span(self, split: str, row: int) -> tuple[Any, int, int]:
-        """``(shard handle, start, stop)``: where example ``row`` of ``split`` lies in its shard."""
+    def _span(self, split: str, row: int) -> tuple[ShardFile, int, int]:
+        """``(shard, start, stop)``: where example ``row`` of ``split`` lies in its shard."""
         if not 0 <= row < self.identity.examples.get(split, 0):
             raise FeatureCacheError(f"feature cache {self.directory}: no row {row} in split '{split}'")
-        handle = self._handle(split, row // self.examples_per_shard)
+        shard = self._shard(split, row // self.examples_per_shard)
         local = row % self.examples_per_shard
-        start, stop = handle.get_slice("offsets")[local : local + 2].tolist()
-        return handle, start, stop
+        start, stop = _read_rows(shard, "offsets", local, local + 2).tolist()
+        return shard, start, stop
 
     def row(
         self, split: str, row: int, layers: tuple[int, ...] | None = None
     ) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
         """``(input_ids (T,), {index: (T, h)})`` of example ``row`` of ``split``, for ``layers``
         (default: every stored one)."""
-        handle, start, stop = self._span(split, row)
-        input_ids = handle.get_slice("input_ids")[start:stop]  # (T,)
+        shard, start, stop = self._span(split, row)
+        input_ids = _read_rows(shard, "input_ids", start, stop)  # (T,)
         states = {
-            layer: handle.get_slice(f"hidden_states.{layer}")[start:stop] for layer in layers or self.layers
+            layer: _read_rows(shard, f"hidden_states.{layer}", start, stop) for layer in layers or self.layers
         }  # (T, h)
         return input_ids, states
 
@@ -689,11 +701,10 @@ class FeatureCache:
         cache stored it."""
         out = torch.zeros(input_ids.shape, dtype=torch.long, device=input_ids.device)  # (B, T)
         for position, row in enumerate(rows):
-            handle, start, stop = self._span(split, row)
-            stored = handle.keys()  # a list: safetensors' handle has no __contains__
-            if ARGMAX_KEY not in stored:
+            shard, start, stop = self._span(split, row)
+            if ARGMAX_KEY not in shard:
                 return None
-            argmax = handle.get_slice(ARGMAX_KEY)[start:stop]  # (T,)
+            argmax = _read_rows(shard, ARGMAX_KEY, start, stop)  # (T,)
             out[position, : stop - start] = argmax.to(out.device, torch.long)
         return out
 
