@@ -31,7 +31,8 @@ against the batch on reading, so a cache can never be read against other rows) a
 ``base_argmax`` (N,) int32, the base model's next-token argmax at each position whose next token
 is supervised (-1 at the others). Shards are
 written atomically (a shard file exists only once complete), so an interrupted run resumes with
-the shards it lacks.
+the shards it lacks. Training reads a batch's rows with ``draftheads.data.shard_file``: their bytes
+alone, with no read-ahead, since a cache can be larger than memory.
 
 Under a launcher (``torchrun`` / ``deepspeed``, N processes), rank r of N writes shards
 r, r + N, r + 2N, ... of each split; rank 0 writes the one index, first with the identity, last
@@ -46,6 +47,7 @@ import hashlib
 import json
 import os
 import time
+from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -63,6 +65,7 @@ SPLITS = ("train", "validation")
 DEFAULT_DTYPE = "bfloat16"  # the issue's compact choice; float32 caches reproduce fp32 training bit for bit
 DEFAULT_EXAMPLES_PER_SHARD = 256
 DEFAULT_BATCH_SIZE = 8
+MAX_OPEN_SHARDS = 128  # shard files a reader keeps open (one descriptor each), well within `ulimit -n`
 ARGMAX_KEY = "base_argmax"  # the shard tensor of the base's next-token argmax (absent in older caches)
 NO_ARGMAX = -1  # stored where the next token is not supervised (no objective reads it there)
 ARGMAX_CHUNK = 4096  # positions per lm_head call when writing the argmax
@@ -648,7 +651,7 @@ class FeatureCache:
         self.index = read_index(self.directory)
         self.identity = CacheIdentity.from_dict(self.index["identity"])
         self.examples_per_shard = int(self.index["examples_per_shard"])
-        self._shards: dict[Path, ShardFile] = {}
+        self._shards: OrderedDict[Path, ShardFile] = OrderedDict()  # least recently read first
         for split, examples in self.identity.examples.items():
             needed = -(-examples // self.examples_per_shard)
             if self.index["complete_shards"].get(split, 0) < needed:
@@ -666,11 +669,16 @@ class FeatureCache:
         check_readable(self.identity, expected, f"feature cache {self.directory}")
 
     def _shard(self, split: str, shard: int) -> ShardFile:
+        """The shard, open; the least recently read ones are closed beyond ``MAX_OPEN_SHARDS``."""
         path = shard_path(self.directory, split, shard)
-        if path not in self._shards:
-            if not path.is_file():
-                raise FeatureCacheError(f"feature cache shard missing: {path}")
-            self._shards[path] = _open_shard(path)
+        if path in self._shards:
+            self._shards.move_to_end(path)
+            return self._shards[path]
+        if not path.is_file():
+            raise FeatureCacheError(f"feature cache shard missing: {path}")
+        self._shards[path] = _open_shard(path)
+        while len(self._shards) > MAX_OPEN_SHARDS:
+            self._shards.popitem(last=False)[1].close()
         return self._shards[path]
 
     def _span(self, split: str, row: int) -> tuple[ShardFile, int, int]:

@@ -303,3 +303,15 @@ def test_a_damaged_shard_is_named(tmp_path, tiny_llama, splits):
     shard.write_bytes(shard.read_bytes()[:40])  # cut short: the header promises more
     with pytest.raises(FeatureCacheError, match=f"shard {shard}.* is damaged"):
         FeatureCache(tmp_path).row(shard.parent.name, 0)  # shards live in <split>/
+
+
+def test_a_reader_keeps_a_bounded_number_of_shards_open(tmp_path, tiny_llama, splits, monkeypatch):
+    identity = _identity(tiny_llama, MedusaConfig(num_heads=2), splits)
+    write_feature_cache(tiny_llama, splits, tmp_path, identity, examples_per_shard=2, progress=False)
+    monkeypatch.setattr(features, "MAX_OPEN_SHARDS", 2)
+    cache = FeatureCache(tmp_path)
+    first = [cache.row("train", row) for row in range(7)]  # 4 shards of 2 rows
+    assert len(cache._shards) == 2
+    again = [cache.row("train", row) for row in reversed(range(7))][::-1]  # closed shards reopen
+    for (ids, states), (ids_again, states_again) in zip(first, again):
+        assert torch.equal(ids, ids_again) and all(torch.equal(states[k], states_again[k]) for k in states)
