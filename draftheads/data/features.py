@@ -54,7 +54,7 @@ from typing import Any
 
 import torch
 
-from draftheads.data.shard_file import ShardFile, ShardFileError
+from draftheads.data.shard_file import MissingTensorError, ShardFile, ShardFileError
 from draftheads.data.sources import DataError
 from draftheads.distributed import barrier
 
@@ -335,15 +335,15 @@ def _with_progress(index: dict, directory: Path, splits: dict, examples_per_shar
             if not path.is_file():
                 break
             with _open_shard(path) as shard:
-                ends = shard.shape("offsets")[0]
-                counts.append(int(_read_rows(shard, "offsets", ends - 1, ends)[0]))
+                counts.append(_token_count(shard))
         complete[name], shard_tokens[name] = len(counts), counts
     return {**index, "complete_shards": complete, "shard_tokens": shard_tokens}
 
 
 def _damaged(path: Path, err: Exception) -> FeatureCacheError:
+    reason = err.reason if isinstance(err, ShardFileError) else str(err)
     return FeatureCacheError(
-        f"feature cache shard {path} is damaged ({err}); delete it and run `draftheads cache-features` "
+        f"feature cache shard {path} is damaged ({reason}); delete it and run `draftheads cache-features` "
         "again to rewrite it"
     )
 
@@ -357,11 +357,21 @@ def _open_shard(path: Path) -> ShardFile:
 
 
 def _read_rows(shard: ShardFile, name: str, start: int, stop: int) -> torch.Tensor:
-    """Rows ``[start, stop)`` of tensor ``name`` of ``shard``; a damaged file is named as above."""
+    """Rows ``[start, stop)`` of tensor ``name`` of ``shard``; a damaged file is named as above (a
+    tensor it does not hold raises ``MissingTensorError``, naming the file and what it holds)."""
     try:
         return shard.rows(name, start, stop)
     except (ShardFileError, OSError) as err:
         raise _damaged(shard.path, err) from err
+
+
+def _token_count(shard: ShardFile) -> int:
+    """The tokens a complete shard holds: the last of its ``offsets``."""
+    try:
+        ends = shard.shape("offsets")[0]
+    except MissingTensorError as err:
+        raise _damaged(shard.path, err) from err
+    return int(_read_rows(shard, "offsets", ends - 1, ends)[0])
 
 
 @torch.no_grad()

@@ -7,8 +7,9 @@ random order over tens of gigabytes. Read through safetensors' memory map, every
 in the device's read-ahead (8 MiB on the virtio disk measured), so a 300 KiB row of one layer cost megabytes
 of disk reads: measured on a 48.8 GB cache, 1.3-2.5 GB read from disk for 64 rows that hold
 about 80 MiB (docs/training.md, "Reading a cache larger than memory"). ``ShardFile`` reads the rows'
-bytes alone with ``pread`` on a descriptor advised ``POSIX_FADV_RANDOM``, straight into the tensor
-it returns.
+bytes alone with ``preadv``, straight into the tensor it returns, on a descriptor advised
+``POSIX_FADV_RANDOM`` (Linux: no read-ahead; macOS has no such advice and keeps its own). The data
+is little-endian, as safetensors writes it and as x86 and ARM hosts read it.
 """
 
 from __future__ import annotations
@@ -37,8 +38,25 @@ DTYPES = {
 }
 
 
+def _read_into(fd: int, view: memoryview, offset: int) -> int:
+    """Bytes read from ``offset`` into ``view``: ``preadv`` where the OS has it (Linux, macOS 11+)."""
+    if hasattr(os, "preadv"):
+        return os.preadv(fd, [view], offset)
+    data = os.pread(fd, len(view), offset)
+    view[: len(data)] = data
+    return len(data)
+
+
 class ShardFileError(ValueError):
-    """A file that is not a readable safetensors file."""
+    """A file that is not a readable safetensors file: ``path`` and what is wrong with it."""
+
+    def __init__(self, path: Path, reason: str):
+        super().__init__(f"{path}: {reason}")
+        self.path, self.reason = path, reason
+
+
+class MissingTensorError(LookupError):
+    """A tensor the file does not hold."""
 
 
 class ShardFile:
@@ -59,16 +77,18 @@ class ShardFile:
     def _read_header(self) -> tuple[dict[str, dict], int]:
         prefix = os.pread(self._fd, HEADER_LENGTH_BYTES, 0)
         if len(prefix) < HEADER_LENGTH_BYTES:
-            raise ShardFileError(f"{self.path}: {self._size} bytes, shorter than a safetensors header")
+            raise ShardFileError(self.path, f"{self._size} bytes, shorter than a safetensors header")
         (length,) = struct.unpack("<Q", prefix)
         if length > min(MAX_HEADER_BYTES, self._size - HEADER_LENGTH_BYTES):
             raise ShardFileError(
-                f"{self.path}: header length {length} does not fit the file's {self._size} bytes"
+                self.path, f"header length {length} does not fit the file's {self._size} bytes"
             )
         try:
             header = json.loads(os.pread(self._fd, length, HEADER_LENGTH_BYTES))
         except (UnicodeDecodeError, json.JSONDecodeError) as err:
-            raise ShardFileError(f"{self.path}: header is not JSON ({err})") from err
+            raise ShardFileError(self.path, f"header is not JSON ({err})") from err
+        if not isinstance(header, dict):
+            raise ShardFileError(self.path, f"header is a JSON {type(header).__name__}, not an object")
         data_start = HEADER_LENGTH_BYTES + length
         entries = {}
         for name, entry in header.items():
@@ -79,16 +99,21 @@ class ShardFile:
                 shape = [int(dim) for dim in entry["shape"]]
                 begin, end = (int(offset) for offset in entry["data_offsets"])
             except (KeyError, TypeError, ValueError) as err:
-                raise ShardFileError(
-                    f"{self.path}: tensor {name!r} has an unreadable entry {entry!r}"
-                ) from err
+                raise ShardFileError(self.path, f"tensor {name!r} has an unreadable entry {entry!r}") from err
             count = 1
             for dim in shape:
                 count *= dim
-            if end - begin != count * dtype.itemsize or data_start + end > self._size:
+            if (
+                not shape
+                or min(shape) < 0
+                or not 0 <= begin <= end
+                or end - begin != count * dtype.itemsize
+                or data_start + end > self._size
+            ):
                 raise ShardFileError(
-                    f"{self.path}: tensor {name!r} ({entry['dtype']} {shape}) at bytes {begin}-{end} "
-                    f"does not fit its shape or the file's {self._size} bytes"
+                    self.path,
+                    f"tensor {name!r} ({entry['dtype']} {shape}) at bytes {begin}-{end} does not fit "
+                    f"a shape with rows or the file's {self._size} bytes",
                 )
             entries[name] = {"dtype": dtype, "shape": shape, "begin": begin}
         return entries, data_start
@@ -104,7 +129,7 @@ class ShardFile:
 
     def _entry(self, name: str) -> dict:
         if name not in self._entries:
-            raise ShardFileError(f"{self.path}: no tensor {name!r} (it holds {', '.join(self._entries)})")
+            raise MissingTensorError(f"{self.path}: no tensor {name!r} (it holds {', '.join(self._entries)})")
         return self._entries[name]
 
     def rows(self, name: str, start: int, stop: int) -> torch.Tensor:
@@ -112,18 +137,20 @@ class ShardFile:
         entry = self._entry(name)
         length, *rest = entry["shape"]
         if not 0 <= start <= stop <= length:
-            raise ShardFileError(f"{self.path}: rows {start}-{stop} of tensor {name!r}, which has {length}")
+            raise IndexError(f"{self.path}: rows {start}-{stop} of tensor {name!r}, which has {length}")
         row_bytes = entry["dtype"].itemsize
         for dim in rest:
             row_bytes *= dim
         out = torch.empty((stop - start) * row_bytes, dtype=torch.uint8)
         view = memoryview(out.numpy())
         offset = self._data_start + entry["begin"] + start * row_bytes
+        if self._fd < 0:
+            raise ValueError(f"{self.path}: read after close")
         done = 0
-        while done < len(view):  # pread may return fewer bytes than asked
-            read = os.preadv(self._fd, [view[done:]], offset + done)
+        while done < len(view):  # a read may return fewer bytes than asked
+            read = _read_into(self._fd, view[done:], offset + done)
             if read == 0:
-                raise ShardFileError(f"{self.path}: ends before tensor {name!r}'s rows {start}-{stop}")
+                raise ShardFileError(self.path, f"ends before tensor {name!r}'s rows {start}-{stop}")
             done += read
         return out.view(entry["dtype"]).view(stop - start, *rest)
 

@@ -311,7 +311,13 @@ def test_a_reader_keeps_a_bounded_number_of_shards_open(tmp_path, tiny_llama, sp
     monkeypatch.setattr(features, "MAX_OPEN_SHARDS", 2)
     cache = FeatureCache(tmp_path)
     first = [cache.row("train", row) for row in range(7)]  # 4 shards of 2 rows
-    assert len(cache._shards) == 2
+    path = [features.shard_path(tmp_path, "train", shard) for shard in range(4)]
+    assert list(cache._shards) == [path[2], path[3]]
+    third = cache._shards[path[3]]
+    cache.row("train", 4)  # shard 2: now the most recently read
+    cache.row("train", 0)  # shard 0 again: shard 3, the least recently read, is closed
+    assert list(cache._shards) == [path[2], path[0]]
+    assert third._fd == -1
     again = [cache.row("train", row) for row in reversed(range(7))][::-1]  # closed shards reopen
     for (ids, states), (ids_again, states_again) in zip(first, again):
         assert torch.equal(ids, ids_again) and all(torch.equal(states[k], states_again[k]) for k in states)
