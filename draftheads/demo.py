@@ -59,7 +59,7 @@ class DemoSettings:
     warmup_tokens: int = 8
     # A head trained at scale for the same base, relative to the checkout like ``config``; None skips
     # stage 5. docs/training.md records how it was trained.
-    shipped_head: str | None = "docs/results/heads/eagle3-corpus-all-cached-cont4"
+    shipped_head: str | None = "docs/results/heads/eagle3-corpus-both"
 
 
 @dataclass
