@@ -335,7 +335,7 @@ def _with_progress(index: dict, directory: Path, splits: dict, examples_per_shar
             if not path.is_file():
                 break
             with _open_shard(path) as shard:
-                counts.append(_token_count(shard))
+                counts.append(_offsets(shard)[-1])
         complete[name], shard_tokens[name] = len(counts), counts
     return {**index, "complete_shards": complete, "shard_tokens": shard_tokens}
 
@@ -365,13 +365,13 @@ def _read_rows(shard: ShardFile, name: str, start: int, stop: int) -> torch.Tens
         raise _damaged(shard.path, err) from err
 
 
-def _token_count(shard: ShardFile) -> int:
-    """The tokens a complete shard holds: the last of its ``offsets``."""
+def _offsets(shard: ShardFile) -> list[int]:
+    """The shard's ``offsets``: where each example's tokens start, then the tokens it holds."""
     try:
         ends = shard.shape("offsets")[0]
     except MissingTensorError as err:
         raise _damaged(shard.path, err) from err
-    return int(_read_rows(shard, "offsets", ends - 1, ends)[0])
+    return _read_rows(shard, "offsets", 0, ends).tolist()
 
 
 @torch.no_grad()
@@ -661,7 +661,8 @@ class FeatureCache:
         self.index = read_index(self.directory)
         self.identity = CacheIdentity.from_dict(self.index["identity"])
         self.examples_per_shard = int(self.index["examples_per_shard"])
-        self._shards: OrderedDict[Path, ShardFile] = OrderedDict()  # least recently read first
+        # Open shards, least recently read first, each with its ``offsets`` (read once at opening).
+        self._shards: OrderedDict[Path, tuple[ShardFile, list[int]]] = OrderedDict()
         for split, examples in self.identity.examples.items():
             needed = -(-examples // self.examples_per_shard)
             if self.index["complete_shards"].get(split, 0) < needed:
@@ -678,27 +679,32 @@ class FeatureCache:
     def check(self, expected: CacheIdentity) -> None:
         check_readable(self.identity, expected, f"feature cache {self.directory}")
 
-    def _shard(self, split: str, shard: int) -> ShardFile:
-        """The shard, open; the least recently read ones are closed beyond ``MAX_OPEN_SHARDS``."""
+    def _shard(self, split: str, shard: int) -> tuple[ShardFile, list[int]]:
+        """The shard, open, and its ``offsets``; the least recently read shards are closed beyond
+        ``MAX_OPEN_SHARDS``."""
         path = shard_path(self.directory, split, shard)
         if path in self._shards:
             self._shards.move_to_end(path)
             return self._shards[path]
         if not path.is_file():
             raise FeatureCacheError(f"feature cache shard missing: {path}")
-        self._shards[path] = _open_shard(path)
+        opened = _open_shard(path)
+        try:
+            self._shards[path] = opened, _offsets(opened)
+        except FeatureCacheError:
+            opened.close()
+            raise
         while len(self._shards) > MAX_OPEN_SHARDS:
-            self._shards.popitem(last=False)[1].close()
+            self._shards.popitem(last=False)[1][0].close()
         return self._shards[path]
 
     def _span(self, split: str, row: int) -> tuple[ShardFile, int, int]:
         """``(shard, start, stop)``: where example ``row`` of ``split`` lies in its shard."""
         if not 0 <= row < self.identity.examples.get(split, 0):
             raise FeatureCacheError(f"feature cache {self.directory}: no row {row} in split '{split}'")
-        shard = self._shard(split, row // self.examples_per_shard)
+        shard, offsets = self._shard(split, row // self.examples_per_shard)
         local = row % self.examples_per_shard
-        start, stop = _read_rows(shard, "offsets", local, local + 2).tolist()
-        return shard, start, stop
+        return shard, offsets[local], offsets[local + 1]
 
     def row(
         self, split: str, row: int, layers: tuple[int, ...] | None = None

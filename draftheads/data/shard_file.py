@@ -4,8 +4,8 @@ A feature-cache shard is a safetensors file (https://github.com/huggingface/safe
 an 8-byte little-endian header length, a JSON header naming each tensor's dtype, shape and byte
 range in the data that follows, then the data. Training reads a few rows of a shard at a time, in
 random order over tens of gigabytes. Read through safetensors' memory map, every page fault pulls
-in the device's read-ahead (8 MiB on the virtio disk measured), so a 300 KiB row of one layer cost megabytes
-of disk reads: measured on a 48.8 GB cache, 1.3-2.5 GB read from disk for 64 rows that hold
+in the device's read-ahead (8 MiB on the virtio disk measured), so a 300 KiB row of one layer cost
+megabytes of disk reads: measured on a 48.8 GB cache, 1.3-2.5 GB read from disk for 64 rows that hold
 about 80 MiB (docs/training.md, "Reading a cache larger than memory"). ``ShardFile`` reads the rows'
 bytes alone with ``preadv``, straight into the tensor it returns, on a descriptor advised
 ``POSIX_FADV_RANDOM`` (Linux: no read-ahead; macOS has no such advice and keeps its own). The data
@@ -15,6 +15,7 @@ is little-endian, as safetensors writes it and as x86 and ARM hosts read it.
 from __future__ import annotations
 
 import json
+import math
 import os
 import struct
 from pathlib import Path
@@ -100,14 +101,11 @@ class ShardFile:
                 begin, end = (int(offset) for offset in entry["data_offsets"])
             except (KeyError, TypeError, ValueError) as err:
                 raise ShardFileError(self.path, f"tensor {name!r} has an unreadable entry {entry!r}") from err
-            count = 1
-            for dim in shape:
-                count *= dim
             if (
                 not shape
                 or min(shape) < 0
                 or not 0 <= begin <= end
-                or end - begin != count * dtype.itemsize
+                or end - begin != math.prod(shape) * dtype.itemsize
                 or data_start + end > self._size
             ):
                 raise ShardFileError(
@@ -134,18 +132,16 @@ class ShardFile:
 
     def rows(self, name: str, start: int, stop: int) -> torch.Tensor:
         """Rows ``[start, stop)`` of tensor ``name``: a new tensor of shape (stop - start, *rest)."""
+        if self._fd < 0:
+            raise ValueError(f"{self.path}: read after close")
         entry = self._entry(name)
         length, *rest = entry["shape"]
         if not 0 <= start <= stop <= length:
             raise IndexError(f"{self.path}: rows {start}-{stop} of tensor {name!r}, which has {length}")
-        row_bytes = entry["dtype"].itemsize
-        for dim in rest:
-            row_bytes *= dim
+        row_bytes = entry["dtype"].itemsize * math.prod(rest)
         out = torch.empty((stop - start) * row_bytes, dtype=torch.uint8)
         view = memoryview(out.numpy())
         offset = self._data_start + entry["begin"] + start * row_bytes
-        if self._fd < 0:
-            raise ValueError(f"{self.path}: read after close")
         done = 0
         while done < len(view):  # a read may return fewer bytes than asked
             read = _read_into(self._fd, view[done:], offset + done)

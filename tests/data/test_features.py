@@ -313,7 +313,7 @@ def test_a_reader_keeps_a_bounded_number_of_shards_open(tmp_path, tiny_llama, sp
     first = [cache.row("train", row) for row in range(7)]  # 4 shards of 2 rows
     path = [features.shard_path(tmp_path, "train", shard) for shard in range(4)]
     assert list(cache._shards) == [path[2], path[3]]
-    third = cache._shards[path[3]]
+    third = cache._shards[path[3]][0]
     cache.row("train", 4)  # shard 2: now the most recently read
     cache.row("train", 0)  # shard 0 again: shard 3, the least recently read, is closed
     assert list(cache._shards) == [path[2], path[0]]
