@@ -12,7 +12,9 @@ the copy in every layer.
 shared by the heads, is repeated n_rep times along the query dimension, which is far smaller than
 the keys and values it replaces. The scores are the same dot products, the kernel the same torch
 SDPA; only the order of the work changes. Anything else (one query, no mask, a mask per head, no
-grouping, dropout) goes to transformers' own SDPA function unchanged.
+grouping, dropout) goes to transformers' own SDPA function unchanged. Every layer of a forward gets
+the same mask tensor; inside ``mask_repeats_shared()`` (the decoder's forwards run in it) it is
+repeated once for all of them instead of once per layer.
 
 ``fold_grouped_queries(model)`` switches an SDPA model to it through transformers' attention
 registry (``AttentionInterface``; the masks are SDPA's, ``AttentionMaskInterface``), the documented
@@ -22,9 +24,42 @@ way to plug in an attention function without touching a modeling file. Measured 
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
+
 import torch
 
 FOLDED_SDPA = "draftheads_folded_sdpa"
+
+# Inside ``mask_repeats_shared``: (id of a mask, n_rep) -> (that mask, its repeat).
+_REPEATS: ContextVar[dict | None] = ContextVar("draftheads_mask_repeats", default=None)
+
+
+@contextmanager
+def mask_repeats_shared() -> Iterator[None]:
+    """Within it, a mask tensor the folded attention has repeated once is not repeated again:
+    for one model forward, whose layers all get the same, unmodified mask. Do not modify a mask
+    in place within it."""
+    token = _REPEATS.set({})
+    try:
+        yield
+    finally:
+        _REPEATS.reset(token)
+
+
+def repeated_mask(mask: torch.Tensor, n_rep: int) -> torch.Tensor:
+    """``mask`` (B, 1, N, L) repeated ``n_rep`` times along the query dimension: (B, 1, n_rep * N, L);
+    inside ``mask_repeats_shared`` the same tensor again for the same ``mask``."""
+    repeats = _REPEATS.get()
+    if repeats is None:
+        return mask.repeat(1, 1, n_rep, 1)
+    known = repeats.get((id(mask), n_rep))
+    if known is not None and known[0] is mask:  # ``is``: the mask is kept alive by the entry
+        return known[1]
+    repeated = mask.repeat(1, 1, n_rep, 1)
+    repeats[(id(mask), n_rep)] = (mask, repeated)
+    return repeated
 
 
 def folded_sdpa_attention(
@@ -68,7 +103,7 @@ def folded_sdpa_attention(
             **kwargs,
         )
     folded = query.reshape(batch, groups, n_rep * queries, dim)
-    mask = attention_mask.repeat(1, 1, n_rep, 1)  # (B, 1, n_rep * N, L)
+    mask = repeated_mask(attention_mask, n_rep)  # (B, 1, n_rep * N, L)
     output = torch.nn.functional.scaled_dot_product_attention(
         folded, key, value, attn_mask=mask, scale=scaling
     )

@@ -9,7 +9,13 @@ import copy
 import pytest
 import torch
 
-from draftheads.attention import FOLDED_SDPA, fold_grouped_queries, folded_sdpa_attention
+from draftheads.attention import (
+    FOLDED_SDPA,
+    fold_grouped_queries,
+    folded_sdpa_attention,
+    mask_repeats_shared,
+    repeated_mask,
+)
 from draftheads.heads import Eagle3Config, build_head
 from draftheads.infer import SpeculativeGenerator
 from draftheads.infer.cache import left_aligned_slots
@@ -83,6 +89,21 @@ def test_folded_function_against_repeated_heads_directly():
         query, key.repeat_interleave(3, dim=1), value.repeat_interleave(3, dim=1), attn_mask=mask
     )
     torch.testing.assert_close(output, repeated.transpose(1, 2), atol=1e-6, rtol=1e-6)
+
+
+def test_a_mask_is_repeated_once_for_the_layers_of_a_forward():
+    mask = torch.randn(2, 1, 3, 7)
+    alone = repeated_mask(mask, 3)
+    torch.testing.assert_close(alone, mask.repeat(1, 1, 3, 1), atol=0, rtol=0)
+    assert repeated_mask(mask, 3) is not alone  # outside a forward nothing is kept
+    with mask_repeats_shared():
+        first = repeated_mask(mask, 3)
+        torch.testing.assert_close(first, mask.repeat(1, 1, 3, 1), atol=0, rtol=0)
+        assert repeated_mask(mask, 3) is first  # the next layer of the same forward
+        assert repeated_mask(mask.clone(), 3) is not first  # equal values, another tensor
+        torch.testing.assert_close(repeated_mask(mask, 2), mask.repeat(1, 1, 2, 1), atol=0, rtol=0)
+    with mask_repeats_shared():  # the next forward starts afresh
+        assert repeated_mask(mask, 3) is not first
 
 
 def test_speculative_rows_on_a_folded_model_match_generate_on_an_unfolded_one(models):

@@ -8,6 +8,7 @@ from collections.abc import Sequence
 
 import torch
 
+from draftheads.attention import mask_repeats_shared
 from draftheads.base_model import SUPPORTED_ATTENTION
 from draftheads.compat import cache_kwargs
 from draftheads.infer.cache import new_cache
@@ -102,14 +103,15 @@ def rows_forward(
     lengths = slots.sum(dim=1).tolist()  # each row's entries: its root's position
     position_ids = rows_position_ids(topologies, lengths, size, device)  # (B, N)
     check_tree_inputs(model, input_ids, attention_mask, position_ids, cache_length)
-    return model(
-        input_ids=input_ids,
-        attention_mask=attention_mask,
-        position_ids=position_ids,
-        **cache_kwargs(cache),
-        use_cache=True,
-        output_hidden_states=list(hidden_layers),
-    )
+    with mask_repeats_shared():  # every layer gets this mask: a folded model repeats it once
+        return model(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            position_ids=position_ids,
+            **cache_kwargs(cache),
+            use_cache=True,
+            output_hidden_states=list(hidden_layers),
+        )
 
 
 def prefill_forward(model, input_ids: torch.Tensor, hidden_layers: Sequence[int]):
@@ -145,14 +147,15 @@ def prefill_rows(model, prompts: Sequence[torch.Tensor], hidden_layers: Sequence
     last = lengths - 1
     keep = torch.unique(last)  # ascending: the sequence positions whose logits are needed
     cache = new_cache(model)
-    output = model(
-        input_ids=input_ids.to(model.device),
-        attention_mask=attention_mask.to(model.device),
-        **cache_kwargs(cache),
-        use_cache=True,
-        output_hidden_states=list(hidden_layers),
-        logits_to_keep=keep.to(model.device),
-    )
+    with mask_repeats_shared():
+        output = model(
+            input_ids=input_ids.to(model.device),
+            attention_mask=attention_mask.to(model.device),
+            **cache_kwargs(cache),
+            use_cache=True,
+            output_hidden_states=list(hidden_layers),
+            logits_to_keep=keep.to(model.device),
+        )
     column = torch.searchsorted(keep, last)  # each row's last position among the kept ones
     logits = output.logits[torch.arange(len(prompts)), column.to(output.logits.device)]  # (B, V)
     return cache, logits, output.hidden_states
