@@ -32,7 +32,8 @@ import torch
 
 FOLDED_SDPA = "draftheads_folded_sdpa"
 
-# Inside ``mask_repeats_shared``: (id of a mask, n_rep) -> (that mask, its repeat).
+# Inside ``mask_repeats_shared``: (id of a mask, n_rep) -> (that mask, its repeat). The entry keeps
+# the mask alive, so no other tensor can take its id while the entry stands.
 _REPEATS: ContextVar[dict | None] = ContextVar("draftheads_mask_repeats", default=None)
 
 
@@ -55,7 +56,7 @@ def repeated_mask(mask: torch.Tensor, n_rep: int) -> torch.Tensor:
     if repeats is None:
         return mask.repeat(1, 1, n_rep, 1)
     known = repeats.get((id(mask), n_rep))
-    if known is not None and known[0] is mask:  # ``is``: the mask is kept alive by the entry
+    if known is not None:
         return known[1]
     repeated = mask.repeat(1, 1, n_rep, 1)
     repeats[(id(mask), n_rep)] = (mask, repeated)
