@@ -35,6 +35,7 @@ from draftheads.infer.generate import DEFAULT_MAX_NEW_TOKENS
 from draftheads.infer.precision import DEFAULT_DRAFT_DTYPE, prepare_head
 from draftheads.machine import machine_info
 from draftheads.optional import available
+from draftheads.speed_probe import QUIET_MARGIN, forward_seconds, quiet_limit, summarize_probes
 
 TAU_CONVENTION = (
     "tokens per base-model forward, counting the token the base model produces itself (plain decoding = 1)"
@@ -98,6 +99,9 @@ class Sample:
     accepted_by_source: dict[str, int] = field(default_factory=dict)  # accepted drafts by proposer
     batch_size: int = 1  # rows decoded together (its seconds are the batch's share for this row)
     repeat_seconds: list[float] = field(default_factory=list)  # each timed repeat's seconds, in order
+    # the machine's speed around this sample's batch (``draftheads.speed_probe``): the slower of the
+    # probes taken just before and just after the batch's runs; None when the run took no probes
+    probe_seconds: float | None = None
 
 
 class ForwardCounter:
@@ -276,10 +280,13 @@ def run_bench(
     progress: bool = True,
     batch_size: int = 1,
     continuous: bool = False,
+    probe: Callable[[], float] | None = None,
 ) -> list[Sample]:
     """Decode every prompt with every method, interleaved batch by batch (``batch_size`` consecutive
     prompts at a time); the first method is the reference. ``continuous``: every method gets all
-    the prompts in one run, with at most ``batch_size`` decoding at once (see the module)."""
+    the prompts in one run, with at most ``batch_size`` decoding at once (see the module).
+    ``probe``: the machine's speed in seconds (``draftheads.speed_probe``), taken before each batch
+    and after the last; each sample keeps the slower of the two around its batch."""
     from tqdm.auto import tqdm
 
     if continuous and batch_size > 1:
@@ -289,6 +296,7 @@ def run_bench(
     for method in methods:  # warm-up: allocator, kernels, caches; not timed
         method.run(batches[0], warmup_tokens, temperature, seed, concurrency)
     samples: list[Sample] = []
+    before = probe() if probe else None
     bar = tqdm(
         total=len(batches) * len(methods) * repeats,
         desc=f"bench (batch {batch_size})",
@@ -306,11 +314,15 @@ def run_bench(
                 tokens, seconds = sum(s.new_tokens for s in run), sum(s.seconds for s in run)
                 bar.set_postfix(method=method.name, tok_s=f"{tokens / max(seconds, 1e-9):.1f}")
                 bar.update()
+        after = probe() if probe else None
+        probed = max(before, after) if probe else None
+        before = after
         reference = None
         for method_runs in runs:
             batch_samples = _median(method_runs)
             for sample in batch_samples:  # the batch size asked for (the last batch may be smaller)
                 sample.batch_size = batch_size
+                sample.probe_seconds = probed
             if reference is None:
                 reference = batch_samples
             if temperature <= 0:
@@ -339,6 +351,10 @@ class Summary:
     # the speedup of each timed repeat alone (repeat r against the reference's repeat r, run next to
     # it): their spread is the machine's noise; empty with one repeat
     speedup_by_repeat: list[float] = field(default_factory=list)
+    # the speedup over the quiet batches alone (``draftheads.speed_probe``) and how many of this
+    # group's prompts they hold; None when the run took no probes
+    quiet_speedup: float | None = None
+    quiet_prompts: int = 0
 
 
 def summarize(samples: list[Sample], reference_method: str) -> list[Summary]:
@@ -348,9 +364,15 @@ def summarize(samples: list[Sample], reference_method: str) -> list[Summary]:
     for sample in samples:
         groups[(sample.method, sample.category)].append(sample)
         groups[(sample.method, "all")].append(sample)
-    rates, repeat_rates = {}, {}
+    probes = [s.probe_seconds for s in samples if s.probe_seconds is not None]
+    limit = quiet_limit(min(probes)) if len(probes) == len(samples) and probes else None
+    rates, repeat_rates, quiet_rates, quiet_counts = {}, {}, {}, {}
     for key, group in groups.items():
         rates[key] = sum(s.new_tokens for s in group) / max(sum(s.seconds for s in group), 1e-9)
+        quiet = [s for s in group if limit is not None and s.probe_seconds <= limit]
+        if quiet:
+            quiet_rates[key] = sum(s.new_tokens for s in quiet) / max(sum(s.seconds for s in quiet), 1e-9)
+            quiet_counts[key] = len(quiet)
         repeats = {len(s.repeat_seconds) for s in group}
         if len(repeats) == 1 and min(repeats) > 1:
             tokens = sum(s.new_tokens for s in group)
@@ -366,6 +388,10 @@ def summarize(samples: list[Sample], reference_method: str) -> list[Summary]:
         own = repeat_rates.get((method, category), [])
         against = repeat_rates.get((reference_method, category), [])
         by_repeat = [a / b for a, b in zip(own, against)] if len(own) == len(against) else []
+        # every method ran each batch next to the others, so the quiet prompts are the same for all
+        quiet_speedup, quiet_prompts = None, quiet_counts.get((method, category), 0)
+        if quiet_prompts and (reference_method, category) in quiet_rates:
+            quiet_speedup = quiet_rates[(method, category)] / quiet_rates[(reference_method, category)]
         steps = sum(s.steps for s in group)
         depth = max((len(s.accepted_per_depth) for s in group), default=0)
         acceptance = [
@@ -395,6 +421,8 @@ def summarize(samples: list[Sample], reference_method: str) -> list[Summary]:
                 dict(sorted(by_source.items())),
                 batch_size,
                 by_repeat,
+                quiet_speedup,
+                quiet_prompts,
             )
         )
     summaries.sort(key=lambda s: (s.category != "all", s.category, s.method))
@@ -404,12 +432,14 @@ def summarize(samples: list[Sample], reference_method: str) -> list[Summary]:
 def markdown_table(summaries: list[Summary]) -> str:
     batched = any(s.batch_size > 1 for s in summaries)
     batch_header, batch_rule = (" batch |", "---:|") if batched else ("", "")
+    probed = any(s.quiet_speedup is not None for s in summaries)
+    quiet_header, quiet_rule = (" quiet speedup (prompts) |", "---:|") if probed else ("", "")
     lines = [
         (
-            f"| category | method |{batch_header} tau | tokens/s | speedup | overhead (tau/speedup) "
-            "| acceptance by depth | accepted per step by source | agreement |"
+            f"| category | method |{batch_header} tau | tokens/s | speedup |{quiet_header} "
+            "overhead (tau/speedup) | acceptance by depth | accepted per step by source | agreement |"
         ),
-        f"|---|---|{batch_rule}---:|---:|---:|---:|---|---|---:|",
+        f"|---|---|{batch_rule}---:|---:|---:|{quiet_rule}---:|---|---|---:|",
     ]
     for s in summaries:
         acceptance = " / ".join(f"{a:.2f}" for a in s.acceptance_by_depth) or "-"
@@ -419,9 +449,12 @@ def markdown_table(summaries: list[Summary]) -> str:
         spread = ""
         if s.speedup_by_repeat:
             spread = f" ({min(s.speedup_by_repeat):.2f}-{max(s.speedup_by_repeat):.2f})"
+        quiet = ""
+        if probed:
+            quiet = " - |" if s.quiet_speedup is None else f" {s.quiet_speedup:.2f}x ({s.quiet_prompts}) |"
         lines.append(
             f"| {s.category} | {s.method} |{batch} {s.tau:.2f} | {s.tokens_per_second:.1f} | "
-            f"{s.speedup:.2f}x{spread} | {s.implied_overhead:.2f} | {acceptance} | {by_source} | "
+            f"{s.speedup:.2f}x{spread} |{quiet} {s.implied_overhead:.2f} | {acceptance} | {by_source} | "
             f"{agreement} |"
         )
     return "\n".join(lines) + "\n"
@@ -507,6 +540,26 @@ def _plot_batches(plt, summaries: list[Summary], out_dir: Path) -> Path:
     return path
 
 
+def probe_note(samples: list[Sample]) -> str:
+    """bench.md's paragraph on the machine's speed during the run, per batch size ('' without probes)."""
+    by_batch: dict[int, list[float]] = defaultdict(list)
+    for sample in samples:
+        if sample.method == REFERENCE and sample.probe_seconds is not None:
+            by_batch[sample.batch_size].append(sample.probe_seconds)
+    if not by_batch:
+        return ""
+    lines = [
+        f"batch {size}: {summarize_probes(seconds).describe()}" for size, seconds in sorted(by_batch.items())
+    ]
+    return (
+        "Machine speed: a one-token forward of the base timed around every batch (the slower of just "
+        "before and just after), one figure per prompt. Another tenant's load slows memory-bound plain "
+        "decoding more than a speculative step, so a slow spell raises the speedups; 'quiet speedup' "
+        f"keeps only the prompts whose batch ran within {QUIET_MARGIN:.0%} of the fastest "
+        "(draftheads/speed_probe.py). " + "; ".join(lines) + ".\n\n"
+    )
+
+
 def write_results(samples, summaries, info: dict, settings: dict, out_dir: Path) -> list[Path]:
     out_dir.mkdir(parents=True, exist_ok=True)
     record = {
@@ -527,6 +580,7 @@ def write_results(samples, summaries, info: dict, settings: dict, out_dir: Path)
             "repeat r, run next to it): the machine's noise. The medians are taken batch by batch, "
             "so the first figure can lie outside that range.\n\n"
         )
+    header += probe_note(samples)
     if settings.get("continuous") and any(s.batch_size > 1 for s in summaries):
         header += (
             "batch B > 1: the draftheads methods decode every prompt in one run, at most B at once, "
@@ -787,7 +841,14 @@ def bench(settings: BenchSettings, progress: bool = True) -> tuple[list[Summary]
             progress=progress,
             batch_size=batch_size,
             continuous=settings.continuous,
+            probe=lambda: forward_seconds(model, prompts[0].input_ids[:, -1:]),
         )
+        probes = summarize_probes([s.probe_seconds for s in batch_samples if s.method == REFERENCE])
+        if progress and probes.median > probes.quiet_limit:
+            print(
+                f"bench (batch {batch_size}): the machine slowed during the run (a one-token forward: "
+                f"{probes.describe()}); see the quiet speedups in bench.md"
+            )
         samples += batch_samples
         summaries += summarize(batch_samples, reference_method=REFERENCE)
     record = {**asdict(settings), "base": base_name, "packed_linears": packed}

@@ -313,3 +313,61 @@ def test_continuous_batches_keep_b_rows_and_agree_with_batched_generate(tmp_path
     summaries = summarize(samples, "generate")
     write_results(samples, summaries, {}, {"continuous": True}, tmp_path)
     assert "each finished row replaced by the next prompt" in (tmp_path / "bench.md").read_text()
+
+
+def test_quiet_speedup_keeps_the_batches_the_probe_found_at_full_speed(tmp_path):
+    # three one-prompt batches; probes before batch 0, 1, 2 and after 2: 1.0, 1.0, 1.3, 1.02 s.
+    # Each batch keeps the slower probe around it: 1.0, 1.3, 1.3, so batch 0 alone is quiet.
+    probes = iter([1.0, 1.0, 1.3, 1.02])
+    # generate (reference) slows more in the slow spell (batches 1-2) than b does
+    a = _ScriptedMethod("generate", [9.0, 2.0, 3.0, 3.0], [])
+    b = _ScriptedMethod("b", [9.0, 1.6, 2.0, 2.0], [])
+    prompts = [BenchPrompt(str(i), "x", torch.ones(1, 3, dtype=torch.long)) for i in range(3)]
+    samples = run_bench(
+        [a, b], prompts, max_new_tokens=4, temperature=0.0, progress=False, probe=lambda: next(probes)
+    )
+    assert [s.probe_seconds for s in samples if s.method == "b"] == [1.0, 1.3, 1.3]
+    summaries = {(s.method, s.category): s for s in summarize(samples, "generate")}
+    overall = summaries[("b", "all")]
+    assert overall.speedup == pytest.approx(8.0 / 5.6)  # every prompt: 1.43x, the slow spell's included
+    assert overall.quiet_speedup == pytest.approx(2.0 / 1.6)  # the quiet batch alone: 1.25x
+    assert overall.quiet_prompts == 1
+    assert summaries[("generate", "all")].quiet_speedup == pytest.approx(1.0)
+    write_results(samples, list(summaries.values()), {"cpu": "test"}, {}, tmp_path)
+    text = (tmp_path / "bench.md").read_text()
+    assert "| all | b | 1.00 | 2.1 | 1.43x | 1.25x (1) |" in text
+    assert "batch 1: fastest 1000.00 ms, median 1300.00 ms, slowest 1300.00 ms; 1 of 3 within 5%" in text
+    record = json.loads((tmp_path / "bench.json").read_text())
+    assert [s["probe_seconds"] for s in record["samples"] if s["method"] == "b"] == [1.0, 1.3, 1.3]
+
+
+def test_without_probes_there_is_no_quiet_speedup(tmp_path):
+    a = _ScriptedMethod("generate", [9.0, 2.0], [])
+    b = _ScriptedMethod("b", [9.0, 1.0], [])
+    prompts = [BenchPrompt("0", "x", torch.ones(1, 3, dtype=torch.long))]
+    samples = run_bench([a, b], prompts, max_new_tokens=4, temperature=0.0, progress=False)
+    summaries = summarize(samples, "generate")
+    assert all(s.quiet_speedup is None and s.quiet_prompts == 0 for s in summaries)
+    write_results(samples, summaries, {"cpu": "test"}, {}, tmp_path)
+    text = (tmp_path / "bench.md").read_text()
+    assert "quiet" not in text and "| all | b | 1.00 | 4.0 | 2.00x | 0.50 |" in text
+
+
+def test_the_probe_times_a_one_token_forward_of_the_model(tiny_llama):
+    from draftheads.speed_probe import forward_seconds, summarize_probes
+
+    calls = []
+    handle = tiny_llama.register_forward_hook(
+        lambda module, args, kwargs, out: calls.append(kwargs), with_kwargs=True
+    )
+    try:
+        seconds = forward_seconds(tiny_llama, torch.tensor([[5]]), runs=2)
+    finally:
+        handle.remove()
+    assert seconds > 0 and len(calls) == 2
+    assert all(c["input_ids"].shape == (1, 1) and c["use_cache"] is False for c in calls)
+    with pytest.raises(ValueError, match="runs must be >= 1, got 0"):
+        forward_seconds(tiny_llama, torch.tensor([[5]]), runs=0)
+    summary = summarize_probes([0.020, 0.0209, 0.025, 0.0215])
+    assert (summary.fastest, summary.slowest, summary.quiet, summary.count) == (0.020, 0.025, 2, 4)
+    assert summarize_probes([]) is None

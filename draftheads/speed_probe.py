@@ -1,0 +1,74 @@
+"""How fast the machine is right now, measured the way plain decoding spends its time.
+
+On a shared host another tenant's load comes and goes, and it does not slow every method alike:
+plain decoding streams every weight once per token and is bound by memory bandwidth, while a
+speculative step verifies several tokens per weight read and is closer to compute-bound. A
+neighbour loading the memory bus therefore slows plain ``generate`` more than a speculative
+decoder, and a speedup measured through such a spell runs high, even with the methods
+interleaved. ``draftheads bench`` times a one-token forward of the base (this module) around every
+batch of prompts; batches where it ran within ``QUIET_MARGIN`` of the run's fastest are "quiet",
+and the speedup over those alone is what the machine gives undisturbed.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass
+
+import torch
+
+QUIET_MARGIN = 0.05  # a batch is quiet when its probe took at most 5% over the run's fastest
+PROBE_RUNS = 3  # forwards per probe; the fastest counts (one hiccup is not a slow spell)
+
+
+def forward_seconds(model: torch.nn.Module, ids: torch.Tensor, runs: int = PROBE_RUNS) -> float:
+    """The fastest of ``runs`` forwards of ``ids`` (1, T) through ``model``, no cache kept: with one
+    token, plain decoding's unit of work (every weight read once)."""
+    if runs < 1:
+        raise ValueError(f"runs must be >= 1, got {runs}")
+    fastest = float("inf")
+    with torch.inference_mode():
+        for _ in range(runs):
+            started = time.perf_counter()
+            model(input_ids=ids.to(model.device), use_cache=False)
+            fastest = min(fastest, time.perf_counter() - started)
+    return fastest
+
+
+@dataclass(frozen=True)
+class ProbeSummary:
+    fastest: float  # seconds
+    median: float
+    slowest: float
+    quiet: int  # probes within QUIET_MARGIN of the fastest
+    count: int
+
+    @property
+    def quiet_limit(self) -> float:
+        return quiet_limit(self.fastest)
+
+    def describe(self) -> str:
+        return (
+            f"fastest {1e3 * self.fastest:.2f} ms, median {1e3 * self.median:.2f} ms, slowest "
+            f"{1e3 * self.slowest:.2f} ms; {self.quiet} of {self.count} within {QUIET_MARGIN:.0%} "
+            "of the fastest"
+        )
+
+
+def quiet_limit(fastest: float) -> float:
+    """The slowest probe that still counts as quiet."""
+    return fastest * (1 + QUIET_MARGIN)
+
+
+def summarize_probes(seconds: list[float]) -> ProbeSummary | None:
+    if not seconds:
+        return None
+    fastest = min(seconds)
+    return ProbeSummary(
+        fastest,
+        statistics.median(seconds),
+        max(seconds),
+        sum(s <= quiet_limit(fastest) for s in seconds),
+        len(seconds),
+    )
