@@ -554,7 +554,7 @@ def probe_note(samples: list[Sample]) -> str:
     return (
         "Machine speed: a one-token forward of the base timed around every batch (the slower of just "
         "before and just after), one figure per prompt. Another tenant's load slows memory-bound plain "
-        "decoding more than a speculative step, so a slow spell raises the speedups; 'quiet speedup' "
+        "decoding and a speculative step unequally, so a slow spell moves the speedups; 'quiet speedup' "
         f"keeps only the prompts whose batch ran within {QUIET_MARGIN:.0%} of the fastest "
         "(draftheads/speed_probe.py). " + "; ".join(lines) + ".\n\n"
     )

@@ -2,12 +2,12 @@
 
 On a shared host another tenant's load comes and goes, and it does not slow every method alike:
 plain decoding streams every weight once per token and is bound by memory bandwidth, while a
-speculative step verifies several tokens per weight read and is closer to compute-bound. A
-neighbour loading the memory bus therefore slows plain ``generate`` more than a speculative
-decoder, and a speedup measured through such a spell runs high, even with the methods
-interleaved. ``draftheads bench`` times a one-token forward of the base (this module) around every
-batch of prompts; batches where it ran within ``QUIET_MARGIN`` of the run's fastest are "quiet",
-and the speedup over those alone is what the machine gives undisturbed.
+speculative step verifies several tokens per weight read and leans more on compute. A speedup
+measured through a slow spell is therefore off, in a direction that depends on what the neighbour
+loads, even with the methods interleaved. ``draftheads bench`` times a one-token forward of the
+base (this module) around every batch of prompts; batches where it ran within ``QUIET_MARGIN`` of
+the run's fastest are "quiet", and the speedup over those alone is what the machine gives
+undisturbed.
 """
 
 from __future__ import annotations
