@@ -27,11 +27,15 @@ def forward_seconds(model: torch.nn.Module, ids: torch.Tensor, runs: int = PROBE
     token, plain decoding's unit of work (every weight read once)."""
     if runs < 1:
         raise ValueError(f"runs must be >= 1, got {runs}")
+    ids = ids.to(model.device)
+    synchronize = torch.cuda.synchronize if ids.device.type == "cuda" else lambda: None
     fastest = float("inf")
     with torch.inference_mode():
         for _ in range(runs):
+            synchronize()
             started = time.perf_counter()
-            model(input_ids=ids.to(model.device), use_cache=False)
+            model(input_ids=ids, use_cache=False)
+            synchronize()  # a GPU runs the forward after the call returns
             fastest = min(fastest, time.perf_counter() - started)
     return fastest
 
