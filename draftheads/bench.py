@@ -99,9 +99,12 @@ class Sample:
     accepted_by_source: dict[str, int] = field(default_factory=dict)  # accepted drafts by proposer
     batch_size: int = 1  # rows decoded together (its seconds are the batch's share for this row)
     repeat_seconds: list[float] = field(default_factory=list)  # each timed repeat's seconds, in order
-    # the machine's speed around this sample's batch (``draftheads.speed_probe``): the slower of the
-    # probes taken just before and just after the batch's runs; None when the run took no probes
-    probe_seconds: float | None = None
+    # per timed repeat, the machine's speed while it ran (``draftheads.speed_probe``): the slowest
+    # of the probes taken between the methods' runs of that repeat, before the first and after the
+    # last; and whether that repeat ran quiet. Empty when the run took no probes; no flags when it
+    # had a single repeat of a single batch (nothing to compare it with).
+    repeat_probe_seconds: list[float] = field(default_factory=list)
+    quiet_repeats: list[bool] = field(default_factory=list)
 
 
 class ForwardCounter:
@@ -285,8 +288,10 @@ def run_bench(
     """Decode every prompt with every method, interleaved batch by batch (``batch_size`` consecutive
     prompts at a time); the first method is the reference. ``continuous``: every method gets all
     the prompts in one run, with at most ``batch_size`` decoding at once (see the module).
-    ``probe``: the machine's speed in seconds (``draftheads.speed_probe``), taken before each batch
-    and after the last; each sample keeps the slower of the two around its batch."""
+    ``probe``: the machine's speed in seconds (``draftheads.speed_probe``), taken before the first
+    run and after every run. A repeat of a batch (every method's run of it, back to back) is one
+    unit: its samples keep the slowest probe around its runs, and units within ``QUIET_MARGIN`` of
+    the fastest unit are flagged quiet."""
     from tqdm.auto import tqdm
 
     if continuous and batch_size > 1:
@@ -296,7 +301,7 @@ def run_bench(
     for method in methods:  # warm-up: allocator, kernels, caches; not timed
         method.run(batches[0], warmup_tokens, temperature, seed, concurrency)
     samples: list[Sample] = []
-    before = probe() if probe else None
+    last_probe = probe() if probe else None
     bar = tqdm(
         total=len(batches) * len(methods) * repeats,
         desc=f"bench (batch {batch_size})",
@@ -307,22 +312,26 @@ def run_bench(
         # Repeats alternate between the methods (a, b, a, b, ...), so that a slow spell of the
         # machine (a noisy neighbour on a shared host) falls on all of them, not on one method's runs.
         runs: list[list[list[Sample]]] = [[] for _ in methods]  # per method, its repeats
+        unit_probes = []  # per repeat: the slowest probe around its runs
         for _ in range(repeats):
+            around = [last_probe]
             for method, method_runs in zip(methods, runs):
                 run = method.run(batch, max_new_tokens, temperature, seed + index, concurrency)
                 method_runs.append(run)
                 tokens, seconds = sum(s.new_tokens for s in run), sum(s.seconds for s in run)
                 bar.set_postfix(method=method.name, tok_s=f"{tokens / max(seconds, 1e-9):.1f}")
                 bar.update()
-        after = probe() if probe else None
-        probed = max(before, after) if probe else None
-        before = after
+                if probe:
+                    around.append(probe())
+            last_probe = around[-1]
+            if probe:
+                unit_probes.append(max(around))
         reference = None
         for method_runs in runs:
             batch_samples = _median(method_runs)
             for sample in batch_samples:  # the batch size asked for (the last batch may be smaller)
                 sample.batch_size = batch_size
-                sample.probe_seconds = probed
+                sample.repeat_probe_seconds = list(unit_probes)
             if reference is None:
                 reference = batch_samples
             if temperature <= 0:
@@ -330,6 +339,10 @@ def run_bench(
                     sample.agrees = sample.tokens == expected.tokens
             samples.extend(batch_samples)
     bar.close()
+    if probe and len(batches) * repeats > 1:
+        limit = quiet_limit(min(p for s in samples for p in s.repeat_probe_seconds))
+        for sample in samples:
+            sample.quiet_repeats = [p <= limit for p in sample.repeat_probe_seconds]
     return samples
 
 
@@ -351,10 +364,10 @@ class Summary:
     # the speedup of each timed repeat alone (repeat r against the reference's repeat r, run next to
     # it): their spread is the machine's noise; empty with one repeat
     speedup_by_repeat: list[float] = field(default_factory=list)
-    # the speedup over the quiet batches alone (``draftheads.speed_probe``) and how many of this
-    # group's prompts they hold; None when the run took no probes
+    # the speedup over the quiet repeats alone (``Sample.quiet_repeats``) and how many runs of one
+    # prompt they hold; None when the run flagged none
     quiet_speedup: float | None = None
-    quiet_prompts: int = 0
+    quiet_runs: int = 0
 
 
 def summarize(samples: list[Sample], reference_method: str) -> list[Summary]:
@@ -364,14 +377,14 @@ def summarize(samples: list[Sample], reference_method: str) -> list[Summary]:
     for sample in samples:
         groups[(sample.method, sample.category)].append(sample)
         groups[(sample.method, "all")].append(sample)
-    probes = [s.probe_seconds for s in samples if s.probe_seconds is not None]
-    limit = quiet_limit(min(probes)) if len(probes) == len(samples) and probes else None
     rates, repeat_rates, quiet_rates, quiet_counts = {}, {}, {}, {}
     for key, group in groups.items():
         rates[key] = sum(s.new_tokens for s in group) / max(sum(s.seconds for s in group), 1e-9)
-        quiet = [s for s in group if limit is not None and s.probe_seconds <= limit]
+        quiet = [
+            (s.new_tokens, s.repeat_seconds[r]) for s in group for r, q in enumerate(s.quiet_repeats) if q
+        ]
         if quiet:
-            quiet_rates[key] = sum(s.new_tokens for s in quiet) / max(sum(s.seconds for s in quiet), 1e-9)
+            quiet_rates[key] = sum(t for t, _ in quiet) / max(sum(t for _, t in quiet), 1e-9)
             quiet_counts[key] = len(quiet)
         repeats = {len(s.repeat_seconds) for s in group}
         if len(repeats) == 1 and min(repeats) > 1:
@@ -388,9 +401,9 @@ def summarize(samples: list[Sample], reference_method: str) -> list[Summary]:
         own = repeat_rates.get((method, category), [])
         against = repeat_rates.get((reference_method, category), [])
         by_repeat = [a / b for a, b in zip(own, against)] if len(own) == len(against) else []
-        # every method ran each batch next to the others, so the quiet prompts are the same for all
-        quiet_speedup, quiet_prompts = None, quiet_counts.get((method, category), 0)
-        if quiet_prompts and (reference_method, category) in quiet_rates:
+        # every method ran each repeat next to the others, so the quiet runs are the same for all
+        quiet_speedup, quiet_runs = None, quiet_counts.get((method, category), 0)
+        if quiet_runs and (reference_method, category) in quiet_rates:
             quiet_speedup = quiet_rates[(method, category)] / quiet_rates[(reference_method, category)]
         steps = sum(s.steps for s in group)
         depth = max((len(s.accepted_per_depth) for s in group), default=0)
@@ -422,7 +435,7 @@ def summarize(samples: list[Sample], reference_method: str) -> list[Summary]:
                 batch_size,
                 by_repeat,
                 quiet_speedup,
-                quiet_prompts,
+                quiet_runs,
             )
         )
     summaries.sort(key=lambda s: (s.category != "all", s.category, s.method))
@@ -433,7 +446,7 @@ def markdown_table(summaries: list[Summary]) -> str:
     batched = any(s.batch_size > 1 for s in summaries)
     batch_header, batch_rule = (" batch |", "---:|") if batched else ("", "")
     probed = any(s.quiet_speedup is not None for s in summaries)
-    quiet_header, quiet_rule = (" quiet speedup (prompts) |", "---:|") if probed else ("", "")
+    quiet_header, quiet_rule = (" quiet speedup (runs) |", "---:|") if probed else ("", "")
     lines = [
         (
             f"| category | method |{batch_header} tau | tokens/s | speedup |{quiet_header} "
@@ -451,7 +464,7 @@ def markdown_table(summaries: list[Summary]) -> str:
             spread = f" ({min(s.speedup_by_repeat):.2f}-{max(s.speedup_by_repeat):.2f})"
         quiet = ""
         if probed:
-            quiet = " - |" if s.quiet_speedup is None else f" {s.quiet_speedup:.2f}x ({s.quiet_prompts}) |"
+            quiet = " - |" if s.quiet_speedup is None else f" {s.quiet_speedup:.2f}x ({s.quiet_runs}) |"
         lines.append(
             f"| {s.category} | {s.method} |{batch} {s.tau:.2f} | {s.tokens_per_second:.1f} | "
             f"{s.speedup:.2f}x{spread} |{quiet} {s.implied_overhead:.2f} | {acceptance} | {by_source} | "
@@ -544,19 +557,23 @@ def probe_note(samples: list[Sample]) -> str:
     """bench.md's paragraph on the machine's speed during the run, per batch size ('' without probes)."""
     by_batch: dict[int, list[float]] = defaultdict(list)
     for sample in samples:
-        if sample.method == REFERENCE and sample.probe_seconds is not None:
-            by_batch[sample.batch_size].append(sample.probe_seconds)
-    if not by_batch:
+        if sample.method == REFERENCE:
+            by_batch[sample.batch_size] += sample.repeat_probe_seconds
+    if not any(by_batch.values()):
         return ""
     lines = [
-        f"batch {size}: {summarize_probes(seconds).describe()}" for size, seconds in sorted(by_batch.items())
+        f"batch {size}: {summarize_probes(seconds).describe()}"
+        for size, seconds in sorted(by_batch.items())
+        if seconds
     ]
     return (
-        "Machine speed: a one-token forward of the base timed around every batch (the slower of just "
-        "before and just after), one figure per prompt. Another tenant's load slows memory-bound plain "
-        "decoding and a speculative step unequally, so a slow spell moves the speedups; 'quiet speedup' "
-        f"keeps only the prompts whose batch ran within {QUIET_MARGIN:.0%} of the fastest "
-        "(draftheads/speed_probe.py). " + "; ".join(lines) + ".\n\n"
+        "Machine speed: a one-token forward of the base timed between the methods' runs; each repeat "
+        "of a batch (every method's run of it) counts the slowest probe around it, one figure per "
+        "prompt and repeat. Another tenant's load slows memory-bound plain decoding and a speculative "
+        "step unequally, so a slow spell moves the speedups; 'quiet speedup' keeps only the runs "
+        f"whose repeat was within {QUIET_MARGIN:.0%} of the fastest (draftheads/speed_probe.py). "
+        + "; ".join(lines)
+        + ".\n\n"
     )
 
 
@@ -843,8 +860,10 @@ def bench(settings: BenchSettings, progress: bool = True) -> tuple[list[Summary]
             continuous=settings.continuous,
             probe=lambda: forward_seconds(model, prompts[0].input_ids[:, -1:]),
         )
-        probes = summarize_probes([s.probe_seconds for s in batch_samples if s.method == REFERENCE])
-        if progress and probes.median > probes.quiet_limit:
+        probes = summarize_probes(
+            [p for s in batch_samples if s.method == REFERENCE for p in s.repeat_probe_seconds]
+        )
+        if progress and probes and probes.median > probes.quiet_limit:
             print(
                 f"bench (batch {batch_size}): the machine slowed during the run (a one-token forward: "
                 f"{probes.describe()}); see the quiet speedups in bench.md"

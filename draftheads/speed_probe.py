@@ -5,9 +5,9 @@ plain decoding streams every weight once per token and is bound by memory bandwi
 speculative step verifies several tokens per weight read and leans more on compute. A speedup
 measured through a slow spell is therefore off, in a direction that depends on what the neighbour
 loads, even with the methods interleaved. ``draftheads bench`` times a one-token forward of the
-base (this module) around every batch of prompts; batches where it ran within ``QUIET_MARGIN`` of
-the run's fastest are "quiet", and the speedup over those alone is what the machine gives
-undisturbed.
+base (this module) between the methods' runs; each repeat of a batch of prompts (every method's
+run of it, back to back) counts the slowest probe around it, repeats within ``QUIET_MARGIN`` of the
+run's fastest are "quiet", and the speedup over those alone is what the machine gives undisturbed.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import torch
 
-QUIET_MARGIN = 0.05  # a batch is quiet when its probe took at most 5% over the run's fastest
+QUIET_MARGIN = 0.05  # a repeat is quiet when its probe took at most 5% over the run's fastest
 PROBE_RUNS = 3  # forwards per probe; the fastest counts (one hiccup is not a slow spell)
 
 

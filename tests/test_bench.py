@@ -316,9 +316,11 @@ def test_continuous_batches_keep_b_rows_and_agree_with_batched_generate(tmp_path
 
 
 def test_quiet_speedup_keeps_the_batches_the_probe_found_at_full_speed(tmp_path):
-    # three one-prompt batches; probes before batch 0, 1, 2 and after 2: 1.0, 1.0, 1.3, 1.02 s.
-    # Each batch keeps the slower probe around it: 1.0, 1.3, 1.3, so batch 0 alone is quiet.
-    probes = iter([1.0, 1.0, 1.3, 1.02])
+    # three one-prompt batches, two methods: a probe before the first run and after every run, so
+    # batch i's repeat sees the probes before it, between its runs and after them (shared with the
+    # next batch): batch 0 max(1.0, 1.01, 1.0) = 1.01, batch 1 max(1.0, 1.3, 1.2) = 1.3, batch 2
+    # max(1.2, 1.25, 1.02) = 1.25; within 5% of the fastest (1.01): batch 0 alone.
+    probes = iter([1.0, 1.01, 1.0, 1.3, 1.2, 1.25, 1.02])
     # generate (reference) slows more in the slow spell (batches 1-2) than b does
     a = _ScriptedMethod("generate", [9.0, 2.0, 3.0, 3.0], [])
     b = _ScriptedMethod("b", [9.0, 1.6, 2.0, 2.0], [])
@@ -326,19 +328,53 @@ def test_quiet_speedup_keeps_the_batches_the_probe_found_at_full_speed(tmp_path)
     samples = run_bench(
         [a, b], prompts, max_new_tokens=4, temperature=0.0, progress=False, probe=lambda: next(probes)
     )
-    assert [s.probe_seconds for s in samples if s.method == "b"] == [1.0, 1.3, 1.3]
+    assert next(probes, None) is None  # every probe taken
+    assert [s.repeat_probe_seconds for s in samples if s.method == "b"] == [[1.01], [1.3], [1.25]]
+    assert [s.quiet_repeats for s in samples if s.method == "b"] == [[True], [False], [False]]
     summaries = {(s.method, s.category): s for s in summarize(samples, "generate")}
     overall = summaries[("b", "all")]
     assert overall.speedup == pytest.approx(8.0 / 5.6)  # every prompt: 1.43x, the slow spell's included
     assert overall.quiet_speedup == pytest.approx(2.0 / 1.6)  # the quiet batch alone: 1.25x
-    assert overall.quiet_prompts == 1
+    assert overall.quiet_runs == 1
     assert summaries[("generate", "all")].quiet_speedup == pytest.approx(1.0)
     write_results(samples, list(summaries.values()), {"cpu": "test"}, {}, tmp_path)
     text = (tmp_path / "bench.md").read_text()
     assert "| all | b | 1.00 | 2.1 | 1.43x | 1.25x (1) |" in text
-    assert "batch 1: fastest 1000.00 ms, median 1300.00 ms, slowest 1300.00 ms; 1 of 3 within 5%" in text
+    assert "batch 1: fastest 1010.00 ms, median 1250.00 ms, slowest 1300.00 ms; 1 of 3 within 5%" in text
     record = json.loads((tmp_path / "bench.json").read_text())
-    assert [s["probe_seconds"] for s in record["samples"] if s["method"] == "b"] == [1.0, 1.3, 1.3]
+    assert [s["quiet_repeats"] for s in record["samples"] if s["method"] == "b"] == [[True], [False], [False]]
+
+
+def test_quiet_repeats_of_one_batch_are_told_apart_and_a_lone_run_is_not_called_quiet(tmp_path):
+    # one batch of two prompts (as a continuous run is), three repeats: repeat 1 runs slow
+    probes = iter([1.0, 1.0, 1.0, 1.4, 1.0, 1.0, 1.02])  # repeats: 1.0, 1.4, 1.02
+    a = _ScriptedMethod("generate", [9.0, 2.0, 3.0, 2.0], [])
+    b = _ScriptedMethod("b", [9.0, 1.0, 2.5, 1.0], [])
+    prompts = [BenchPrompt(str(i), "x", torch.ones(1, 3, dtype=torch.long)) for i in range(2)]
+    samples = run_bench(
+        [a, b], prompts, 4, 0.0, repeats=3, progress=False, batch_size=2, probe=lambda: next(probes)
+    )
+    assert all(s.quiet_repeats == [True, False, True] for s in samples)
+    overall = {s.method: s for s in summarize(samples, "generate") if s.category == "all"}["b"]
+    assert overall.speedup_by_repeat == pytest.approx([2.0, 1.2, 2.0])
+    assert (overall.quiet_speedup, overall.quiet_runs) == (pytest.approx(2.0), 4)
+    # a single run of a single batch: its probe is recorded, but there is nothing to call it quiet against
+    probes = iter([1.0, 1.1, 1.2])
+    lone = run_bench(
+        [_ScriptedMethod("generate", [9.0, 2.0], []), _ScriptedMethod("b", [9.0, 1.0], [])],
+        prompts,
+        4,
+        0.0,
+        progress=False,
+        batch_size=2,
+        probe=lambda: next(probes),
+    )
+    assert all(s.repeat_probe_seconds == [1.2] and s.quiet_repeats == [] for s in lone)
+    summaries = summarize(lone, "generate")
+    assert all(s.quiet_speedup is None for s in summaries)
+    write_results(lone, summaries, {"cpu": "test"}, {}, tmp_path)
+    text = (tmp_path / "bench.md").read_text()
+    assert "batch 2: fastest 1200.00 ms" in text and "quiet speedup (runs)" not in text
 
 
 def test_without_probes_there_is_no_quiet_speedup(tmp_path):
@@ -347,7 +383,7 @@ def test_without_probes_there_is_no_quiet_speedup(tmp_path):
     prompts = [BenchPrompt("0", "x", torch.ones(1, 3, dtype=torch.long))]
     samples = run_bench([a, b], prompts, max_new_tokens=4, temperature=0.0, progress=False)
     summaries = summarize(samples, "generate")
-    assert all(s.quiet_speedup is None and s.quiet_prompts == 0 for s in summaries)
+    assert all(s.quiet_speedup is None and s.quiet_runs == 0 for s in summaries)
     write_results(samples, summaries, {"cpu": "test"}, {}, tmp_path)
     text = (tmp_path / "bench.md").read_text()
     assert "quiet" not in text and "| all | b | 1.00 | 4.0 | 2.00x | 0.50 |" in text
