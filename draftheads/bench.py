@@ -35,7 +35,13 @@ from draftheads.infer.generate import DEFAULT_MAX_NEW_TOKENS
 from draftheads.infer.precision import DEFAULT_DRAFT_DTYPE, prepare_head
 from draftheads.machine import machine_info
 from draftheads.optional import available
-from draftheads.speed_probe import QUIET_MARGIN, forward_seconds, quiet_limit, summarize_probes
+from draftheads.speed_probe import (
+    QUIET_MARGIN,
+    ProbeSummary,
+    forward_seconds,
+    quiet_limit,
+    summarize_probes,
+)
 
 TAU_CONVENTION = (
     "tokens per base-model forward, counting the token the base model produces itself (plain decoding = 1)"
@@ -553,19 +559,21 @@ def _plot_batches(plt, summaries: list[Summary], out_dir: Path) -> Path:
     return path
 
 
+def probe_summary(samples: list[Sample]) -> ProbeSummary | None:
+    """The probes of these samples' repeats, taken once per repeat (the reference's samples hold them
+    as every method's do); None without probes."""
+    return summarize_probes([p for s in samples if s.method == REFERENCE for p in s.repeat_probe_seconds])
+
+
 def probe_note(samples: list[Sample]) -> str:
     """bench.md's paragraph on the machine's speed during the run, per batch size ('' without probes)."""
-    by_batch: dict[int, list[float]] = defaultdict(list)
+    by_batch: dict[int, list[Sample]] = defaultdict(list)
     for sample in samples:
-        if sample.method == REFERENCE:
-            by_batch[sample.batch_size] += sample.repeat_probe_seconds
-    if not any(by_batch.values()):
+        by_batch[sample.batch_size].append(sample)
+    summaries = {size: probe_summary(group) for size, group in sorted(by_batch.items())}
+    lines = [f"batch {size}: {summary.describe()}" for size, summary in summaries.items() if summary]
+    if not lines:
         return ""
-    lines = [
-        f"batch {size}: {summarize_probes(seconds).describe()}"
-        for size, seconds in sorted(by_batch.items())
-        if seconds
-    ]
     return (
         "Machine speed: a one-token forward of the base timed between the methods' runs; each repeat "
         "of a batch (every method's run of it) counts the slowest probe around it, one figure per "
@@ -860,9 +868,7 @@ def bench(settings: BenchSettings, progress: bool = True) -> tuple[list[Summary]
             continuous=settings.continuous,
             probe=lambda: forward_seconds(model, prompts[0].input_ids[:, -1:]),
         )
-        probes = summarize_probes(
-            [p for s in batch_samples if s.method == REFERENCE for p in s.repeat_probe_seconds]
-        )
+        probes = probe_summary(batch_samples)
         if progress and probes and probes.median > probes.quiet_limit:
             print(
                 f"bench (batch {batch_size}): the machine slowed during the run (a one-token forward: "
