@@ -1,17 +1,17 @@
-"""Write the training record of a finished run (the JSON files beside this script).
+"""Write the training record of a finished run (docs/results/2026-11-22-training-records/*.json).
 
 A record holds the run's training summary (from its ``head/config.json``) and its held-out
 evaluations (from ``metrics.jsonl``), each with the tokens trained on when it ran. A run that
 continued a saved head (``train.init_head``) also records where it started: the saved head scored
 on the run's own held-out split and decode prompts before the first step, and the tokens that
-head had trained on, so that docs/results/scaling/fit.py can place its points on one token axis.
+head had trained on, so that scripts/fit_scaling.py can place its points on one token axis.
 That starting score comes from a zero-step run on the same config (older records: one step at
 learning rate 1e-12; the record says which):
 
     draftheads train --config CONFIG train.init_head=HEAD train.output_dir=START_DIR \\
         train.epochs=null train.max_steps=0
 
-    python docs/results/training/record.py RUN_DIR OUT.json --config CONFIG [--overrides K=V ...] \\
+    python scripts/training_record.py RUN_DIR OUT.json --config CONFIG [--overrides K=V ...] \\
         [--start-dir START_DIR --start-record START_RECORD.json --init-head HEAD] \\
         --machine "$(lscpu | grep Flags)"
 

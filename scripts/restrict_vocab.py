@@ -1,7 +1,7 @@
 """Restrict a grown EAGLE-3 head to a smaller head's draft vocabulary, to score what the added ids
 bring once trained:
 
-    python docs/results/training/restrict_vocab.py OUT_DIR GROWN SMALLER   # head or training-run directories
+    python scripts/restrict_vocab.py OUT_DIR GROWN SMALLER   # head or training-run directories
 
 OUT_DIR gets SMALLER's config.json and draft-vocabulary maps (d2t, t2d), GROWN's lm_head rows of
 those ids, and GROWN's other tensors (which must have SMALLER's shapes). Every id of SMALLER's

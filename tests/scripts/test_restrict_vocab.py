@@ -1,11 +1,11 @@
-"""docs/results/training/restrict_vocab.py: a grown EAGLE-3 head restricted to the vocabulary it
+"""scripts/restrict_vocab.py: a grown EAGLE-3 head restricted to the vocabulary it
 grew from is the head it grew from; a vocabulary it does not hold is refused."""
 
 import pytest
 import torch
 
 from draftheads.heads import Eagle3Config, build_head, load_head
-from tests.train.results_scripts import load_script
+from tests.scripts.script_loader import load_script
 
 
 def _script():

@@ -1,4 +1,4 @@
-"""docs/results/training/average.py: the mean of float tensors, integer maps kept, mismatches refused."""
+"""scripts/average_heads.py: the mean of float tensors, integer maps kept, mismatches refused."""
 
 import json
 from pathlib import Path
@@ -7,11 +7,11 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from tests.train.results_scripts import load_script
+from tests.scripts.script_loader import load_script
 
 
 def _script():
-    return load_script("average")
+    return load_script("average_heads")
 
 
 def _head(directory: Path, weight: torch.Tensor, d2t: torch.Tensor) -> Path:
@@ -26,7 +26,7 @@ def test_the_average_is_the_mean_and_keeps_the_vocabulary_map(tmp_path, monkeypa
     first = _head(tmp_path / "a", torch.tensor([[1.0, 2.0]]), d2t)
     second = _head(tmp_path / "b", torch.tensor([[3.0, -2.0]]), d2t)
     out = tmp_path / "mean"
-    monkeypatch.setattr("sys.argv", ["average.py", str(out), str(first), str(second)])
+    monkeypatch.setattr("sys.argv", ["average_heads.py", str(out), str(first), str(second)])
     _script().main()
     mean = load_file(out / "model.safetensors")
     assert torch.equal(mean["fc.weight"], torch.tensor([[2.0, 0.0]]))

@@ -1,6 +1,7 @@
-"""An untrained EAGLE-3 head for SmolLM2: the committed distilled head's settings, random weights.
+"""An untrained EAGLE-3 head for SmolLM2 (three fused layers, 8,192 draft tokens, 4 TTT steps), random
+weights: what adaptive drafting does with a head that never agrees (docs/benchmarks.md).
 
-Usage: python docs/results/drafting-random-head-mtbench-fp32-t0/make_head.py OUT_DIR
+Usage: python scripts/make_random_head.py OUT_DIR
 """
 
 import sys

@@ -1,11 +1,13 @@
-"""A B = 1 EAGLE-3 step split by wall time, the head alone on TREE (a registered tree, or ``tuned``:
-the head's tuned tree), over the first N MT-bench first turns, 128 tokens each, greedy, fp32 on the
-packed base, after plain ``generate`` over the same prompts (two passes, alternating): the base's
-verification forward (``rows_forward``), drafting (``propose_rows``) and inside it the head's
-catch-up and its expansions (``catch_up``, ``draft_step``), per step.
+"""Where a one-row EAGLE-3 step goes (docs/benchmarks.md, "What limits the speedup").
 
-Run from the repository root:
-    .venv/bin/python docs/results/session49-b1-step-cost/step_split.py N TREE
+The head alone on TREE (a registered tree, or ``tuned``: the head's tuned tree), over the first N
+MT-bench first turns, 128 tokens each, greedy, fp32 on the packed base, after plain ``generate``
+over the same prompts (two passes, alternating). Prints, per step, the wall time of the base's
+verification forward (``rows_forward``), of drafting (``propose_rows``) and inside it of the
+head's catch-up and expansions (``catch_up``, ``draft_step``).
+
+Run from the repository root (HEAD defaults to the shipped EAGLE-3 head):
+    .venv/bin/python scripts/step_split.py N TREE [HEAD]
 """
 
 import sys
@@ -15,7 +17,7 @@ import draftheads.infer.generate as gen_module
 from draftheads.bench import HFMethod, build_prompts
 from draftheads.infer import SpeculativeGenerator
 
-HEAD = "docs/results/heads/eagle3-corpus-both"
+DEFAULT_HEAD = "docs/results/heads/eagle3-corpus-both"
 spent: dict[str, float] = {}
 calls: dict[str, int] = {}
 
@@ -32,9 +34,9 @@ def timed(name, function):
     return wrapper
 
 
-def main(count: int, tree: str) -> None:
+def main(count: int, tree: str, head: str = DEFAULT_HEAD) -> None:
     generator = SpeculativeGenerator.from_pretrained(
-        HEAD, dtype="float32", context=False, adaptive=False, tree=None if tree == "tuned" else tree
+        head, dtype="float32", context=False, adaptive=False, tree=None if tree == "tuned" else tree
     )
     for name in ("rows_forward", "propose_rows"):
         setattr(gen_module, name, timed(name, getattr(gen_module, name)))
@@ -70,4 +72,4 @@ def main(count: int, tree: str) -> None:
 
 
 if __name__ == "__main__":
-    main(int(sys.argv[1]), sys.argv[2])
+    main(int(sys.argv[1]), sys.argv[2], *sys.argv[3:4])

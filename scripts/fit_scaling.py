@@ -1,9 +1,9 @@
 """How held-out top-1 grows with training tokens, fitted on the measured EAGLE-3 curves
 (docs/training.md, "Where the curve flattens").
 
-Each training record (docs/results/training/*.json) gives held-out top-1 at draft step 1 and the
-chain acceptance at every evaluation. The x axis is the tokens the head has trained on when it is
-scored: ``step * tokens / steps`` of the run, plus ``start.tokens`` for a run that continued a
+Each training record (docs/results/2026-11-22-training-records/*.json) gives held-out top-1 at draft
+step 1 and the chain acceptance at every evaluation. The x axis is the tokens the head has trained
+on when it is scored: ``step * tokens / steps`` of the run, plus ``start.tokens`` for a run that continued a
 saved head (``train.init_head``), whose ``start`` entry is that head scored on the run's own
 held-out split before the first step. Each run is fitted on its own points (runs differ in
 held-out text, so their levels are not comparable across runs, only their slopes) with
@@ -15,7 +15,7 @@ next 10x of tokens would buy if the curve keeps its log-linear shape, and how ma
 reach a target (0.65 by default). A saturating law (top1 = c - d * tokens^-alpha) has three
 parameters: fitted on 4-6 points of one run it is not identified, so it is not reported.
 
-    python docs/results/scaling/fit.py OUT_DIR RECORD.json [RECORD.json ...] [--target 0.65]
+    python scripts/fit_scaling.py OUT_DIR RECORD.json [RECORD.json ...] [--target 0.65]
 
 Writes OUT_DIR/fit.json and OUT_DIR/top1_vs_tokens.png, and prints a table.
 """

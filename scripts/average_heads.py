@@ -1,6 +1,6 @@
 """Average the weights of saved heads of one layout (a uniform "model soup", Wortsman et al. 2022):
 
-    python docs/results/training/average.py OUT_DIR HEAD HEAD [...]   # head or training-run directories
+    python scripts/average_heads.py OUT_DIR HEAD HEAD [...]   # head or training-run directories
 
 OUT_DIR gets the first head's config.json and the mean of every floating-point tensor; integer
 tensors (the draft-vocabulary maps) must be equal in every head and are copied. Score the average
