@@ -29,13 +29,14 @@ test-fast: install
 demo: install
 	$(BIN)/draftheads demo
 
+# Every Python file of the repository (pyproject.toml's [tool.ruff] leaves out the virtualenvs).
 lint: install
-	$(BIN)/ruff check draftheads tests
-	$(BIN)/ruff format --check draftheads tests
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
 
 format: install
-	$(BIN)/ruff format draftheads tests
-	$(BIN)/ruff check --fix draftheads tests
+	$(BIN)/ruff format .
+	$(BIN)/ruff check --fix .
 
 # Exports proven in real engines (engines/check.py): one virtualenv per engine, every package pinned
 # in engines/requirements-<engine>.txt and installed with --no-deps, so pip resolves nothing (no CUDA
