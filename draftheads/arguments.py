@@ -105,3 +105,29 @@ def add_no_pack_argument(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="do not prepack fp32 linear weights for oneDNN on CPU (default: pack where supported)",
     )
+
+
+PACK_SETTINGS = {"auto": "auto", "on": True, "off": False}  # --pack values -> ``pack=`` of the API
+
+
+def pack_setting(text: str) -> bool | str:
+    """An argparse ``type`` for ``--pack``: auto | on | off."""
+    if text not in PACK_SETTINGS:
+        raise argparse.ArgumentTypeError(f"expected one of {', '.join(PACK_SETTINGS)}, got '{text}'")
+    return PACK_SETTINGS[text]
+
+
+def add_pack_argument(parser: argparse.ArgumentParser) -> None:
+    """``--pack auto|on|off`` (``--no-pack``: off): which linear kernels decode
+    (``draftheads.infer.kernel_choice``)."""
+    from draftheads.infer.kernel_choice import DEFAULT_PACK
+
+    parser.add_argument(
+        "--pack",
+        type=pack_setting,
+        default=DEFAULT_PACK,
+        metavar="{auto,on,off}",
+        help="prepack fp32 linear weights for oneDNN on CPU: auto (default) for the forwards where that "
+        "measured faster on this machine (measured once, cached), on for all, off for none",
+    )
+    parser.add_argument("--no-pack", dest="pack", action="store_const", const=False, help="--pack off")

@@ -30,6 +30,16 @@ def cpu_flags() -> list[str]:
     return sorted(f for f in flags if f.startswith(("avx", "amx", "fma")))
 
 
+NATIVE_BF16_FLAGS = ("avx512_bf16", "amx_bf16")  # /proc/cpuinfo flags of native bf16 dot products
+
+
+def native_bf16() -> bool:
+    """Whether this CPU computes bf16 dot products natively (AVX512_BF16 or AMX-BF16); without,
+    PyTorch emulates them and bf16 matmuls are slower than fp32."""
+    flags = set(cpu_flags())
+    return any(flag in flags for flag in NATIVE_BF16_FLAGS)
+
+
 def machine_info(dtype: torch.dtype, device: str) -> dict:
     import transformers
 

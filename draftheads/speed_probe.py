@@ -20,6 +20,10 @@ import torch
 
 QUIET_MARGIN = 0.05  # a repeat is quiet when its probe took at most 5% over the run's fastest
 PROBE_RUNS = 3  # forwards per probe; the fastest counts (one hiccup is not a slow spell)
+# The machine was busy while probes were taken when their median is this much over the fastest, or
+# any one probe is BUSY_SLOWEST times it: a timing comparison made then says nothing.
+BUSY_MEDIAN = 1.2
+BUSY_SLOWEST = 2.0
 
 
 def forward_seconds(model: torch.nn.Module, ids: torch.Tensor, runs: int = PROBE_RUNS) -> float:
@@ -76,3 +80,12 @@ def summarize_probes(seconds: list[float]) -> ProbeSummary | None:
         sum(s <= quiet_limit(fastest) for s in seconds),
         len(seconds),
     )
+
+
+def machine_busy(seconds: list[float]) -> bool:
+    """Whether probes taken through a measurement say the machine was busy (``BUSY_MEDIAN``,
+    ``BUSY_SLOWEST``); False for fewer than two probes (nothing to compare)."""
+    if len(seconds) < 2:
+        return False
+    fastest = min(seconds)
+    return statistics.median(seconds) > BUSY_MEDIAN * fastest or max(seconds) > BUSY_SLOWEST * fastest

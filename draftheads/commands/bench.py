@@ -8,7 +8,7 @@ import sys
 
 from draftheads.arguments import (
     add_draft_dtype_argument,
-    add_no_pack_argument,
+    add_pack_argument,
     device_name,
     dtype_name,
     non_negative_float,
@@ -69,7 +69,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "eagle3+context/adaptive); generate always runs",
     )
     add_draft_dtype_argument(parser, several=True)
-    add_no_pack_argument(parser)
+    add_pack_argument(parser)
     parser.add_argument("--seed", type=int, default=defaults.seed)
     parser.add_argument(
         "--batch-size",
@@ -111,7 +111,7 @@ def settings_from_args(args: argparse.Namespace) -> BenchSettings:
         hybrid=not args.no_hybrid,
         adaptive=not args.no_adaptive,
         methods=tuple(args.methods) if args.methods else None,
-        pack=not args.no_pack,
+        pack=args.pack,
         draft_dtypes=tuple(dict.fromkeys(args.draft_dtype)),
         seed=args.seed,
         out=args.out,

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from draftheads.arguments import (
     add_draft_dtype_argument,
-    add_no_pack_argument,
+    add_pack_argument,
     device_name,
     dtype_name,
     non_negative_float,
@@ -110,7 +110,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "let a head that does not pay sit steps out)",
     )
     add_draft_dtype_argument(parser)
-    add_no_pack_argument(parser)
+    add_pack_argument(parser)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -143,7 +143,7 @@ def run(args: argparse.Namespace) -> int:
             dtype=args.dtype,
             device=args.device,
             tree=args.tree,
-            pack=not args.no_pack,
+            pack=args.pack,
             context=args.context,
             adaptive=args.adaptive,
             draft_dtype=args.draft_dtype,
@@ -168,14 +168,18 @@ def run(args: argparse.Namespace) -> int:
         print()
         stats = stream.result.stats
         summary = f"{stats.summary()}; {stats.forward_passes} base forwards"
-        print(f"[{generator.method}, tree {stats.tree}] {summary}", file=sys.stderr)
+        print(f"[{generator.method}, tree {stats.tree}, kernels {stats.kernels}] {summary}", file=sys.stderr)
         return 0
     result = generator.generate(inputs, batch_size=args.batch_size, **options)
     for index, row in enumerate(result.results):
         print(f"--- prompt {index}: {prompts[index][:60]!r}")
         print(row.text)
         print(f"[prompt {index}] {row.stats.summary()}", file=sys.stderr)
-    print(f"[{generator.method}, tree {generator.tree.name}] {result.stats.summary()}", file=sys.stderr)
+    print(
+        f"[{generator.method}, tree {generator.tree.name}, kernels {generator.kernels}] "
+        f"{result.stats.summary()}",
+        file=sys.stderr,
+    )
     return 0
 
 

@@ -33,7 +33,8 @@ from draftheads.infer.cost import CostCurve, load_tuned_costs, measure_verify_co
 from draftheads.infer.draft import Drafter, drafter_for
 from draftheads.infer.forward import SUPPORTED_ATTENTION, TreeInputError, prefill_rows, rows_forward
 from draftheads.infer.hybrid import HybridDrafter, HybridTree
-from draftheads.infer.packed import has_packed_linears, pack_linears
+from draftheads.infer.kernel_choice import DEFAULT_PACK, choose_kernels
+from draftheads.infer.packed import FORMS, has_packed_linears, pack_linears, packed_description
 from draftheads.infer.precision import DEFAULT_DRAFT_DTYPE, prepare_head
 from draftheads.infer.step_gate import StepGate
 from draftheads.infer.stopping import StopRule
@@ -74,6 +75,8 @@ class GenerationStats:
     # draft tokens accepted / proposed, by who proposed them ("eagle3", "context", "eagle3+context")
     accepted_by_source: dict[str, int] = field(default_factory=dict)
     proposed_by_source: dict[str, int] = field(default_factory=dict)
+    # the base's linear kernels by forward form (``draftheads.infer.kernel_choice``)
+    kernels: str = ""
 
     def summary(self) -> str:
         by_source = ""
@@ -120,7 +123,7 @@ class _Tally:
     def finish(self) -> None:
         self.finished = time.perf_counter()
 
-    def stats(self, tree_name: str) -> GenerationStats:
+    def stats(self, tree_name: str, kernels: str = "") -> GenerationStats:
         seconds = (self.finished or time.perf_counter()) - self.started
         steps = self.verification_steps
         return GenerationStats(
@@ -134,6 +137,7 @@ class _Tally:
             tree=tree_name,
             accepted_by_source=dict(self.accepted_by_source),
             proposed_by_source=dict(self.proposed_by_source),
+            kernels=kernels,
         )
 
 
@@ -300,6 +304,7 @@ class SpeculativeGenerator:
             chosen = chosen.truncated(head_drafter.max_depth)  # -1 (EAGLE): no limit
             self.tree = chosen if self.context is None else HybridTree(chosen, self.context)
         self.eos_ids = _eos_ids(base_model, tokenizer)
+        self.kernels = packed_description(base_model)  # from_pretrained adds how it was chosen
         self.max_length = getattr(base_model.config, "max_position_embeddings", None)
         self.adaptive = adaptive
         self.cost = cost
@@ -339,7 +344,7 @@ class SpeculativeGenerator:
         dtype: str | torch.dtype = DEFAULT_DTYPE,
         device: str = "cpu",
         tree=None,
-        pack: bool = True,
+        pack: bool | str = DEFAULT_PACK,
         context: bool | ContextTree = RECOMMENDED_CONTEXT,
         adaptive: bool = RECOMMENDED_ADAPTIVE,
         draft_dtype: str = DEFAULT_DRAFT_DTYPE,
@@ -348,8 +353,11 @@ class SpeculativeGenerator:
         config.json ``base_model.name_or_path``); ``head_dir=None`` (with ``base``): no head, the
         context drafter alone. Without ``tree``, the head's tuned tree for this
         device and dtype (``draftheads tune-tree``) is used if there is one, else the default.
-        ``pack``: run the base model's and the head's linear layers through prepacked oneDNN
-        weights where that applies (fp32 on an x86 CPU; ``draftheads.infer.packed``). ``context``:
+        ``pack``: ``auto`` runs the base model's linear layers through prepacked oneDNN weights for
+        the forwards (one-token, multi-token) where that measured faster on this machine (measured
+        at the first load, then cached: ``draftheads.infer.kernel_choice``); True packs for all
+        where that applies (fp32 on an x86 CPU), False never; the head is packed when the base is
+        for any form. The choice is in ``generator.kernels`` and every result's stats. ``context``:
         merge context drafts into the head's trees; ``adaptive``: adaptive drafting,
         weighing against the verify-cost curves ``tune-tree`` measured on this machine (saved in
         the head's ``tree.json``), else curves measured at the first call (see the class).
@@ -363,16 +371,19 @@ class SpeculativeGenerator:
             if not base:
                 raise ValueError("without a head directory, give the base model (base=...)")
             model, tokenizer = load_base(base, dtype=dtype, device=device)
-            if pack:
-                pack_linears(model)
-            return cls(model, None, tokenizer, tree=tree, adaptive=adaptive)
+            kernels = choose_kernels(model, pack)
+            generator = cls(model, None, tokenizer, tree=tree, adaptive=adaptive)
+            generator.kernels = kernels.describe()
+            return generator
         head_dir = resolve_head_dir(head_dir)  # a training run's output directory: its head/
         model, tokenizer = load_base(resolve_base_model(head_dir, base), dtype=dtype, device=device)
         # A Medusa-2 head drafts for its adapted base: adapt the base loaded here in place.
         head, model = load_head_and_base(head_dir, model, map_location=device, copy_base=False)
-        prepare_head(head, model, draft_dtype, pack)
-        if pack:
-            pack_linears(model, head)
+        kernels = choose_kernels(model, pack)
+        pack_head = bool(kernels.packed)
+        prepare_head(head, model, draft_dtype, pack_head)
+        if pack_head:
+            pack_linears(head, forms=FORMS)
         if tree is None:  # the tree `draftheads tune-tree` chose for this device and dtype, if any
             tree = load_tuned_tree(head_dir, model.dtype, model.device)
         costs = load_tuned_costs(head_dir, model.dtype, model.device)  # measured here by tune-tree
@@ -380,6 +391,7 @@ class SpeculativeGenerator:
             model, head, tokenizer, tree=tree, context=context, adaptive=adaptive, cost=costs.get(1)
         )
         generator.batch_costs.update(costs)
+        generator.kernels = kernels.describe()
         return generator
 
     # ---- inputs -------------------------------------------------------------------------------
@@ -738,7 +750,8 @@ class SpeculativeGenerator:
             text = None
             if self.tokenizer is not None:
                 text = rule.trim_text(self.tokenizer.decode(tokens, skip_special_tokens=True))
-            results.append(GenerationResult(sequences, ids.numel(), tally.stats(self.tree.name), text))
+            stats = tally.stats(self.tree.name, self.kernels)
+            results.append(GenerationResult(sequences, ids.numel(), stats, text))
         if not batched:
             return results[0]
         return BatchGenerationResult(results, batch_stats(results, tallies))

@@ -15,17 +15,49 @@ re-packed on the next call. oneDNN's reordered fp32 path needs an x86 CPU; ``pac
 says whether this build and machine have it. A bf16 base stays on the default kernels; a head
 drafting in bf16 beside an fp32 base (``draftheads.infer.precision``) is packed in bf16
 (``pack_linears(head, dtype=torch.bfloat16)``).
+
+Whether packing pays depends on the CPU and on the forward: on one machine oneDNN's packed kernel
+wins for one token and for a tree, on another MKL's one-row kernel beats it for one token
+(docs/inference.md). So a ``PackedLinear`` runs packed only for the forward forms it was packed
+for: ``one-token`` forwards (plain decoding: one new token per sequence) and ``multi-token`` ones
+(prefill, tree verification); ``draftheads.infer.kernel_choice`` measures which pay.
+``packed_forms(...)`` overrides that within a scope (one process times both layouts on one model).
+Either kernel computes the same linear map, so switching per forward keeps decoding lossless.
 """
 
 from __future__ import annotations
 
 import functools
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 PACK_BATCH_HINT = 16  # rows oneDNN's layout is chosen for (4, 16 and 64 measured alike: docs/inference.md)
+ONE_TOKEN, MULTI_TOKEN = "one-token", "multi-token"
+FORMS = (ONE_TOKEN, MULTI_TOKEN)  # forward forms a PackedLinear tells apart by its input's tokens
+# The forms run packed within a ``packed_forms`` scope, overriding every layer's own (None: no override).
+_FORCED_FORMS: ContextVar[frozenset[str] | None] = ContextVar("packed_forms", default=None)
+
+
+def forward_form(x: torch.Tensor) -> str:
+    """``one-token`` for an input (B, 1, H) (or one row (1, H)), ``multi-token`` otherwise."""
+    tokens = x.shape[-2] if x.dim() >= 2 else 1
+    return ONE_TOKEN if tokens == 1 else MULTI_TOKEN
+
+
+@contextmanager
+def packed_forms(forms: Iterable[str]) -> Iterator[None]:
+    """Within this scope every ``PackedLinear`` runs packed for exactly ``forms`` (the others on
+    PyTorch's default kernels), whatever it was packed for."""
+    token = _FORCED_FORMS.set(frozenset(forms))
+    try:
+        yield
+    finally:
+        _FORCED_FORMS.reset(token)
 
 
 def _reorder(weight: torch.Tensor) -> torch.Tensor:
@@ -66,17 +98,26 @@ class PackedLinear(nn.Linear):
     """An ``nn.Linear`` that runs inference through a oneDNN-reordered copy of its weight.
 
     Built from an existing layer (``PackedLinear.wrap``): it shares that layer's ``weight`` and
-    ``bias`` parameters, so nothing else about the module changes.
+    ``bias`` parameters, so nothing else about the module changes. ``forms``: the forward forms
+    (``FORMS``) it runs packed; the others run ``F.linear``.
     """
 
+    forms: frozenset[str] = frozenset(FORMS)
+
     @classmethod
-    def wrap(cls, linear: nn.Linear) -> PackedLinear:
+    def wrap(cls, linear: nn.Linear, forms: Iterable[str] = FORMS) -> PackedLinear:
         packed = cls.__new__(cls)
         nn.Module.__init__(packed)
         packed.in_features, packed.out_features = linear.in_features, linear.out_features
         packed.weight, packed.bias = linear.weight, linear.bias
+        packed.forms = frozenset(forms)
         packed._pack()
         return packed
+
+    def runs_packed(self, form: str) -> bool:
+        """Whether a forward of ``form`` runs packed here now (a ``packed_forms`` scope decides)."""
+        forced = _FORCED_FORMS.get()
+        return form in (self.forms if forced is None else forced)
 
     def _pack(self) -> None:
         # Not a buffer: the reordered tensor is an opaque oneDNN layout, rebuilt from the weight.
@@ -87,7 +128,7 @@ class PackedLinear(nn.Linear):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if torch.is_grad_enabled() and (x.requires_grad or self.weight.requires_grad):
             return F.linear(x, self.weight, self.bias)  # training: the packed op has no backward
-        if x.dtype != self.weight.dtype or x.device.type != "cpu":
+        if x.dtype != self.weight.dtype or x.device.type != "cpu" or not self.runs_packed(forward_form(x)):
             return F.linear(x, self.weight, self.bias)
         if self.weight._version != self._packed_version or self.weight.dtype != self._packed_dtype:
             # changed in place, or converted to another dtype, since it was packed
@@ -97,10 +138,17 @@ class PackedLinear(nn.Linear):
         return _packed_linear(x, self._packed_weight, self.bias)
 
 
-def pack_linears(*modules: nn.Module, dtype: torch.dtype = torch.float32) -> int:
+def pack_linears(
+    *modules: nn.Module, dtype: torch.dtype = torch.float32, forms: Iterable[str] = FORMS
+) -> int:
     """Replace every ``nn.Linear`` inside each module (a base model, its head) by a ``PackedLinear``
-    sharing its parameters; returns how many were replaced (none in a module where
-    ``packing_supported(module, dtype)`` is false: fp32 modules by default). Idempotent."""
+    sharing its parameters, packed for ``forms``; returns how many were replaced (none in a module
+    where ``packing_supported(module, dtype)`` is false: fp32 modules by default). Layers packed
+    already take ``forms``; no forms at all unpacks (``unpack_linears``)."""
+    forms = frozenset(forms)
+    if not forms:
+        unpack_linears(*modules)
+        return 0
     replaced = 0
     for module in modules:
         if not packing_supported(module, dtype):
@@ -108,10 +156,38 @@ def pack_linears(*modules: nn.Module, dtype: torch.dtype = torch.float32) -> int
         for parent in list(module.modules()):
             for name, child in list(parent.named_children()):
                 if type(child) is nn.Linear:  # exact type: peft / quantised subclasses keep their forward
-                    setattr(parent, name, PackedLinear.wrap(child))
+                    setattr(parent, name, PackedLinear.wrap(child, forms))
                     replaced += 1
+                elif isinstance(child, PackedLinear):
+                    child.forms = forms
     return replaced
 
 
-def has_packed_linears(module: nn.Module) -> bool:
-    return any(isinstance(child, PackedLinear) for child in module.modules())
+def unpack_linears(*modules: nn.Module) -> int:
+    """Put a plain ``nn.Linear`` (the same parameters) back in place of every ``PackedLinear``,
+    freeing the reordered copies; returns how many."""
+    restored = 0
+    for module in modules:
+        for parent in list(module.modules()):
+            for name, child in list(parent.named_children()):
+                if isinstance(child, PackedLinear):
+                    linear = nn.Linear.__new__(nn.Linear)
+                    nn.Module.__init__(linear)
+                    linear.in_features, linear.out_features = child.in_features, child.out_features
+                    linear.weight, linear.bias = child.weight, child.bias
+                    setattr(parent, name, linear)
+                    restored += 1
+    return restored
+
+
+def has_packed_linears(module: nn.Module, form: str = MULTI_TOKEN) -> bool:
+    """Whether forwards of ``form`` (tree verification by default) run packed layers in ``module``."""
+    return any(isinstance(child, PackedLinear) and child.runs_packed(form) for child in module.modules())
+
+
+def packed_description(module: nn.Module) -> str:
+    """Which kernels ``module``'s linear layers run, by forward form, e.g.
+    ``one-token: default, multi-token: packed``."""
+    return ", ".join(
+        f"{form}: {'packed' if has_packed_linears(module, form) else 'default'}" for form in FORMS
+    )

@@ -19,22 +19,14 @@ from __future__ import annotations
 import torch
 
 from draftheads.infer.packed import can_pack, pack_linears
+from draftheads.machine import native_bf16
 
 DRAFT_DTYPES = ("auto", "float32", "bfloat16")
 DEFAULT_DRAFT_DTYPE = "auto"
-NATIVE_BF16_FLAGS = ("avx512_bf16", "amx_bf16")  # /proc/cpuinfo flags of native bf16 dot products
 
 
 class DraftDtypeError(ValueError):
     """A draft dtype that is not one of ``DRAFT_DTYPES``, or that the head cannot draft in."""
-
-
-def native_bf16() -> bool:
-    """Whether this CPU computes bf16 dot products natively (AVX512_BF16 or AMX-BF16)."""
-    from draftheads.machine import cpu_flags
-
-    flags = set(cpu_flags())
-    return any(flag in flags for flag in NATIVE_BF16_FLAGS)
 
 
 def draft_dtype(head, model, requested: str = DEFAULT_DRAFT_DTYPE, pack: bool = True) -> torch.dtype:

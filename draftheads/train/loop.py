@@ -35,23 +35,24 @@ import draftheads
 from draftheads.base_model import DTYPES, load_base, resolve_dtype
 from draftheads.config import RunConfig, TrainConfig
 from draftheads.distributed import apply_timeout_to_every_group, distributed_timeout, free_port, local_device
-from draftheads.heads.base import RUN_HEAD_DIR
-from draftheads.machine import cpu_flags
+from draftheads.heads.base import CONFIG_NAME, RUN_HEAD_DIR
+from draftheads.machine import native_bf16
 from draftheads.settings import ConfigError, to_dict
 from draftheads.train import checkpoint
 from draftheads.train.batching import BatchStream, fixed_batches
 from draftheads.train.decode_eval import Sequences, decode_acceptance, prepare_continuations
-from draftheads.train.lock import OutputDirLockedError, OutputLock
+from draftheads.train.draws import row_seeds
+from draftheads.train.lock import OutputLock
 from draftheads.train.metrics import (
     DecodeEvalResult,
     EvalResult,
     base_forward_tokens_per_second,
     evaluate,
 )
-from draftheads.train.objective import micro_batch_seed
 from draftheads.train.recipe import Recipe, recipe_for
 from draftheads.train.reporting import Reporter, plot_curves
 from draftheads.train.resume import check_resume, data_segment, run_record, unrecorded_settings
+from draftheads.train.run_dir import DATA_REPORT_NAME, check_output_dir, claim_output_dir
 from draftheads.train.schedule import build_scheduler
 
 HEAD_DIR = RUN_HEAD_DIR  # the final head, under the output directory (what --heads <run dir> finds)
@@ -95,18 +96,13 @@ def resolve_precision(run: RunConfig, device: torch.device) -> torch.dtype:
             f"the head trains in {dtype} (train.precision '{run.train.precision}', model.dtype "
             f"'{run.model.dtype}'); set train.autocast=none or train.precision=fp32"
         )
-    if run.train.autocast == "bf16" and device.type == "cpu" and not _cpu_has_bf16():
+    if run.train.autocast == "bf16" and device.type == "cpu" and not native_bf16():
         warnings.warn(
             "train.autocast=bf16 on a CPU without AVX512_BF16 or AMX: bf16 matmuls are emulated and "
             "likely slower than fp32 (lscpu flags)",
             stacklevel=2,
         )
     return dtype
-
-
-def _cpu_has_bf16() -> bool:
-    flags = set(cpu_flags())
-    return "avx512_bf16" in flags or "amx_bf16" in flags
 
 
 def resolve_deepspeed_path(path: str) -> Path:
@@ -311,7 +307,7 @@ def load_datasets(run: RunConfig, tokenizer, rank: int, world_size: int = 1):
     if rank == 0:
         output_dir = Path(run.train.output_dir)
         output_dir.mkdir(parents=True, exist_ok=True)
-        (output_dir / "data_report.json").write_text(json.dumps(dataclasses.asdict(report), indent=2) + "\n")
+        (output_dir / DATA_REPORT_NAME).write_text(json.dumps(dataclasses.asdict(report), indent=2) + "\n")
     return train_dataset, val_dataset
 
 
@@ -347,21 +343,38 @@ def build_engine(
 # ---- setup -> train -> save -> cleanup -------------------------------------------------------------
 
 
-def lock_output_dir(output_dir: Path, rank: int, world_size: int) -> OutputLock | None:
-    """Rank 0 locks ``output_dir`` for the run (``train/lock.py``); every rank learns whether it
-    could, so that all stop together when another run holds it. Returns rank 0's lock."""
+def _lock_and_claim(train: TrainConfig, overwrite: bool) -> OutputLock:
+    """Check ``train.output_dir`` (``train/run_dir.py``), lock it, check again under the lock (a
+    run may have finished meanwhile) and mark it as this run's. The first check comes before the
+    lock file is written, so a directory that is refused gains nothing."""
+    output_dir = Path(train.output_dir)
+    check_output_dir(output_dir, train.resume, overwrite)
+    lock = OutputLock.acquire(output_dir)
+    try:
+        check_output_dir(output_dir, train.resume, overwrite)
+        claim_output_dir(output_dir)
+    except BaseException:
+        lock.release()
+        raise
+    return lock
+
+
+def lock_output_dir(train: TrainConfig, overwrite: bool, rank: int, world_size: int) -> OutputLock | None:
+    """Rank 0 checks, locks and claims ``train.output_dir`` for the run; every rank learns whether
+    it could, so that all stop together, with rank 0's error, when it is refused or another run
+    holds it. Returns rank 0's lock."""
     lock, refusal = None, None
     if rank == 0:
         try:
-            lock = OutputLock.acquire(output_dir)
-        except OutputDirLockedError as err:
-            refusal = str(err)
+            lock = _lock_and_claim(train, overwrite)
+        except (ConfigError, FileExistsError) as err:  # OutputDirLockedError, OutputDirRefusedError
+            refusal = err
     if world_size > 1:
         shared = [refusal]
         torch.distributed.broadcast_object_list(shared, src=0)
         refusal = shared[0]
     if refusal is not None:
-        raise OutputDirLockedError(refusal)
+        raise refusal
     return lock
 
 
@@ -441,7 +454,12 @@ def plan_data_history(
 
 
 def setup(
-    run: RunConfig, base_model=None, tokenizer=None, datasets=None, allow_changed_data: bool = False
+    run: RunConfig,
+    base_model=None,
+    tokenizer=None,
+    datasets=None,
+    allow_changed_data: bool = False,
+    overwrite: bool = False,
 ) -> Session:
     """Check the config against its recipe, join the process group, lock the output directory,
     load base and data, build the head, its recipe and the DeepSpeed engine, and restore the
@@ -453,12 +471,14 @@ def setup(
             ``draftheads.data.pipeline.build_datasets(run.data, tokenizer, run.model.base)``.
         allow_changed_data: resume although ``data.*`` or the batch size changed (the data
             history records it); otherwise that is refused like any other changed setting.
+        overwrite: train again into a finished run's directory (``train/run_dir.py``), replacing
+            its head, metrics.jsonl and config.json; otherwise that is refused.
     """
     if run.head is None:
         raise ConfigError("head: missing; add a 'head:' section with a 'kind' (e.g. kind: medusa)")
     recipe_for(run.head).check(run)
     rank, world_size, device = init_distributed()
-    lock = lock_output_dir(Path(run.train.output_dir), rank, world_size)
+    lock = lock_output_dir(run.train, overwrite, rank, world_size)
     try:
         session = build_session(
             run, rank, world_size, device, base_model, tokenizer, datasets, allow_changed_data
@@ -486,12 +506,7 @@ def build_session(
     recipe_class = recipe_for(run.head)
     dtype = resolve_precision(run, device)
     deepspeed_config = build_deepspeed_config(train, dtype, world_size)
-    output_dir = Path(train.output_dir)
-    if checkpoint.list_checkpoints(output_dir) and not train.resume:
-        raise ConfigError(
-            f"train.output_dir {output_dir} already holds checkpoints; set train.resume=true to continue "
-            "that run, or choose another train.output_dir"
-        )
+    output_dir = Path(train.output_dir)  # checked and claimed: lock_output_dir
     latest = choose_resume_checkpoint(output_dir, rank, world_size) if train.resume else None
     data_history, restart_data = plan_data_history(run, latest, datasets is not None, allow_changed_data)
 
@@ -673,6 +688,28 @@ def _global_tensor_sum(session: Session, tensor: torch.Tensor) -> torch.Tensor:
     return tensor
 
 
+class NonFiniteLossError(ConfigError):
+    """A training step's loss is inf or NaN: the settings (a learning rate too high) or the data
+    made the run diverge."""
+
+
+def stop_on_non_finite_loss(session: Session, losses: list[float]) -> None:
+    """Raise NonFiniteLossError on every rank, before the optimizer step, when a loss of this step
+    (``losses``: this rank's micro-batches) is not finite on any rank: the step updates nothing,
+    the checkpoints written so far stay, and no head is saved from diverged weights."""
+    bad = next((loss for loss in losses if not math.isfinite(loss)), None)
+    if _global_sum(session, float(bad is not None)) == 0:
+        return
+    latest = checkpoint.latest_checkpoint(session.output_dir)
+    kept = f"the last checkpoint, {latest}, is kept" if latest else "no checkpoint was written yet"
+    value = "not finite on another rank" if bad is None else bad
+    raise NonFiniteLossError(
+        f"step {session.step + 1}: the training loss is {value}"
+        f"; stopped before the step updated the head, and no head was saved ({kept}); lower "
+        f"train.learning_rate (now {session.run.train.learning_rate}) or check the data"
+    )
+
+
 def train_steps(session: Session) -> None:
     """Optimiser steps from ``session.step`` to ``session.total_steps``: each is
     ``gradient_accumulation_steps`` micro-batches through the engine's recipe, forward and
@@ -693,16 +730,19 @@ def train_steps(session: Session) -> None:
     window_start = time.perf_counter()
     while session.step < session.total_steps:
         step_values = session.recipe.begin_step(session.step, session.total_steps)  # e.g. Medusa-2's lambda0
+        step_losses = []
         for accumulation_index in range(accumulation):
             batch = {name: tensor.to(session.device) for name, tensor in next(session.stream).items()}
-            # The micro-batch's place in the step's global batch, as the stream deals them: its
-            # random draws are the same whatever the world size (objective.micro_batch_seed).
-            micro_batch = accumulation_index * session.world_size + session.rank
-            batch["sample_seed"] = micro_batch_seed(train.seed, session.step, micro_batch)
+            # Each row's random draws are a function of (seed, epoch, dataset row, position) alone,
+            # whatever its rank, micro-batch slot or padding (draftheads.train.draws).
+            batch["sample_seed"] = row_seeds(train.seed, int(batch["epoch"]), batch["row_index"])
             output = engine(batch, "train")
             engine.backward(output.loss)
+            step_losses.append(float(output.loss.detach()))
+            if accumulation_index == accumulation - 1:  # before the boundary's optimizer step
+                stop_on_non_finite_loss(session, step_losses)
             engine.step()  # DeepSpeed steps optimizer + scheduler only at the accumulation boundary
-            window_loss += float(output.loss.detach()) / accumulation
+            window_loss += step_losses[-1] / accumulation
             for name, part in output.loss_parts.items():
                 window_parts[name] = window_parts.get(name, 0.0) + float(part.detach()) / accumulation
             window_tokens += int(batch["attention_mask"].sum())
@@ -783,9 +823,23 @@ def save(session: Session) -> Path:
     )
 
 
+def replace_saved_files(staging: Path, head_dir: Path) -> None:
+    """Move every file under ``staging`` to the same place under ``head_dir``, each with one
+    ``os.replace`` (atomic on one filesystem), the head's config.json last: a reader that finds the
+    new config finds the new weights beside it. Whatever else ``head_dir`` holds stays, such as
+    ``tune-tree``'s tree.json or the user's own files."""
+    files = sorted(path for path in staging.rglob("*") if not path.is_dir())
+    files.sort(key=lambda path: path == staging / CONFIG_NAME)  # stable: config.json to the end
+    for source in files:
+        target = head_dir / source.relative_to(staging)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        os.replace(source, target)
+
+
 def _write_head(session: Session, head_dir: Path, extra: dict) -> None:
-    """``recipe.save_head`` into a temporary directory renamed into place once complete, after a
-    free-space check; a write that runs out of space says so and leaves the old head, if any."""
+    """``recipe.save_head`` into a temporary directory beside ``head_dir``, after a free-space
+    check, then its files moved into ``head_dir`` (``replace_saved_files``); a write that runs out
+    of space says so and leaves the old head, if any."""
     temporary = head_dir.with_name(checkpoint.TEMP_PREFIX + head_dir.name)
     shutil.rmtree(temporary, ignore_errors=True)
     size = sum(p.numel() * p.element_size() for p in session.recipe.saved_parameters())
@@ -794,12 +848,9 @@ def _write_head(session: Session, head_dir: Path, extra: dict) -> None:
             session.output_dir, temporary, checkpoint.with_margin(size), f"the trained head {head_dir}"
         ):
             session.recipe.save_head(temporary, extra)
-        if head_dir.exists():
-            shutil.rmtree(head_dir)
-        os.replace(temporary, head_dir)
-    except BaseException:
+        replace_saved_files(temporary, head_dir)
+    finally:
         shutil.rmtree(temporary, ignore_errors=True)
-        raise
 
 
 def export_head(session: Session, summary: TrainingSummary) -> Path:
@@ -835,17 +886,22 @@ def cleanup(session: Session | None) -> None:
 
 
 def run_training(
-    run: RunConfig, base_model=None, tokenizer=None, datasets=None, allow_changed_data: bool = False
+    run: RunConfig,
+    base_model=None,
+    tokenizer=None,
+    datasets=None,
+    allow_changed_data: bool = False,
+    overwrite: bool = False,
 ) -> TrainingSummary:
     """Train ``run.head`` on ``run.model.base``: setup -> train -> save -> cleanup.
 
     Returns the summary also stored in ``<output_dir>/head/config.json`` under ``training``.
-    ``allow_changed_data``: see ``setup``.
+    ``allow_changed_data``, ``overwrite``: see ``setup``.
     """
     session = None
     started = time.perf_counter()
     try:
-        session = setup(run, base_model, tokenizer, datasets, allow_changed_data)
+        session = setup(run, base_model, tokenizer, datasets, allow_changed_data, overwrite)
         train_steps(session)
         if session.last_eval_step != session.step:
             _evaluate(session)
