@@ -2,11 +2,11 @@
 
 1. distill: regenerate the first answer of a few ShareGPT conversations with SmolLM2 itself
    (``draftheads distill``), so the head learns the base model's own text;
-2. train: an EAGLE-3 head on them (``configs/eagle3-smollm2.yaml``, shortened);
+2. train: an EAGLE-3 head on them (``configs/smollm2_eagle3_cpu.yaml``, shortened);
 3. tune: choose the draft tree for this machine from measured acceptance and costs (``tune-tree``);
 4. generate: answer an MT-bench question with the head (streamed), then with plain HF greedy
    ``generate``, and report tau, both speeds, the speedup and whether the outputs are identical;
-5. shipped: the same question with the best head this project ships (``docs/results/heads``:
+5. shipped: the same question with the best head this project ships (``eagle3-smollm2``:
    trained for hours on the base model's own answers to some 14,600 conversations), so the first
    run shows what training at scale buys over the demo's few minutes.
 
@@ -37,7 +37,7 @@ class DemoSettings:
     distill_max_new_tokens: int = 128  # distillation runs ~this many decode steps per batch
     distill_batch_size: int = 8
     max_length: int = 384  # prompt + answer tokens per training example
-    config: str = "configs/eagle3-smollm2.yaml"
+    config: str = "configs/smollm2_eagle3_cpu.yaml"
     train_steps: int = 100  # 400 examples: ~9 passes over the ~45 distilled conversations that fit max_length
     micro_batch_size: int = 4
     learning_rate: float = 1e-3  # higher than the long run's: few steps over a small set
@@ -57,9 +57,9 @@ class DemoSettings:
     )
     max_new_tokens: int = 128
     warmup_tokens: int = 8
-    # A head trained at scale for the same base, relative to the checkout like ``config``; None skips
-    # stage 5. docs/training.md records how it was trained.
-    shipped_head: str | None = "docs/results/heads/eagle3-corpus-both"
+    # A head trained at scale for the same base: a shipped head's short name (``draftheads.shipped``;
+    # its model card says how it was trained) or a head directory; None skips stage 5.
+    shipped_head: str | None = "eagle3-smollm2"
 
 
 @dataclass
@@ -329,7 +329,7 @@ def shipped_stage(model, tokenizer, settings: DemoSettings, plain: PlainRun) -> 
     """The same question with the shipped head (its own tuned tree), against the same plain run;
     None when there is none to use (not configured, not found, or made for another base)."""
     from draftheads.heads import load_head_and_base
-    from draftheads.heads.base import HeadMismatchError
+    from draftheads.heads.base import HeadFormatError, HeadMismatchError, resolve_head_dir
     from draftheads.infer.packed import pack_linears
     from draftheads.infer.precision import prepare_head
     from draftheads.infer.tree import load_tuned_tree
@@ -337,9 +337,10 @@ def shipped_stage(model, tokenizer, settings: DemoSettings, plain: PlainRun) -> 
     if settings.shipped_head is None:
         print("skipped (no shipped head configured)")
         return None
-    head_dir = checkout_path(settings.shipped_head)
-    if not (head_dir / "config.json").is_file():
-        print(f"skipped: no head at {settings.shipped_head} (it ships in the draftheads checkout)")
+    try:
+        head_dir = resolve_head_dir(settings.shipped_head)
+    except HeadFormatError as error:
+        print(f"skipped: no head at {settings.shipped_head} ({error})")
         return None
     try:
         head, shipped_model = load_head_and_base(head_dir, model)

@@ -6,8 +6,8 @@ section decide what is stored (``head.required_hidden_states`` of that head); th
 states the cache holds may train from it (an EAGLE-3 cache, hs[2, 15, 27, L], serves Medusa, EAGLE
 and MTP too, on the same data). Re-running continues with the shards not yet written.
 
-    draftheads cache-features --config configs/medusa-smollm2.yaml data.features=/tmp/medusa-features
-    draftheads train --config configs/medusa-smollm2.yaml data.features=/tmp/medusa-features
+    draftheads cache-features --config configs/smollm2_medusa_cpu.yaml data.features=/tmp/medusa-features
+    draftheads train --config configs/smollm2_medusa_cpu.yaml data.features=/tmp/medusa-features
 
 Under a launcher each process writes its share of the shards (one base model per GPU), and rank 0
 the one index; training reads the cache whatever its own world size:

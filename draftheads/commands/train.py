@@ -1,7 +1,7 @@
 """``draftheads train --config FILE [key=value ...]``: train a draft head on a base model.
 
 Runs as a single process on a CPU, or under the DeepSpeed launcher on GPUs:
-``deepspeed --num_gpus 8 $(which draftheads) train --config configs/eagle3-llama3-8b-8gpu.yaml``.
+``deepspeed --num_gpus 8 $(which draftheads) train --config configs/llama3-8b_eagle3_8gpu.yaml``.
 """
 
 from __future__ import annotations
@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from pathlib import Path
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -24,6 +25,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="with train.resume: go on although data.* or the batch size changed since the checkpoint "
         "(the head's training record lists every data source)",
+    )
+    parser.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="train again into a finished run's train.output_dir (its head/ and no checkpoint left to "
+        "resume), replacing its head, metrics.jsonl and config.json",
     )
     # The deepspeed launcher passes --local_rank=N (older versions) besides setting LOCAL_RANK.
     parser.add_argument("--local_rank", "--local-rank", type=int, default=None, help=argparse.SUPPRESS)
@@ -60,13 +67,17 @@ def run(args: argparse.Namespace) -> int:
         print(f"draftheads train: {err}", file=sys.stderr)
         return 2
     from draftheads.train.loop import run_training
+    from draftheads.train.run_dir import check_output_dir
 
     if args.local_rank is not None:
         os.environ.setdefault("LOCAL_RANK", str(args.local_rank))
     try:
         run_config = load_run_config(args.config, args.overrides)
+        # Refuse an output directory before the data or a model loads (the loop checks again,
+        # under the directory's lock).
+        check_output_dir(Path(run_config.train.output_dir), run_config.train.resume, args.overwrite)
         print_data_summary(run_config)
-        run_training(run_config, allow_changed_data=args.allow_changed_data)
+        run_training(run_config, allow_changed_data=args.allow_changed_data, overwrite=args.overwrite)
     except (ConfigError, DataError, BaseModelError, HeadMismatchError) as err:  # bad input: no traceback
         print(f"draftheads train: {err}", file=sys.stderr)
         return 2

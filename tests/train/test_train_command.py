@@ -3,7 +3,7 @@ from pathlib import Path
 
 from draftheads.cli import main
 
-MEDUSA = str(Path(__file__).resolve().parents[2] / "configs" / "medusa-smollm2.yaml")
+MEDUSA = str(Path(__file__).resolve().parents[2] / "configs" / "smollm2_medusa_cpu.yaml")
 
 
 def test_bad_config_value_exits_2_with_the_field_named(capsys):
