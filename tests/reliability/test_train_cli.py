@@ -9,7 +9,7 @@ import draftheads.train.loop
 from draftheads.cli import main
 from draftheads.train.lock import OutputLock
 
-MEDUSA = str(Path(__file__).resolve().parents[2] / "configs" / "medusa-smollm2.yaml")
+MEDUSA = str(Path(__file__).resolve().parents[2] / "configs" / "smollm2_medusa_cpu.yaml")
 
 
 def test_a_locked_output_dir_is_one_line_naming_the_holder(tmp_path, capsys):
