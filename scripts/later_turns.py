@@ -19,7 +19,7 @@ line, what ``draftheads distill --prompts`` reads), each to be answered without 
 Ids are ``<conversation id>:<turn index>`` (the user turn's index, 0 = first). Run from the
 repository root:
 
-    python docs/results/corpus/later_turns.py OUT.jsonl --held-out HELD_OUT_IDS.txt
+    python scripts/later_turns.py OUT.jsonl --held-out HELD_OUT_IDS.txt
 """
 
 from __future__ import annotations
