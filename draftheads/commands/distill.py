@@ -20,7 +20,9 @@ from draftheads.arguments import (
 )
 from draftheads.config import DISTILL_ENGINES, DataConfig, DistillConfig, ModelConfig
 from draftheads.data.distill import DistillCounts, context_limit, distill, written_ids
+from draftheads.data.distill_settings import DistillSettings, check_or_record
 from draftheads.data.sources import SourceReport, read_conversations
+from draftheads.data.template import require_chat_template
 from draftheads.settings import ConfigError
 
 DEFAULT_CHUNK = 1000  # source conversations per corpus chunk: about 10 minutes with vLLM on 2 cores
@@ -150,7 +152,7 @@ def run_vllm(
 def run(args: argparse.Namespace) -> int:
     import torch
 
-    from draftheads.base_model import load_base, load_tokenizer, resolve_base_path, resolve_dtype
+    from draftheads.base_model import load_base, load_tokenizer, resolve_base_path
 
     config = DistillConfig(
         temperature=args.temperature,
@@ -186,18 +188,23 @@ def run(args: argparse.Namespace) -> int:
         print(f"[distill] {corpus.summary()}; this chunk: source conversations {first}..{last - 1}")
     else:
         out = args.out
-        written_ids(out)  # a file that is not distill's output is refused before the source or base is read
+        # A file that is not distill's output is refused before the source or base is read.
+        done = written_ids(out)
         conversations, source_report = read_source(args, args.limit)
+        note = check_or_record(out, output_settings(args, config), has_records=bool(done))
+        if note:
+            print(f"[distill] {note}")
     print(
         f"[distill] {source_report.conversations} conversations from {source_report.source} "
         f"(dropped: {source_report.dropped or 'none'})"
     )
+    require_chat_template(load_tokenizer(args.base), args.base, "distill")
     torch.manual_seed(args.seed)
     if config.resolved_engine() == "vllm":
         from transformers import AutoConfig
 
         model_config = AutoConfig.from_pretrained(resolve_base_path(args.base))
-        dtype = str(resolve_dtype(args.dtype, args.device)).removeprefix("torch.")
+        dtype = decoded_dtype(args)
         from draftheads.data.vllm_server import ServerError
 
         try:
@@ -238,21 +245,50 @@ def read_source(args, limit: int | None) -> tuple[list, SourceReport]:
     return conversations_from_prompts(prompts), report
 
 
-def open_corpus(args, config: DistillConfig):
-    """The corpus ``--corpus`` names, created with this run's settings or checked against them."""
-    from draftheads.base_model import ALIASES, locate_embedded, resolve_dtype
-    from draftheads.data.corpus import Corpus, CorpusSettings, tree_sha256
+def decoded_dtype(args) -> str:
+    """The dtype the base decodes in, as a name (``auto`` resolved for the device)."""
+    from draftheads.base_model import resolve_dtype
+
+    return str(resolve_dtype(args.dtype, args.device)).removeprefix("torch.")
+
+
+def source_fingerprint(args) -> tuple[str, str | None, bool]:
+    """``(source as given, sha256 of the local file or directory read, is a dataset)``: the sha256
+    is None for a dataset (a Hub dataset's name carries any ``@revision``)."""
+    from draftheads.data.corpus import tree_sha256
     from draftheads.data.sources import resolve_source
 
     if args.prompts is not None:
         from draftheads.data.prompts import EMBEDDED, locate_prompts
 
         source = args.prompts
-        source_sha256 = tree_sha256(locate_prompts(source) if source in EMBEDDED else Path(source))
-    else:
-        kind, location = resolve_source(args.data)
-        source = args.data
-        source_sha256 = None if kind == "dataset" else tree_sha256(Path(location))
+        return source, tree_sha256(locate_prompts(source) if source in EMBEDDED else Path(source)), False
+    kind, location = resolve_source(args.data)
+    return args.data, None if kind == "dataset" else tree_sha256(Path(location)), kind == "dataset"
+
+
+def output_settings(args, config: DistillConfig) -> DistillSettings:
+    """This run's settings for a ``--out`` file (``draftheads.data.distill_settings``)."""
+    source, source_sha256, is_dataset = source_fingerprint(args)
+    return DistillSettings(
+        base=args.base,
+        source=source,
+        source_sha256=source_sha256,
+        split=args.split if is_dataset else None,
+        temperature=config.temperature,
+        max_new_tokens=config.max_new_tokens,
+        max_length=args.max_length,
+        dtype=decoded_dtype(args),
+        seed=args.seed if config.temperature > 0 else None,
+    )
+
+
+def open_corpus(args, config: DistillConfig):
+    """The corpus ``--corpus`` names, created with this run's settings or checked against them."""
+    from draftheads.base_model import ALIASES, locate_embedded
+    from draftheads.data.corpus import Corpus, CorpusSettings, tree_sha256
+
+    source, source_sha256, _ = source_fingerprint(args)
     base = Path(args.base)
     if args.base in ALIASES:
         base = locate_embedded(args.base)
@@ -269,7 +305,7 @@ def open_corpus(args, config: DistillConfig):
         max_new_tokens=config.max_new_tokens,
         max_length=args.max_length,
         temperature=config.temperature,
-        dtype=str(resolve_dtype(args.dtype, args.device)).removeprefix("torch."),
+        dtype=decoded_dtype(args),
         seed=args.seed if config.temperature > 0 else None,
     )
     return Corpus.open_or_create(args.corpus, settings)

@@ -19,6 +19,7 @@ from draftheads.arguments import (
 )
 from draftheads.config import DISTILL_ENGINES, DistillConfig, ModelConfig
 from draftheads.data.self_prompts import SynthCounts, SynthSettings
+from draftheads.data.template import require_chat_template
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -84,6 +85,8 @@ def run(args: argparse.Namespace) -> int:
     engine = DistillConfig(engine=args.engine, server=args.server, vllm_venv=args.vllm_venv)
     engine.validate()
     existing = len(read_existing(args.out))  # a file not its own is refused before the base loads
+    # Prompts are sampled from the chat template: a base without one is refused before it loads.
+    require_chat_template(load_tokenizer(args.base), args.base, "synth-prompts")
     bar = tqdm(total=args.count, initial=min(existing, args.count), unit="prompt", desc="synth-prompts")
 
     def progress(kept: int) -> None:

@@ -75,6 +75,18 @@ def chat_template(tokenizer) -> str:
     return template
 
 
+def require_chat_template(tokenizer, base: str, command: str) -> None:
+    """Raise ``TemplateError`` naming ``base`` and what to do when its tokenizer has no chat
+    template: ``command`` renders chat turns with it (a base, not an instruct, model has none)."""
+    if tokenizer.chat_template:
+        return
+    raise TemplateError(
+        f"base model {base} has no chat template, and {command} renders conversations with it: "
+        "give a chat (instruct) model, or add a template to the model's tokenizer "
+        "(a chat_template.jinja file in its directory, or 'chat_template' in tokenizer_config.json)"
+    )
+
+
 def render(tokenizer, messages: list[dict], add_generation_prompt: bool = False) -> str:
     return tokenizer.apply_chat_template(
         messages, tokenize=False, add_generation_prompt=add_generation_prompt

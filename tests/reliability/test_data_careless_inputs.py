@@ -301,3 +301,34 @@ def test_validation_size_zero_is_refused_before_anything_is_cached(tmp_path, byt
     with pytest.raises(ConfigError, match="data.validation_size must be >= 1"):
         build_datasets(data, byte_tokenizer, "tiny")
     assert not (tmp_path / "c").exists()
+
+
+# ---- a base model without a chat template --------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def base_without_template(tmp_path_factory):
+    directory = save_tiny_base(tmp_path_factory.mktemp("no_template"))
+    for path in directory.glob("chat_template.*"):
+        path.unlink()
+    config = json.loads((directory / "tokenizer_config.json").read_text())
+    config.pop("chat_template", None)
+    (directory / "tokenizer_config.json").write_text(json.dumps(config))
+    return directory
+
+
+@pytest.mark.parametrize("command", ["distill", "synth-prompts"])
+def test_a_base_without_a_chat_template_is_one_line_naming_it(
+    tmp_path, base_without_template, command, capsys
+):
+    options = ["--base", str(base_without_template), "--out", str(tmp_path / "out.jsonl")]
+    if command == "distill":
+        options += ["--data", str(write_jsonl(tmp_path / "chats.jsonl", records(2)))]
+    else:
+        options += ["--count", "2", "--max-new-tokens", "4"]
+    assert main([command, *options]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Traceback" not in err, err
+    assert err.startswith(f"draftheads {command}: base model {base_without_template} has no chat template")
+    assert "chat_template.jinja" in err
+    assert not (tmp_path / "out.jsonl").exists()
