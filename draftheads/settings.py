@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import math
 import types
 import typing
 from pathlib import Path
@@ -31,7 +32,8 @@ def _closest(key: str, valid: list[str]) -> str:
 
 
 def _coerce(value: Any, annotation: Any, where: str) -> Any:
-    """Convert a YAML/CLI value to the annotated type, or raise ConfigError naming ``where``."""
+    """Convert a YAML/CLI value to the annotated type, or raise ConfigError naming ``where``.
+    A float must be finite: no setting means inf or nan."""
     origin = typing.get_origin(annotation)
     args = typing.get_args(annotation)
     if annotation is Any:
@@ -80,14 +82,19 @@ def _coerce(value: Any, annotation: Any, where: str) -> Any:
                 pass
         raise ConfigError(f"{where}: expected an integer, got {value!r}")
     if annotation is float:
+        number = None
         if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return float(value)
-        if isinstance(value, str):
+            number = float(value)
+        elif isinstance(value, str):
             try:
-                return float(value)
+                number = float(value)
             except ValueError:
                 pass
-        raise ConfigError(f"{where}: expected a number, got {value!r}")
+        if number is None:
+            raise ConfigError(f"{where}: expected a number, got {value!r}")
+        if not math.isfinite(number):  # inf / nan would train to NaN or never stop
+            raise ConfigError(f"{where}: expected a finite number, got {number}")
+        return number
     if annotation is str:
         if isinstance(value, (str, int, float)) and not isinstance(value, bool):
             return str(value)

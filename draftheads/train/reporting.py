@@ -4,6 +4,7 @@ the loss / accuracy curves at the end. Only rank 0 reports."""
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import Any
 
@@ -11,8 +12,21 @@ METRICS_NAME = "metrics.jsonl"
 CURVES_NAME = "curves.png"
 
 
+def finite_or_null(value: Any) -> Any:
+    """``value`` with every inf / nan float, however deeply nested, as None: JSON has no such
+    numbers (``json.dumps`` would write ``NaN``, which strict readers refuse)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {key: finite_or_null(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [finite_or_null(item) for item in value]
+    return value
+
+
 class Reporter:
-    """Append metric records (dicts with a ``step``) to JSONL and, if asked, to wandb.
+    """Append metric records (dicts with a ``step``) to JSONL (a non-finite number as null) and,
+    if asked, to wandb.
 
     On resume, records past the resumed step (written by the interrupted run after its last
     checkpoint) are dropped, so the file reads as one uninterrupted run.
@@ -55,7 +69,7 @@ class Reporter:
         if not self.enabled:
             return
         with self.path.open("a") as handle:
-            handle.write(json.dumps(record) + "\n")
+            handle.write(json.dumps(finite_or_null(record), allow_nan=False) + "\n")
         if self.wandb_run is not None:
             self.wandb_run.log(_flatten(record), step=record["step"])
 
