@@ -314,11 +314,14 @@ def build_run_config(data: dict, where: str = "config") -> RunConfig:
 def load_run_config(path: str | Path | None = None, overrides: list[str] | None = None) -> RunConfig:
     """Defaults <- YAML file <- ``key=value`` overrides."""
     data = read_yaml(path) if path else {}
-    if overrides:
-        update = parse_overrides(overrides)
-        _refuse_ignored_max_steps(data, update, path)
-        data = merge(data, update)
-    return build_run_config(data, where=str(path) if path else "config")
+    where = str(path) if path else "config"
+    if not overrides:
+        return build_run_config(data, where)
+    update = parse_overrides(overrides)
+    # Built first, so that a value of the wrong type is named as such before anything else.
+    run = build_run_config(merge(data, update), where)
+    _refuse_ignored_max_steps(data, update, path)
+    return run
 
 
 def _refuse_ignored_max_steps(data: dict, update: dict, path: str | Path | None) -> None:
