@@ -1,6 +1,7 @@
 """``export_head``: a trained head directory -> a Hub-ready directory in one format, with its model
-card, its ``bench.json`` if recorded, a Medusa-2 head's base adapter, and the manifest that lets a
-later ``--overwrite`` recognise it (``destination``)."""
+card, its ``bench.json`` (and, in the ``draftheads`` format, its ``tree.json``) if recorded, a
+Medusa-2 head's base adapter, and the manifest that lets a later ``--overwrite`` recognise it
+(``destination``)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from draftheads.export.destination import check_destination, staged_export, writ
 from draftheads.export.model_card import BENCH_NAME, read_bench, render_model_card
 from draftheads.export.registry import FORMAT_REGISTRY, ExportOptions, FormatError, export_format, write_head
 from draftheads.heads.base import object_field, read_head_config, resolve_head_dir
+from draftheads.infer.tree import TUNED_TREE_FILE
 from draftheads.storage import check_free_space
 
 DEFAULT_FORMAT = "draftheads"
@@ -27,7 +29,7 @@ def estimated_bytes(head, heads_dir: Path, with_base_weights: bool, joint: bool)
     if with_base_weights:
         tensors += [head.embed_tokens.weight, head.base_lm_head.weight]
     tensor_bytes = sum(t.numel() * t.element_size() for t in tensors)  # tied tensors are written twice
-    copied = [heads_dir / BENCH_NAME]
+    copied = [heads_dir / BENCH_NAME, heads_dir / TUNED_TREE_FILE]
     if joint:
         from draftheads.heads.adapter import ADAPTER_DIR
 
@@ -89,6 +91,9 @@ def export_head(
             card_config["training"] = training
         if bench is not None:
             shutil.copyfile(heads_dir / BENCH_NAME, staging / BENCH_NAME)
+        if format_name == DEFAULT_FORMAT and (heads_dir / TUNED_TREE_FILE).is_file():
+            # the tree `tune-tree` chose travels with the head `generate` reads it from
+            shutil.copyfile(heads_dir / TUNED_TREE_FILE, staging / TUNED_TREE_FILE)
         parameters = sum(t.numel() for t in head.head_state_dict().values() if t.is_floating_point())
         card = render_model_card(card_config, parameters, bench)
         if format_name != DEFAULT_FORMAT:
