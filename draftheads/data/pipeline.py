@@ -90,14 +90,15 @@ def source_identity(source: str, split: str) -> str:
     if kind == "corpus":  # its manifest holds every sealed chunk's sha256
         manifest = (Path(location) / "manifest.json").read_bytes()
         return f"corpus:{Path(location).resolve()}:" + hashlib.sha256(manifest).hexdigest()
-    if kind != "dataset":
-        stat = Path(location).stat()
-        return f"{kind}:{Path(location).resolve()}:{stat.st_size}:{stat.st_mtime_ns}"
     path = Path(str(location))
+    if kind not in ("dataset", "directory"):
+        stat = path.stat()
+        return f"{kind}:{path.resolve()}:{stat.st_size}:{stat.st_mtime_ns}"
     if path.is_dir():
         files = sorted(p for p in path.rglob("*") if p.is_file())
         stamps = [f"{p.relative_to(path)}:{p.stat().st_size}:{p.stat().st_mtime_ns}" for p in files]
-        return f"dir:{path.resolve()}:{split}:" + hashlib.sha256("\n".join(stamps).encode()).hexdigest()
+        # "directory" (read file by file) and "dataset" (load_dataset) may give different rows.
+        return f"{kind}:{path.resolve()}:{split}:" + hashlib.sha256("\n".join(stamps).encode()).hexdigest()
     return f"hub:{location}:{split}"  # a Hub id: datasets keeps its own download cache
 
 

@@ -7,6 +7,9 @@ naming file and record index or line, so nothing crashes the run and nothing van
 
 Local files may be gzipped (``.json.gz``, ``.jsonl.gz``) and may start with a UTF-8 byte-order mark;
 a line or record holding bytes that are not UTF-8 is dropped (``not_utf8``) with its byte offset.
+A directory of such files is read file by file (its split's files, as ``load_dataset`` assigns them),
+so a malformed line there costs one record too. Each malformed record is also warned about, naming
+its file and line; a source with no usable conversation at all is an error naming the first problem.
 
 Two record forms are accepted:
   ShareGPT  ``{"id": ..., "conversations": [{"from": "human", "value": "..."}, ...]}``
@@ -20,6 +23,7 @@ import gzip
 import importlib.util
 import json
 import re
+import warnings
 import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -42,6 +46,7 @@ ROLES = {
     "system": "system",
 }
 LOCAL_SUFFIXES = (".json", ".jsonl", ".parquet")
+DIRECTORY_SUFFIXES = (".json", ".jsonl", ".parquet", ".json.gz", ".jsonl.gz")  # read from a directory
 EXAMPLES_PER_REASON = 3
 READ_CHUNK_CHARS = 1 << 20  # incremental JSON reading: 1 MiB at a time
 UTF8_BOM = b"\xef\xbb\xbf"  # a byte-order mark some editors write; accepted and skipped
@@ -452,8 +457,38 @@ def locate_sharegpt() -> Path:
     return path
 
 
+def data_files(directory: Path) -> list[Path]:
+    """The JSON, JSON Lines and Parquet files under ``directory`` (hidden ones left out), sorted."""
+    return sorted(
+        path
+        for path in directory.rglob("*")
+        if path.is_file()
+        and path.name.endswith(DIRECTORY_SUFFIXES)
+        and not any(part.startswith(".") for part in path.relative_to(directory).parts)
+    )
+
+
+def directory_files(directory: Path, split: str) -> list[Path]:
+    """The data files of ``split`` in ``directory``, as ``load_dataset`` assigns files to splits by
+    name (``train.jsonl``, ``data/test-00000.parquet``; every file to ``train`` when no name
+    gives a split), sorted; a DataError names a split the directory does not have."""
+    from datasets.data_files import DataFilesDict, get_data_patterns
+
+    ours = set(data_files(directory))
+    patterns = get_data_patterns(str(directory))
+    splits = {
+        str(name): sorted(Path(file) for file in files if Path(file) in ours)
+        for name, files in DataFilesDict.from_patterns(patterns, base_path=str(directory)).items()
+    }
+    splits = {name: files for name, files in splits.items() if files}
+    if split not in splits:
+        raise DataError(f"{directory}: no split '{split}'; it has {sorted(splits)}")
+    return splits[split]
+
+
 def resolve_source(source: str) -> tuple[str, Path | str]:
-    """``(kind, location)`` with kind in sharegpt | json | jsonl | parquet | corpus | dataset."""
+    """``(kind, location)`` with kind in sharegpt | json | jsonl | parquet | corpus | directory |
+    dataset (a Hub id, a ``save_to_disk`` directory or a directory of other data files)."""
     from draftheads.data.corpus import Corpus
 
     if source == "sharegpt":
@@ -461,6 +496,9 @@ def resolve_source(source: str) -> tuple[str, Path | str]:
     path = Path(source)
     if path.is_dir() and Corpus.is_corpus(path):
         return "corpus", path
+    saved = (path / "dataset_dict.json").is_file() or (path / "state.json").is_file()
+    if path.is_dir() and not saved and data_files(path):
+        return "directory", path
     name = path.name.removesuffix(".gz")
     suffix = Path(name).suffix
     if suffix in LOCAL_SUFFIXES:
@@ -496,18 +534,9 @@ def read_conversations(
     """
     kind, location = resolve_source(source)
     report = SourceReport(source=str(location))
-    if kind == "dataset":
-        records = iter_dataset(str(location), split)
-    elif kind in ("sharegpt", "json"):
-        records = iter_json_file(Path(location), report)
-    elif kind == "jsonl":
-        records = iter_json_lines(Path(location), report)
-    elif kind == "corpus":
-        from draftheads.data.corpus import Corpus
-
-        records = (r for path in Corpus.load(location).files() for r in iter_json_lines(path, report))
-    else:
-        records = iter_parquet(Path(location), report)
+    records = _records(kind, location, split, report)
+    # Where the ``where`` of a record in a local file is relative to, for warnings naming the file.
+    folder = Path(location) if kind in ("directory", "corpus") else Path(str(location)).parent
     conversations: list[Conversation] = []
     seen_ids: set[str] = set()
     for where, record in records:
@@ -516,6 +545,11 @@ def read_conversations(
         report.records += 1
         if isinstance(record, ReadFailure):
             report.drop(record.reason, where, record.detail)
+            if report.dropped[record.reason] <= EXAMPLES_PER_REASON:  # the rest are counted in the report
+                warnings.warn(
+                    f"{folder / where}: {record.reason} ({record.detail}); the record is skipped",
+                    stacklevel=2,
+                )
             continue
         result = normalise_record(record, fallback_id=where)
         if isinstance(result, tuple):
@@ -530,4 +564,46 @@ def read_conversations(
         seen_ids.add(result.id)
         conversations.append(result)
     report.conversations = len(conversations)
+    if not conversations:
+        raise nothing_usable(report)
     return conversations, report
+
+
+def _records(kind: str, location: Path | str, split: str, report: SourceReport) -> Iterator[tuple[str, Any]]:
+    """The raw ``(where, record)`` stream of a resolved source."""
+    if kind == "dataset":
+        return iter_dataset(str(location), split)
+    if kind in ("sharegpt", "json"):
+        return iter_json_file(Path(location), report)
+    if kind == "jsonl":
+        return iter_json_lines(Path(location), report)
+    if kind == "parquet":
+        return iter_parquet(Path(location), report)
+    if kind == "corpus":
+        from draftheads.data.corpus import Corpus
+
+        files = Corpus.load(location).files()
+    else:  # a directory of data files: its split's, each named relative to it
+        files = directory_files(Path(location), split)
+    return _files_records(Path(location), files, report)
+
+
+def _files_records(directory: Path, files: list[Path], report: SourceReport) -> Iterator[tuple[str, Any]]:
+    for path in files:
+        prefix = "" if path.parent == directory else f"{path.parent.relative_to(directory)}/"
+        name = path.name.removesuffix(".gz")
+        reader = iter_parquet if name.endswith(".parquet") else iter_json_file
+        for where, record in reader(path, report):
+            yield prefix + where, record
+
+
+def nothing_usable(report: SourceReport) -> DataError:
+    """The error for a source that gave no conversation: what was read and the first problem."""
+    if not report.records:
+        return DataError(f"{report.source}: holds no records (an empty file, or no data files for its split)")
+    reasons = "; ".join(
+        f"{reason} {count:,}"
+        + (f" (e.g. {report.examples[reason][0]})" if report.examples.get(reason) else "")
+        for reason, count in sorted(report.dropped.items(), key=lambda item: -item[1])
+    )
+    return DataError(f"{report.source}: no usable conversation in {report.records:,} records: {reasons}")

@@ -332,3 +332,47 @@ def test_a_base_without_a_chat_template_is_one_line_naming_it(
     assert err.startswith(f"draftheads {command}: base model {base_without_template} has no chat template")
     assert "chat_template.jinja" in err
     assert not (tmp_path / "out.jsonl").exists()
+
+
+# ---- a malformed line in a directory of files, or in one file -----------------------------------
+
+
+def test_a_malformed_line_in_a_directory_costs_one_record_with_a_warning_naming_it(tmp_path):
+    directory = tmp_path / "chats"
+    (directory / "more").mkdir(parents=True)
+    items = records(8)
+    write_jsonl(directory / "a.jsonl", items[:4])
+    write_jsonl(directory / "more" / "b.jsonl", items[4:6] + [BAD_RECORD] + items[6:])
+    with pytest.warns(UserWarning, match=r"more/b\.jsonl line 3: invalid_json \(Expecting value") as caught:
+        conversations, report = read_conversations(str(directory))
+    assert [c.id for c in conversations] == [f"r{i}" for i in range(8)]
+    assert report.records == 9 and report.dropped == {"invalid_json": 1}
+    assert len(caught) == 1 and caught[0].filename == __file__  # the warning points at the caller
+
+
+def test_a_directory_honours_the_split_its_file_names_give(tmp_path):
+    directory = tmp_path / "chats"
+    directory.mkdir()
+    write_jsonl(directory / "train.jsonl", records(3))
+    write_jsonl(directory / "test.jsonl", [BAD_RECORD] + records(5)[3:])
+    assert [c.id for c in read_conversations(str(directory))[0]] == ["r0", "r1", "r2"]
+    with pytest.warns(UserWarning, match=r"test\.jsonl line 1"):
+        assert [c.id for c in read_conversations(str(directory), split="test")[0]] == ["r3", "r4"]
+    with pytest.raises(DataError, match=rf"{directory}: no split 'validation'; it has \['test', 'train'\]"):
+        read_conversations(str(directory), split="validation")
+
+
+def test_a_malformed_line_in_one_file_is_warned_about_by_file_and_line(tmp_path):
+    path = write_jsonl(tmp_path / "chats.jsonl", records(3) + [BAD_RECORD])
+    with pytest.warns(UserWarning, match=rf"{path} line 4: invalid_json \(Expecting"):
+        conversations, report = read_conversations(str(path))
+    assert len(conversations) == 3 and report.dropped == {"invalid_json": 1}
+
+
+def test_a_directory_with_nothing_usable_fails_naming_the_file(tmp_path, byte_tokenizer):
+    directory = tmp_path / "chats"
+    directory.mkdir()
+    write_jsonl(directory / "only.jsonl", [BAD_RECORD])
+    data = DataConfig(source=str(directory), validation_size=1, cache_dir=str(tmp_path / "c"))
+    with pytest.warns(UserWarning), pytest.raises(DataError, match=r"only\.jsonl line 1: Expecting value"):
+        build_datasets(data, byte_tokenizer, "tiny")
