@@ -491,6 +491,41 @@ def setup(
     return session
 
 
+def initial_head(run: RunConfig, base_model, train_dataset):
+    """The head in training mode: built for ``base_model``, then ``train.init_head``'s weights or
+    its own start from the data. Its first weights depend only on ``train.seed``, never on the
+    rank or the data order."""
+    from draftheads.heads import build_head
+
+    seed_everything(run.train.seed)
+    try:
+        head = build_head(base_model, run.head, run.model.base)
+    except (ValueError, IndexError) as err:
+        raise ConfigError(f"head ({run.head.kind}): {err}") from err
+    token_counts = supervised_token_counts(train_dataset, base_model.config.vocab_size)
+    if run.train.init_head:
+        init_from_saved_head(head, run.train.init_head, base_model, token_counts)
+    else:
+        head.init_from_data(token_counts)
+    return head.train()
+
+
+def planned_steps(train: TrainConfig, stream: BatchStream, world_size: int, rank: int) -> int:
+    """The run's optimizer steps (``total_optimizer_steps``); rank 0 warns about a warmup longer
+    than the run and says when there is no step at all."""
+    total_steps = total_optimizer_steps(train, stream.batches_per_epoch(), world_size)
+    if 0 < total_steps < train.warmup_steps and rank == 0:
+        warnings.warn(
+            f"train.warmup_steps ({train.warmup_steps}) exceeds the run's {total_steps} optimizer steps "
+            f"(train.max_steps / train.epochs): the learning rate never reaches train.learning_rate "
+            f"({train.learning_rate}), only {total_steps / train.warmup_steps:.0%} of it",
+            stacklevel=3,
+        )
+    if total_steps == 0:
+        _log_rank0(rank, "train.max_steps=0: no training step; the starting head is evaluated and exported")
+    return total_steps
+
+
 def build_session(
     run: RunConfig,
     rank: int,
@@ -528,20 +563,7 @@ def build_session(
             run, base_model, tokenizer, pad_token_id, rank, world_size, partial(_log_rank0, rank)
         )
 
-    # The head's initial weights depend only on the seed, never on the rank or the data order.
-    seed_everything(train.seed)
-    from draftheads.heads import build_head
-
-    try:
-        head = build_head(base_model, run.head, run.model.base)
-    except (ValueError, IndexError) as err:
-        raise ConfigError(f"head ({run.head.kind}): {err}") from err
-    token_counts = supervised_token_counts(train_dataset, base_model.config.vocab_size)
-    if train.init_head:
-        init_from_saved_head(head, train.init_head, base_model, token_counts)
-    else:
-        head.init_from_data(token_counts)
-    head.train()
+    head = initial_head(run, base_model, train_dataset)
     recipe = recipe_class.build(
         run,
         base_model,
@@ -561,16 +583,7 @@ def build_session(
         rank,
         world_size,
     )
-    total_steps = total_optimizer_steps(train, stream.batches_per_epoch(), world_size)
-    if 0 < total_steps < train.warmup_steps and rank == 0:
-        warnings.warn(
-            f"train.warmup_steps ({train.warmup_steps}) exceeds the run's {total_steps} optimizer steps "
-            f"(train.max_steps / train.epochs): the learning rate never reaches train.learning_rate "
-            f"({train.learning_rate}), only {total_steps / train.warmup_steps:.0%} of it",
-            stacklevel=2,
-        )
-    if total_steps == 0:
-        _log_rank0(rank, "train.max_steps=0: no training step; the starting head is evaluated and exported")
+    total_steps = planned_steps(train, stream, world_size, rank)
     engine = build_engine(recipe, train, deepspeed_config, total_steps, device)
 
     validation = fixed_batches(
@@ -595,26 +608,33 @@ def build_session(
         data_history=data_history,
         decode_sequences=decode_sequences,
     )
+    start(session, latest, restart_data)
+    return session
+
+
+def start(session: Session, latest: Path | None, restart_data: bool) -> None:
+    """Restore checkpoint ``latest`` (None: a fresh start), write the run config beside the run
+    and open its reporter."""
+    run, output_dir = session.run, session.output_dir
     if latest is not None:
-        check_resumable(latest, world_size)
+        check_resumable(latest, session.world_size)
         restore(session, latest, restart_data)
-    elif train.resume:
+    elif run.train.resume:
         _log_rank0(
-            rank,
+            session.rank,
             f"train.resume: no checkpoint in {output_dir / checkpoint.CHECKPOINTS_DIR}; starting fresh",
         )
-    if rank == 0:
+    if session.rank == 0:
         output_dir.mkdir(parents=True, exist_ok=True)
         (output_dir / "config.json").write_text(json.dumps(to_dict(run), indent=2, default=str) + "\n")
     session.reporter = Reporter(
         output_dir,
-        train.report_to,
-        train.wandb_project,
+        run.train.report_to,
+        run.train.wandb_project,
         config=to_dict(run),
         resume_step=session.step if latest is not None else None,
-        enabled=rank == 0,
+        enabled=session.rank == 0,
     )
-    return session
 
 
 def check_resumable(path: Path, world_size: int) -> None:

@@ -6,9 +6,9 @@ a run made before the marker existed by the files only a run writes (``checkpoin
 ``metrics.jsonl``, ``head/`` ...). Any other directory that is not empty is refused before a model
 loads, naming what it holds: training there would replace the user's files (their ``config.json``
 by the run config). A saved head's directory is always refused: the run config would replace the
-head's config.json, and the head would no longer load. A finished run (its ``head/`` and no
-checkpoint left to resume) is trained again only with ``overwrite``, which replaces its head,
-metrics.jsonl and config.json.
+head's config.json, and the head would no longer load. A finished run (a saved ``head/`` and no
+checkpoint left to resume) is trained again only with ``overwrite``, which replaces its head's
+files, metrics.jsonl and config.json.
 """
 
 from __future__ import annotations
@@ -94,7 +94,7 @@ def check_output_dir(directory: Path, resume: bool, overwrite: bool) -> None:
             f"train.output_dir {directory} already holds checkpoints; set train.resume=true to continue "
             "that run, or choose another train.output_dir"
         )
-    if not has_checkpoints and (directory / RUN_HEAD_DIR).exists() and not overwrite:
+    if not has_checkpoints and (directory / RUN_HEAD_DIR / CONFIG_NAME).is_file() and not overwrite:
         raise OutputDirRefusedError(
             f"train.output_dir {directory} holds a finished run (its head in {directory / RUN_HEAD_DIR}, "
             f"no checkpoint to resume from); pass --overwrite (overwrite=True) to train it again, "
