@@ -32,6 +32,8 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from draftheads.shipped import SHIPPED_HEADS
+
 ROOT = Path(__file__).resolve().parent.parent
 ENGINES = Path(__file__).resolve().parent
 VENVS = ENGINES / ".venvs"  # made by `make engines`
@@ -72,7 +74,7 @@ SPECULATORS_PAIRS = {"eagle3": ("eagle3", "speculators"), "dflash": ("dflash", "
 class CheckSettings:
     """What the check decodes; every default is defined here."""
 
-    heads_root: Path = ROOT / "docs" / "results" / "heads"
+    heads: tuple[str, ...] = tuple(SHIPPED_HEADS)  # shipped heads' short names, or head directories
     out: Path = ROOT / "docs" / "results" / "engines"
     prompts: tuple[str, ...] = PROMPTS
     max_new_tokens: int = 64
@@ -272,11 +274,11 @@ UNTRAINED_HEADS = {
 UNTRAINED_SEED = 0
 
 
-def shipped_heads(root: Path) -> list[Path]:
-    heads = sorted(p for p in root.iterdir() if (p / "config.json").is_file())
-    if not heads:
-        raise SystemExit(f"engines/check.py: no head directories (with config.json) under {root}")
-    return heads
+def resolve_heads(heads: tuple[str, ...]) -> list[Path]:
+    """The directories of ``heads`` (short names or paths, ``draftheads.shipped``)."""
+    from draftheads.heads.base import resolve_head_dir
+
+    return [resolve_head_dir(head) for head in heads]
 
 
 def head_kind(head_dir: Path) -> str:
@@ -538,7 +540,6 @@ def write_report(outcomes: list[Outcome], settings: CheckSettings, seconds: floa
     settings.out.mkdir(parents=True, exist_ok=True)
     chosen = asdict(settings)
     chosen.pop("out")
-    chosen["heads_root"] = os.path.relpath(settings.heads_root, ROOT)
     report = {
         "machine": machine(),
         "settings": chosen,
@@ -553,19 +554,19 @@ def main(argv: list[str] | None = None) -> int:
     defaults = CheckSettings()
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument(
-        "--heads-root", type=Path, default=defaults.heads_root, help="shipped head directories"
+        "--heads", nargs="+", default=list(defaults.heads), help="shipped heads' names or head directories"
     )
     parser.add_argument("--out", type=Path, default=defaults.out, help="where report.json / report.md go")
     parser.add_argument("--max-new-tokens", type=int, default=defaults.max_new_tokens)
     parser.add_argument("--chain", type=int, default=defaults.chain, help="draft tokens per step")
     args = parser.parse_args(argv)
     settings = CheckSettings(
-        heads_root=args.heads_root, out=args.out, max_new_tokens=args.max_new_tokens, chain=args.chain
+        heads=tuple(args.heads), out=args.out, max_new_tokens=args.max_new_tokens, chain=args.chain
     )
     from draftheads.heads import resolve_base_model
 
     by_base: dict[str, list[Path]] = {}
-    for head_dir in shipped_heads(settings.heads_root):
+    for head_dir in resolve_heads(settings.heads):
         by_base.setdefault(resolve_base_model(head_dir), []).append(head_dir)
     started = time.perf_counter()
     outcomes: list[Outcome] = []

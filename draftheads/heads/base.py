@@ -355,12 +355,13 @@ def _holds_weights(directory: Path) -> bool:
 
 
 def resolve_head_dir(directory: str | Path) -> Path:
-    """The head directory ``directory`` names: itself, or, for a training run's output directory
-    (no weights of its own, the final head under ``head/``), its ``head/``. Raises HeadFormatError
-    saying what was expected when it is neither."""
-    directory = Path(directory)
-    if not directory.exists():
-        raise HeadFormatError(f"head directory {directory} does not exist")
+    """The head directory ``directory`` names: itself, a shipped head's short name
+    (``draftheads.shipped``), or, for a training run's output directory (no weights of its own, the
+    final head under ``head/``), its ``head/``. Raises HeadFormatError saying what was expected when
+    it is none of them."""
+    from draftheads.shipped import resolve_head_dir as resolve_name
+
+    directory = resolve_name(directory)  # an existing path, else a shipped head's directory
     if not directory.is_dir():
         raise HeadFormatError(
             f"{directory} is a file; give the head directory (the one holding {CONFIG_NAME})"

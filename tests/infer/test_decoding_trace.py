@@ -27,7 +27,7 @@ from draftheads.machine import cpu_flags, cpu_name
 
 BASE = "smollm2-135m-instruct"
 FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "smollm2_decoding_traces.json"
-TRAINED_EAGLE3 = Path(__file__).resolve().parents[2] / "docs" / "results" / "heads" / "eagle3-distilled"
+TRAINED_EAGLE3 = "eagle3-smollm2"  # the shipped EAGLE-3 head, by its short name (draftheads.shipped)
 QUESTIONS = [
     "What is the capital of France?",
     "Write a Python function that reverses a string.",
