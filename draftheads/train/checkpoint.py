@@ -18,6 +18,10 @@ with an error that says so (torch's zip writer reports only ``unexpected pos ...
 A complete checkpoint can still rot or be damaged afterwards (a copy cut short, a bad disk); the
 manifest lets ``resume`` verify it before loading and fall back to the newest intact one.
 Checkpoints written before manifests existed load unverified.
+
+Nothing in a checkpoint is unpickled beyond tensors, plain values and the few classes DeepSpeed
+saves (``safe_loading``): a file that asks for more (a crafted pickle would run its code on resume)
+is refused, naming it.
 """
 
 from __future__ import annotations
@@ -37,6 +41,13 @@ from typing import Any
 import torch
 
 from draftheads.storage import InsufficientSpaceError, check_free_space, file_sha256, format_bytes
+from draftheads.train.safe_loading import (
+    check_loadable,
+    deepspeed_state_classes,
+    legacy_rng_globals,
+    load_restricted,
+    weights_only_loads,
+)
 
 CHECKPOINTS_DIR = "checkpoints"
 ENGINE_TAG = "engine"
@@ -161,19 +172,25 @@ def set_aside(checkpoint: Path) -> Path:
 
 
 def capture_rng_state() -> dict[str, Any]:
+    """This process's torch / CUDA / python / numpy RNG states as tensors and plain values (numpy's
+    key array as an int64 tensor), which torch loads with ``weights_only=True``."""
     state: dict[str, Any] = {"torch": torch.get_rng_state(), "python": random.getstate()}
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         state["cuda"] = torch.cuda.get_rng_state()
     try:
         import numpy
 
-        state["numpy"] = numpy.random.get_state()
+        kind, keys, position, has_gauss, cached_gaussian = numpy.random.get_state()
+        keys = torch.from_numpy(keys.astype(numpy.int64))
+        state["numpy"] = (kind, keys, int(position), int(has_gauss), float(cached_gaussian))
     except ImportError:
         pass
     return state
 
 
 def restore_rng_state(state: dict[str, Any]) -> None:
+    """Set the RNGs from ``capture_rng_state``'s dict (or an older one, whose numpy key array is an
+    ndarray)."""
     torch.set_rng_state(state["torch"])
     random.setstate(state["python"])
     if "cuda" in state and torch.cuda.is_available():
@@ -181,7 +198,9 @@ def restore_rng_state(state: dict[str, Any]) -> None:
     if "numpy" in state:
         import numpy
 
-        numpy.random.set_state(state["numpy"])
+        kind, keys, position, has_gauss, cached_gaussian = state["numpy"]
+        keys = numpy.asarray(keys.numpy() if torch.is_tensor(keys) else keys, dtype=numpy.uint32)
+        numpy.random.set_state((kind, keys, position, has_gauss, cached_gaussian))
 
 
 # ---- save / load ----------------------------------------------------------------------------------
@@ -350,18 +369,25 @@ def load_checkpoint(
     engine, checkpoint: str | Path, rank: int = 0, exclude_frozen: bool = False
 ) -> dict[str, Any]:
     """Restore engine (weights, optimizer, scheduler) and this rank's RNG; return trainer state.
-    ``exclude_frozen``: the checkpoint was saved without frozen parameters (they stay as loaded)."""
+    ``exclude_frozen``: the checkpoint was saved without frozen parameters (they stay as loaded).
+    A file whose pickle needs more than tensors and DeepSpeed's own classes raises
+    UnsafeCheckpointError naming it, before anything of it is unpickled."""
     checkpoint = Path(checkpoint)
     state_path = checkpoint / STATE_NAME
     if not state_path.is_file():
         raise FileNotFoundError(f"{checkpoint} is not a complete checkpoint (no {STATE_NAME})")
-    load_path, _ = engine.load_checkpoint(
-        str(checkpoint),
-        tag=ENGINE_TAG,
-        load_optimizer_states=True,
-        load_lr_scheduler_states=True,
-        load_module_strict=not exclude_frozen,
-    )
+    # DeepSpeed unpickles its own files: check each against the allow-list first (naming the file
+    # it refuses), and keep every load weights-only while DeepSpeed reads them.
+    allowed = deepspeed_state_classes()
+    check_loadable(sorted((checkpoint / ENGINE_TAG).rglob("*.pt")), allowed)
+    with weights_only_loads(allowed, checkpoint / ENGINE_TAG):
+        load_path, _ = engine.load_checkpoint(
+            str(checkpoint),
+            tag=ENGINE_TAG,
+            load_optimizer_states=True,
+            load_lr_scheduler_states=True,
+            load_module_strict=not exclude_frozen,
+        )
     if load_path is None:
         raise FileNotFoundError(f"DeepSpeed found no engine state under {checkpoint / ENGINE_TAG}")
     rng_path = checkpoint / f"rng_state_{rank}.pt"
@@ -369,5 +395,5 @@ def load_checkpoint(
         raise FileNotFoundError(
             f"{rng_path} is missing: the checkpoint was written with fewer ranks than this run uses"
         )
-    restore_rng_state(torch.load(rng_path, weights_only=False))
+    restore_rng_state(load_restricted(rng_path, legacy_rng_globals()))
     return json.loads(state_path.read_text())
