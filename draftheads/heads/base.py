@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
@@ -33,13 +34,14 @@ from typing import Any, ClassVar
 import torch
 from torch import nn
 
-from draftheads.storage import apply_default_mode
+from draftheads.storage import apply_default_mode, file_sha256
 
 CONFIG_NAME = "config.json"
 WEIGHTS_NAME = "model.safetensors"
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth")  # what a checkpoint's tensors are stored in
 RUN_HEAD_DIR = "head"  # where a training run's output directory holds its final head
 FORMAT_VERSION = 1
+WEIGHTS_HASH_KEY = "weights_sha256"  # config.json: sha256 of model.safetensors, checked on load
 
 
 class HeadMismatchError(ValueError):
@@ -291,17 +293,19 @@ class DraftHead(nn.Module):
         }
 
     def save_pretrained(self, directory: str | Path, extra: dict[str, Any] | None = None) -> Path:
-        """Write ``config.json`` + ``model.safetensors`` (+ ``extra`` keys merged into the config)."""
+        """Write ``model.safetensors``, then ``config.json`` (+ ``extra`` keys merged into it) with
+        the weights' sha256 in ``weights_sha256``, which ``load_head`` checks."""
         from safetensors.torch import save_file
 
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
+        save_file(self.head_state_dict(), str(directory / WEIGHTS_NAME), metadata={"format": "pt"})
+        apply_default_mode(directory / WEIGHTS_NAME)  # save_file leaves its temporary file's 0600
         config = self.config_dict()
         if extra:
             config.update(extra)
+        config[WEIGHTS_HASH_KEY] = file_sha256(directory / WEIGHTS_NAME)
         (directory / CONFIG_NAME).write_text(json.dumps(config, indent=2, sort_keys=False) + "\n")
-        save_file(self.head_state_dict(), str(directory / WEIGHTS_NAME), metadata={"format": "pt"})
-        apply_default_mode(directory / WEIGHTS_NAME)  # save_file leaves its temporary file's 0600
         return directory
 
 
@@ -487,6 +491,34 @@ def _base_config_from(saved: dict[str, Any], config_path: Path):
         raise HeadFormatError(f"{config_path}: field 'base_config': {err}") from err
 
 
+def _expected_weights_hash(saved: dict[str, Any], config_path: Path) -> str | None:
+    """``saved["weights_sha256"]`` (None for a head saved before it was recorded); a value that is
+    not 64 hex digits raises HeadFormatError naming the file and the field."""
+    value = saved.get(WEIGHTS_HASH_KEY)
+    if value is None:
+        return None
+    if not (isinstance(value, str) and len(value) == 64 and all(c in "0123456789abcdef" for c in value)):
+        raise HeadFormatError(
+            f"{config_path}: field '{WEIGHTS_HASH_KEY}' must be a sha256 (64 hex digits), got "
+            f"{json_type_name(value)} {value!r:.80}"
+        )
+    return value
+
+
+def check_weights_hash(weights_path: Path, expected: str | None, actual: Future[str] | str) -> None:
+    """Refuse weights whose sha256 (``actual``, or the future computing it) is not ``expected`` (the
+    hash config.json recorded; None: nothing recorded, nothing to check), naming the file."""
+    if expected is None:
+        return
+    digest = actual if isinstance(actual, str) else actual.result()
+    if digest != expected:
+        raise HeadFormatError(
+            f"{weights_path}: sha256 {digest[:12]}... does not match '{WEIGHTS_HASH_KEY}' "
+            f"{expected[:12]}... in its {CONFIG_NAME}: the weights changed or were damaged after the "
+            "head was saved; copy or export the head again"
+        )
+
+
 def load_head(directory: str | Path, base_model=None, map_location: str | torch.device = "cpu") -> DraftHead:
     """Load a head saved with ``save_pretrained``, or from an engine format a registered reader
     knows (``draftheads.export``). If ``base_model`` is given, check it fits and attach to it (a
@@ -511,9 +543,14 @@ def load_head(directory: str | Path, base_model=None, map_location: str | torch.
     from draftheads.settings import from_dict
 
     config = from_dict(cls.config_class, saved["head_config"], f"{config_path}:head_config")
-    base_config = _base_config_from(saved, config_path)
-    head = cls(config, base_config, object_field(saved, "base_model", config_path).get("name_or_path"))
-    state = read_weights(directory / WEIGHTS_NAME, map_location)
+    expected_hash = _expected_weights_hash(saved, config_path)
+    # hashlib releases the GIL: the file is hashed while the module is built and the weights read.
+    with ThreadPoolExecutor(max_workers=1) as hasher:
+        actual_hash = hasher.submit(file_sha256, directory / WEIGHTS_NAME) if expected_hash else ""
+        base_config = _base_config_from(saved, config_path)
+        head = cls(config, base_config, object_field(saved, "base_model", config_path).get("name_or_path"))
+        state = read_weights(directory / WEIGHTS_NAME, map_location)
+        check_weights_hash(directory / WEIGHTS_NAME, expected_hash, actual_hash)
     try:
         missing, unexpected = head.load_state_dict(state, strict=False)
     except RuntimeError as err:  # a tensor shape the recorded head_config/base_config does not give
