@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from draftheads.config import DataConfig
+from draftheads.data.hub_dataset import pinned_source
 from draftheads.data.sources import DataError, SourceReport, TruncatedTail, read_conversations, resolve_source
 from draftheads.data.template import EncodeFailure, chat_template, encode_conversations, probe_template
 
@@ -99,7 +100,7 @@ def source_identity(source: str, split: str) -> str:
         stamps = [f"{p.relative_to(path)}:{p.stat().st_size}:{p.stat().st_mtime_ns}" for p in files]
         # "directory" (read file by file) and "dataset" (load_dataset) may give different rows.
         return f"{kind}:{path.resolve()}:{split}:" + hashlib.sha256("\n".join(stamps).encode()).hexdigest()
-    return f"hub:{location}:{split}"  # a Hub id: datasets keeps its own download cache
+    return f"hub:{location}:{split}"  # a Hub id, pinned to its commit (hub_dataset.pinned_source)
 
 
 def tokenizer_identity(tokenizer) -> str:
@@ -410,6 +411,8 @@ def _build_source(data: DataConfig, tokenizer, base_name: str, held_out: bool):
     """``build_datasets`` for ``data.source`` alone; with ``held_out`` False, every kept example
     goes to the training split (an extra source)."""
     start = time.perf_counter()
+    # A Hub dataset is keyed by, and read at, the commit its revision names now.
+    data = dataclasses.replace(data, source=pinned_source(data.source))
     key = cache_key(data, tokenizer) + ("" if held_out else "-all")
     label = re.sub(r"[^A-Za-z0-9._-]+", "_", f"{Path(base_name).name}-{Path(data.source).name}")[:60]
     path = dataset_cache_root(data) / f"{label}-{key}"

@@ -417,10 +417,11 @@ def iter_parquet(path: Path, report: SourceReport) -> Iterator[tuple[str, Any]]:
 
 
 def iter_dataset(name: str, split: str) -> Iterator[tuple[str, Any]]:
-    """Rows of a ``datasets`` dataset: a Hub id or a local dataset directory.
+    """Rows of a ``datasets`` dataset: a Hub id (``org/name@revision`` reads that revision) or a
+    local dataset directory.
 
     A directory written by ``save_to_disk`` is read with ``load_from_disk``; anything else goes
-    through ``load_dataset`` (Hub ids, and local directories of json/jsonl/parquet/csv files).
+    through ``load_dataset`` (Hub ids, and local directories of other data files, e.g. csv).
     """
     import datasets
 
@@ -428,8 +429,13 @@ def iter_dataset(name: str, split: str) -> Iterator[tuple[str, Any]]:
     try:
         if (path / "dataset_dict.json").is_file() or (path / "state.json").is_file():
             loaded = datasets.load_from_disk(str(path))
-        else:
+        elif path.exists():
             loaded = datasets.load_dataset(name, split=split)
+        else:
+            from draftheads.data.hub_dataset import parse_hub_dataset
+
+            hub = parse_hub_dataset(name)
+            loaded = datasets.load_dataset(hub.name, split=split, revision=hub.revision)
     except Exception as error:  # datasets raises many types (FileNotFoundError, ConnectionError, ...)
         raise DataError(f"cannot load dataset '{name}' (split '{split}'): {error}") from error
     if isinstance(loaded, datasets.DatasetDict):
