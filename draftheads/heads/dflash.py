@@ -147,21 +147,22 @@ def block_position_weights(block_size: int, decay: float | None) -> torch.Tensor
 
 
 def choose_anchors(
-    candidates: torch.Tensor, count: int, random: bool, generator: torch.Generator | None = None
+    candidates: torch.Tensor, count: int, priority: torch.Tensor | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Up to ``count`` anchor positions per row among ``candidates`` (B, T) bool, ascending.
 
-    ``random``: a uniform draw without replacement (from ``generator``); otherwise evenly spaced
-    (evaluation is deterministic). Returns (anchors, valid), each (B, N); N = the most any row
-    gets (at least 1); slots past a row's share are position 0 and not valid.
+    ``priority`` (B, T) values in [0, 1): the candidates of lowest priority (ties: the earlier
+    position), so i.i.d. uniform priorities make a uniform draw without replacement that depends
+    on nothing but each row's own priorities; None: evenly spaced (evaluation is deterministic).
+    Returns (anchors, valid), each (B, N); N = the most any row gets (at least 1); slots past a
+    row's share are position 0 and not valid.
     """
     length = candidates.shape[1]
     available = candidates.sum(dim=1)  # (B,)
     width = max(int(available.clamp(max=count).max()), 1) if candidates.numel() else 1
     share = available.clamp(max=count)[:, None]  # (B, 1) anchors this row gets
-    if random:
-        priority = torch.rand(candidates.shape, generator=generator, device=candidates.device)  # (B, T)
-    else:  # of n candidates (rank r), take the first of each run with equal floor(r * share / n)
+    if priority is None:
+        # Of n candidates (rank r), take the first of each run with equal floor(r * share / n).
         rank = candidates.cumsum(dim=1) - 1  # (B, T)
         total = available.clamp(min=1)[:, None]
         first = (rank <= 0) | (rank * share // total != (rank - 1) * share // total)

@@ -86,7 +86,9 @@ class BatchStream:
     r + 2W, ...: ranks never share a batch, together they cover every batch of every epoch, and
     the k-th micro-batch a rank reads is global micro-batch ``k * W + r`` whatever W is, so W ranks
     x A accumulation steps read the batches that one process reads with W * A accumulation steps,
-    in the same order. The position is one count (micro-batches this rank has read).
+    in the same order. The position is one count (micro-batches this rank has read). Each batch
+    carries its rows' dataset indices ``row_index`` (B,) and its ``epoch`` (a 0-dim tensor): with
+    the run's seed, what a row's random draws in training are a function of (``draws.row_seeds``).
     """
 
     def __init__(
@@ -134,9 +136,11 @@ class BatchStream:
         return self
 
     def __next__(self) -> dict[str, torch.Tensor]:
-        indices = self.batch_rows(self.global_index())
+        global_index = self.global_index()
+        indices = self.batch_rows(global_index)
         self.read += 1
-        return with_row_index(collate([self.dataset[i] for i in indices], self.pad_token_id), indices)
+        batch = with_row_index(collate([self.dataset[i] for i in indices], self.pad_token_id), indices)
+        return {**batch, "epoch": torch.tensor(global_index // self.batches_per_epoch())}
 
     def state_dict(self) -> dict[str, int]:
         """The position, with the world size it counts in (a checkpoint resumes only with it)."""

@@ -16,6 +16,7 @@ train at ``train.learning_rate``, the adapter at ``learning_rate / joint.head_lr
 
 from __future__ import annotations
 
+import hashlib
 import math
 from pathlib import Path
 
@@ -56,6 +57,15 @@ def add_lora_adapter(base_model, joint: JointConfig):
         return get_peft_model(base_model, config)
     except ValueError as err:  # e.g. target modules that match nothing
         raise ConfigError(f"joint.lora_target_modules {target!r}: {err}") from err
+
+
+def dropout_seed(sample_seed: int | torch.Tensor) -> int:
+    """One int for torch's global RNG from a batch's ``sample_seed`` (an int, or its (B,) row
+    seeds, hashed in order)."""
+    if isinstance(sample_seed, torch.Tensor) and sample_seed.dim() == 1:
+        key = ":".join(str(seed) for seed in sample_seed.tolist()).encode()
+        return int.from_bytes(hashlib.blake2b(key, digest_size=8).digest(), "little") >> 1  # < 2^63
+    return int(sample_seed)
 
 
 class JointRecipe(nn.Module):
@@ -107,11 +117,13 @@ class JointRecipe(nn.Module):
         sample_seed = batch.get("sample_seed")
         if not self.training or sample_seed is None:
             return self._forward(batch, sample_seed)
-        # LoRA dropout draws from torch's global RNG: seed it from the batch, as the heads' draws
-        # are, so the adapter sees the same masks whatever rank runs the batch.
+        # LoRA dropout draws (B, T, h) masks from torch's global RNG: seed it from the batch's row
+        # seeds, so the adapter sees the same masks whatever rank runs the batch. Unlike the heads'
+        # counter-based draws (draftheads.train.draws), these masks follow the whole micro-batch:
+        # its rows, their order and its padded length.
         devices = [batch["input_ids"].device] if batch["input_ids"].is_cuda else []
         with torch.random.fork_rng(devices=devices):
-            torch.manual_seed(sample_seed)
+            torch.manual_seed(dropout_seed(sample_seed))
             return self._forward(batch, sample_seed)
 
     def _forward(self, batch: dict, sample_seed: int | None) -> ObjectiveOutput:

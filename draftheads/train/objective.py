@@ -7,9 +7,10 @@ predictions with targets and calls its loss in ``draftheads.train.losses``.
 
 Sampling. ``keep`` (B, T) bool, or None for everything, is the random subset a training step scores
 (``train.loss_token_fraction``, see ``compute_objective``). Every random draw of a training batch
-(``keep``, EAGLE's feature noise) comes from a generator seeded by the batch's own ``sample_seed``
-(``micro_batch_seed``), never from a per-process stream, so what a run learns does not depend on
-how many data-parallel processes ran it.
+(``keep``, EAGLE's feature noise, DFlash's anchors) is a counter-based function of the row's seed
+(``seeds`` (B,): ``draws.row_seeds`` of the run seed, epoch and dataset row), the token position
+and the channel (``draftheads.train.draws``), never a per-process stream or a draw shaped like the
+padded batch: a row scores the same tokens whatever its rank, micro-batch slot or padding.
 
 Alignment. Token q is supervised iff ``loss_mask[q] == 1`` (and it is not padding). Every draft
 step s (Medusa head s, EAGLE-3 training-time-test step s, MTP module s + 1; EAGLE-1 has one step)
@@ -25,13 +26,13 @@ whose argmax is outside EAGLE-3's draft vocabulary as misses.
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
 
 from draftheads.heads.layers import padded_causal_mask, shift_left
+from draftheads.train import draws
 from draftheads.train.losses import eagle3_loss, eagle3_targets, eagle_loss, medusa_loss, mtp_loss
 
 TOP_K = 5  # the second accuracy reported per step
@@ -120,7 +121,7 @@ def ones_like_rows(rows: torch.Tensor) -> torch.Tensor:
 
 
 def medusa_objective(
-    head, hidden_states, input_ids, loss_mask, attention_mask, keep=None, generator=None, base_argmax=None
+    head, hidden_states, input_ids, loss_mask, attention_mask, keep=None, seeds=None, base_argmax=None
 ) -> ObjectiveOutput:
     loss_mask = keep_tokens(loss_mask, keep)
     features = head.select_features(hidden_states)  # (B, T, h)
@@ -139,7 +140,7 @@ def medusa_objective(
 
 
 def eagle_objective(
-    head, hidden_states, input_ids, loss_mask, attention_mask, keep=None, generator=None, base_argmax=None
+    head, hidden_states, input_ids, loss_mask, attention_mask, keep=None, seeds=None, base_argmax=None
 ) -> ObjectiveOutput:
     loss_mask = keep_tokens(loss_mask, keep)
     features = head.select_features(hidden_states)  # (B, T, h) = hs[L]
@@ -147,10 +148,8 @@ def eagle_objective(
     inputs = features
     if head.training and head.config.feature_noise > 0:
         noise = head.config.feature_noise
-        uniform = torch.rand(
-            features.shape, generator=generator, dtype=features.dtype, device=features.device
-        )  # (B, T, h)
-        inputs = features + (uniform * 2 - 1) * noise  # U(-noise, noise)
+        uniform = draws.uniform(seeds, draws.FEATURE_NOISE, length, features.shape[-1], features.device)
+        inputs = features + ((uniform * 2 - 1) * noise).to(features.dtype)  # (B, T, h) U(-noise, noise)
     mask = padded_causal_mask(
         attention_mask, batch_size, length, features.dtype, features.device
     )  # (B, 1, T, T)
@@ -180,7 +179,7 @@ def draft_vocab_logits(head, rows: torch.Tensor) -> torch.Tensor:
 
 
 def eagle3_objective(
-    head, hidden_states, input_ids, loss_mask, attention_mask, keep=None, generator=None, base_argmax=None
+    head, hidden_states, input_ids, loss_mask, attention_mask, keep=None, seeds=None, base_argmax=None
 ) -> ObjectiveOutput:
     features = head.select_features(hidden_states)  # (B, T, 3h)
     last_hidden = hidden_states[head.base_spec.num_hidden_layers]  # (B, T, h), what enters lm_head
@@ -237,7 +236,7 @@ def eagle3_objective(
 
 
 def mtp_objective(
-    head, hidden_states, input_ids, loss_mask, attention_mask, keep=None, generator=None, base_argmax=None
+    head, hidden_states, input_ids, loss_mask, attention_mask, keep=None, seeds=None, base_argmax=None
 ) -> ObjectiveOutput:
     loss_mask = keep_tokens(loss_mask, keep)
     features = head.select_features(hidden_states)  # (B, T, h) = hs[L] = h^0
@@ -264,29 +263,26 @@ OBJECTIVES: dict[str, Callable[..., ObjectiveOutput]] = {
 }
 
 
-def micro_batch_seed(seed: int, step: int, micro_batch: int) -> int:
-    """The seed of one training micro-batch's random draws: a function of the run's ``seed``, the
-    optimiser ``step`` and the micro-batch's index within that step's global batch
-    (``accumulation_index * world_size + rank``, the order in which ``BatchStream`` deals the
-    batches), so 2 ranks x 1 accumulation step and 1 rank x 2 draw the same numbers for the same
-    rows."""
-    key = f"{seed}:{step}:{micro_batch}".encode()
-    return int.from_bytes(hashlib.blake2b(key, digest_size=8).digest(), "little") >> 1  # < 2^63
-
-
-def batch_generator(sample_seed: int | None, device) -> torch.Generator | None:
-    """A generator on ``device`` seeded with ``sample_seed`` (None: None, torch's global RNG)."""
+def batch_seeds(sample_seed: int | torch.Tensor | None, batch_size: int) -> torch.Tensor:
+    """(B,) the seed of each row's draws: ``sample_seed`` itself when it is one per row (the
+    training loop's ``draws.row_seeds``); for one int, seeds of the rows by batch slot (a row's
+    draws then follow its slot); for None, seeds from torch's global RNG."""
     if sample_seed is None:
-        return None
-    return torch.Generator(device=device).manual_seed(int(sample_seed))
+        return torch.randint(0, draws.MASK + 1, (batch_size,))
+    if isinstance(sample_seed, torch.Tensor) and sample_seed.dim() == 1:
+        if sample_seed.numel() != batch_size:
+            raise ValueError(f"{sample_seed.numel()} row seeds for a batch of {batch_size} rows")
+        return sample_seed
+    return draws.row_seeds(int(sample_seed), 0, range(batch_size))
 
 
-def sample_keep(shape: torch.Size, fraction: float, device, generator=None) -> torch.Tensor | None:
-    """(B, T) bool, each entry True with probability ``fraction``, drawn from ``generator``; None
-    when ``fraction`` >= 1 (keep everything)."""
+def sample_keep(seeds: torch.Tensor, length: int, fraction: float, device=None) -> torch.Tensor | None:
+    """(B, T) bool, each entry True with probability ``fraction``: position t of row b is kept iff
+    its ``draws.uniform`` (of ``seeds[b]``, t) is below ``fraction``, whatever T or the other
+    rows. None when ``fraction`` >= 1 (keep everything)."""
     if fraction >= 1.0:
         return None
-    return torch.rand(shape, generator=generator, device=device) < fraction
+    return draws.uniform(seeds, draws.LOSS_TOKENS, length, device=device) < fraction
 
 
 def keep_tokens(loss_mask: torch.Tensor, keep: torch.Tensor | None) -> torch.Tensor:
@@ -302,7 +298,7 @@ def compute_objective(
     loss_mask,
     attention_mask,
     token_fraction: float = 1.0,
-    sample_seed: int | None = None,
+    sample_seed: int | torch.Tensor | None = None,
     base_argmax: torch.Tensor | None = None,
 ) -> ObjectiveOutput:
     """Loss and per-step accuracy of ``head`` on one batch.
@@ -317,8 +313,10 @@ def compute_objective(
             (``sample_keep``): Medusa, EAGLE and MTP keep each token q with this probability;
             EAGLE-3 keeps each drafter row's whole chain (all its TTT steps), so the unrolled
             steps after the first run on that fraction of rows. Evaluation scores everything.
-        sample_seed: seeds every random draw of a training batch (``micro_batch_seed``); None
-            draws from torch's global RNG.
+        sample_seed: (B,) int64, the seed of each row's random draws (the training loop passes
+            ``draws.row_seeds`` of its seed, the epoch and the rows' dataset indices, so a row
+            draws the same numbers wherever it is batched); one int seeds the rows by slot; None
+            draws the seeds from torch's global RNG (``batch_seeds``).
         base_argmax: (B, T) the base model's next-token argmax at each position, where it is known
             without lm_head (a feature cache stores it): EAGLE-3 then projects only the draft
             vocabulary's rows of lm_head, and DFlash's base targets need no projection. None:
@@ -328,12 +326,10 @@ def compute_objective(
         raise ValueError(
             f"no training objective for head kind '{head.kind}'; known kinds: {', '.join(sorted(OBJECTIVES))}"
         )
-    generator = batch_generator(sample_seed, loss_mask.device) if head.training else None
-    keep = (
-        sample_keep(loss_mask.shape, token_fraction, loss_mask.device, generator) if head.training else None
-    )
+    seeds = batch_seeds(sample_seed, input_ids.shape[0]) if head.training else None
+    keep = sample_keep(seeds, input_ids.shape[1], token_fraction, loss_mask.device) if head.training else None
     return OBJECTIVES[head.kind](
-        head, hidden_states, input_ids, loss_mask, attention_mask, keep, generator, base_argmax=base_argmax
+        head, hidden_states, input_ids, loss_mask, attention_mask, keep, seeds, base_argmax=base_argmax
     )
 
 
@@ -341,11 +337,11 @@ def compute_objective(
 
 
 def dflash_objective(
-    head, hidden_states, input_ids, loss_mask, attention_mask, keep=None, generator=None, base_argmax=None
+    head, hidden_states, input_ids, loss_mask, attention_mask, keep=None, seeds=None, base_argmax=None
 ) -> ObjectiveOutput:
     """DFlash (arXiv 2602.06036, sec. 4): blocks anchored at positions a whose next token is
-    supervised (up to ``anchors_per_sequence`` per sequence: at random in training, from
-    ``generator``; evenly spaced in evaluation; ``keep`` samples anchors), all in one forward; block
+    supervised (up to ``anchors_per_sequence`` per sequence: at random in training, by the rows'
+    ``seeds``; evenly spaced in evaluation; ``keep`` samples anchors), all in one forward; block
     row k (1..K-1) predicts t_{a+k} with cross-entropy against the data's token, weighted
     exp(-(k - 1) / loss_decay) and normalised by the total weight of the rows scored. Step k - 1's
     accuracy is block row k's top-1 against the same target. ``head.config.targets == "base"``
@@ -359,7 +355,10 @@ def dflash_objective(
     candidates[:, 0] = False  # a block reads the context before its anchor: none at 0
     if keep is not None:
         candidates = candidates & keep
-    anchors, valid = choose_anchors(candidates, head.config.anchors_per_sequence, head.training, generator)
+    priority = (
+        draws.uniform(seeds, draws.ANCHORS, length, device=candidates.device) if head.training else None
+    )
+    anchors, valid = choose_anchors(candidates, head.config.anchors_per_sequence, priority)  # (B, N) each
     states = head.training_blocks(features, input_ids, attention_mask, anchors, valid)  # (B, N, K, h)
     weights = block_position_weights(head.block_size, head.config.loss_decay).tolist()  # (K - 1,)
     targets_at = input_ids  # (B, T): what block row k at anchor a is scored against, at a + k

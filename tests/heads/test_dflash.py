@@ -82,7 +82,8 @@ def test_random_anchors_are_distinct_candidates_in_order():
     candidates = torch.zeros(2, 20, dtype=torch.bool)
     candidates[0, 3:15] = True
     candidates[1, [4, 9]] = True
-    anchors, valid = choose_anchors(candidates, 5, True, torch.Generator().manual_seed(0))
+    priority = torch.rand(2, 20, generator=torch.Generator().manual_seed(0))  # (B, T)
+    anchors, valid = choose_anchors(candidates, 5, priority)
     assert anchors.shape == valid.shape == (2, 5)
     assert valid[0].all() and valid[1].tolist() == [True, True, False, False, False]
     assert anchors[1, :2].tolist() == [4, 9]
@@ -93,9 +94,9 @@ def test_random_anchors_are_distinct_candidates_in_order():
 def test_evaluation_anchors_are_deterministic_and_evenly_spaced():
     candidates = torch.zeros(1, 40, dtype=torch.bool)
     candidates[0, 10:30] = True
-    anchors, valid = choose_anchors(candidates, 4, False)
+    anchors, valid = choose_anchors(candidates, 4)
     assert valid.all() and anchors.tolist() == [[10, 15, 20, 25]]
-    assert choose_anchors(candidates, 100, False)[0].tolist() == [list(range(10, 30))]
+    assert choose_anchors(candidates, 100)[0].tolist() == [list(range(10, 30))]
 
 
 # ---- the block ----------------------------------------------------------------------------------

@@ -132,32 +132,38 @@ def test_token_fraction_scores_a_subset_in_training_and_everything_in_eval(kind,
 
 
 def test_sample_keep_keeps_about_the_fraction():
+    from draftheads.train.draws import row_seeds
     from draftheads.train.objective import keep_tokens, sample_keep
 
-    torch.manual_seed(0)
     loss_mask = torch.zeros(8, 1000, dtype=torch.long)
     loss_mask[:, 200:] = 1
-    keep = sample_keep(loss_mask.shape, 0.25, loss_mask.device)
+    seeds = row_seeds(0, 0, range(8))
+    keep = sample_keep(seeds, 1000, 0.25)
     kept = keep_tokens(loss_mask, keep)
     assert kept.dtype == loss_mask.dtype
     assert int(kept[:, :200].sum()) == 0
     assert abs(kept.sum().item() / loss_mask.sum().item() - 0.25) < 0.02
-    assert sample_keep(loss_mask.shape, 1.0, loss_mask.device) is None
+    # Each row keeps about the fraction too, and rows differ (each has its own seed).
+    assert all(abs(row.item() / 800 - 0.25) < 0.06 for row in kept.sum(dim=1))
+    assert len({tuple(row.tolist()) for row in keep}) == 8
+    assert sample_keep(seeds, 1000, 1.0) is None
     assert keep_tokens(loss_mask, None) is loss_mask
 
 
 def test_eagle3_token_fraction_samples_whole_chains(tiny_llama, batch):  # noqa: F811
     """EAGLE-3 keeps a row's chain at every TTT step or at none: the step counts fall together."""
+    from draftheads.train.draws import row_seeds
+    from draftheads.train.objective import sample_keep
+
     input_ids, loss_mask, attention_mask = batch
     head = build_head(tiny_llama, HEAD_CONFIGS["eagle3"])
     hidden_states = base_hidden_states(tiny_llama, input_ids, attention_mask)
     head.eval()
     everything = compute_objective(head, hidden_states, input_ids, loss_mask, attention_mask)
     head.train()
-    torch.manual_seed(0)
-    keep = torch.rand(loss_mask.shape) < 0.5
-    torch.manual_seed(0)
-    sampled = compute_objective(head, hidden_states, input_ids, loss_mask, attention_mask, token_fraction=0.5)
+    seeds = row_seeds(0, 0, range(input_ids.shape[0]))
+    keep = sample_keep(seeds, input_ids.shape[1], 0.5)
+    sampled = compute_objective(head, hidden_states, input_ids, loss_mask, attention_mask, 0.5, seeds)
     supervised = loss_mask.bool() & attention_mask.bool()
     expected = [
         int((keep[:, : -(2 + step)] & supervised[:, 2 + step :]).sum())

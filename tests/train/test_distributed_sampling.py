@@ -1,5 +1,5 @@
 """A training batch's random draws (loss_token_fraction's sample, EAGLE's feature noise, Medusa-2's
-LoRA dropout) come from the batch's own seed, never from the process's RNG stream: what a run
+LoRA dropout) come from the batch's own row seeds, never from the process's RNG stream: what a run
 learns must not depend on how many data-parallel processes ran it."""
 
 from __future__ import annotations
@@ -9,8 +9,9 @@ import torch
 
 from draftheads.config import JointConfig
 from draftheads.heads import Eagle3Config, EagleConfig, MedusaConfig, MtpConfig, build_head
+from draftheads.train.draws import row_seeds
 from draftheads.train.joint import JointRecipe, add_lora_adapter
-from draftheads.train.objective import compute_objective, micro_batch_seed
+from draftheads.train.objective import compute_objective
 from tests.conftest import make_tiny_llama
 
 HEAD_CONFIGS = {
@@ -29,11 +30,11 @@ def _batch():
     return input_ids, loss_mask, torch.ones_like(input_ids)
 
 
-def test_micro_batch_seeds_differ_by_seed_step_and_micro_batch():
-    seeds = {micro_batch_seed(s, t, m) for s in range(3) for t in range(50) for m in range(8)}
-    assert len(seeds) == 3 * 50 * 8
-    assert micro_batch_seed(7, 3, 1) == micro_batch_seed(7, 3, 1)
-    assert all(0 <= seed < 2**63 for seed in seeds)
+def test_row_seeds_differ_by_seed_epoch_and_row():
+    seeds = torch.cat([row_seeds(s, e, range(40)) for s in range(3) for e in range(5)]).tolist()
+    assert len(set(seeds)) == 3 * 5 * 40
+    assert torch.equal(row_seeds(7, 3, [1, 2]), row_seeds(7, 3, torch.tensor([1, 2])))
+    assert all(0 <= seed < 2**32 for seed in seeds)
 
 
 @pytest.mark.parametrize("kind", sorted(HEAD_CONFIGS))
@@ -44,7 +45,7 @@ def test_the_sample_depends_on_the_batch_seed_not_the_global_rng(kind):
     with torch.no_grad():
         hidden_states = base.model(input_ids, output_hidden_states=True).hidden_states
 
-    def loss(global_seed: int, sample_seed: int) -> torch.Tensor:
+    def loss(global_seed: int, sample_seed: torch.Tensor) -> torch.Tensor:
         torch.manual_seed(global_seed)  # another process's stream position
         with torch.no_grad():
             output = compute_objective(
@@ -52,10 +53,10 @@ def test_the_sample_depends_on_the_batch_seed_not_the_global_rng(kind):
             )
         return output.loss, output.counted
 
-    reference, counted = loss(0, sample_seed=11)
-    again, counted_again = loss(12345, sample_seed=11)
+    reference, counted = loss(0, sample_seed=row_seeds(11, 0, [0, 1]))
+    again, counted_again = loss(12345, sample_seed=row_seeds(11, 0, [0, 1]))
     assert torch.equal(again, reference) and torch.equal(counted_again, counted)
-    other, other_counted = loss(0, sample_seed=12)
+    other, other_counted = loss(0, sample_seed=row_seeds(12, 0, [0, 1]))
     assert not torch.equal(other, reference)
     assert not torch.equal(other_counted, counted) or kind == "eagle"  # eagle: the noise differs
 
@@ -72,10 +73,11 @@ def test_medusa2_lora_dropout_follows_the_batch_seed():
     input_ids, loss_mask, attention_mask = _batch()
     batch = {"input_ids": input_ids, "loss_mask": loss_mask, "attention_mask": attention_mask}
 
-    def base_loss(global_seed: int, sample_seed: int) -> torch.Tensor:
+    def base_loss(global_seed: int, sample_seed: torch.Tensor) -> torch.Tensor:
         torch.manual_seed(global_seed)
         with torch.no_grad():
             return recipe({**batch, "sample_seed": sample_seed}, "train").loss_parts["base_loss"]
 
-    assert torch.equal(base_loss(0, 5), base_loss(99, 5))
-    assert not torch.equal(base_loss(0, 5), base_loss(0, 6))
+    seeds, other = row_seeds(5, 0, [0, 1]), row_seeds(6, 0, [0, 1])
+    assert torch.equal(base_loss(0, seeds), base_loss(99, seeds))
+    assert not torch.equal(base_loss(0, seeds), base_loss(0, other))

@@ -160,7 +160,7 @@ def test_training_time_counts_every_step_and_no_evaluation(tmp_path, tiny_llama,
     clock = {"offset": 0.0}
     simulated = SimpleNamespace(perf_counter=lambda: time.perf_counter() + clock["offset"])
     monkeypatch.setattr(loop, "time", simulated)
-    real_seed, real_evaluate, real_save = loop.micro_batch_seed, loop._evaluate, loop.save
+    real_seed, real_evaluate, real_save = loop.row_seeds, loop._evaluate, loop.save
 
     def advancing(advance, function):
         def call(*args, **kwargs):
@@ -169,7 +169,7 @@ def test_training_time_counts_every_step_and_no_evaluation(tmp_path, tiny_llama,
 
         return call
 
-    monkeypatch.setattr(loop, "micro_batch_seed", advancing(1.0, real_seed))  # once per step here
+    monkeypatch.setattr(loop, "row_seeds", advancing(1.0, real_seed))  # once per step here
     monkeypatch.setattr(loop, "_evaluate", advancing(100.0, real_evaluate))
     monkeypatch.setattr(loop, "save", advancing(100.0, real_save))
     dataset = patterned_dataset()
