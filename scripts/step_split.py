@@ -17,7 +17,7 @@ import draftheads.infer.generate as gen_module
 from draftheads.bench import HFMethod, build_prompts
 from draftheads.infer import SpeculativeGenerator
 
-DEFAULT_HEAD = "docs/results/heads/eagle3-corpus-both"
+DEFAULT_HEAD = "eagle3-smollm2"  # a shipped head, by its short name (draftheads.shipped)
 spent: dict[str, float] = {}
 calls: dict[str, int] = {}
 

