@@ -1,8 +1,13 @@
 """``draftheads bench``: acceptance length and wall-clock speedup, side by side, in one run.
 
 Every method decodes the same prompts on the same machine, interleaved prompt by prompt (so drift
-in machine speed hits all methods alike): plain HF ``generate``, HF prompt-lookup decoding, and
-draftheads speculative decoding with each given head. Times are medians over repeats, which also
+in machine speed hits all methods alike): plain HF ``generate`` in each way this machine offers
+(``plain_baselines``: fp32 on PyTorch's default kernels, the first and the reference of the
+``speedup`` column and of agreement; fp32 on prepacked oneDNN weights; bf16 where the CPU has native
+bf16), HF prompt-lookup decoding, and draftheads speculative decoding with each given head on the
+linear kernels ``draftheads.infer.kernel_choice`` chooses. Every method's
+``speedup_over_fastest_plain`` is against the fastest of the plain runs, named in ``fastest_plain``:
+what a user gains over the best plain decoding on that machine. Times are medians over repeats, which also
 alternate between the methods, warm-up excluded. tau is reported as tokens emitted per
 base-model forward, counting the token the base model produces itself (so plain decoding has
 tau = 1, as EAGLE counts it).
@@ -18,22 +23,27 @@ evenly.
 
 from __future__ import annotations
 
+import contextlib
+import copy
 import json
 import os
 import statistics
 import time
 import warnings
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
 
 from draftheads.base_model import DEFAULT_DTYPE
+from draftheads.bench_output import ACCEPTANCE_CHART, BATCH_CHART, RESULT_FILES, SPEEDUP_CHART, ResultFiles
 from draftheads.infer.generate import DEFAULT_MAX_NEW_TOKENS
+from draftheads.infer.kernel_choice import DEFAULT_PACK
+from draftheads.infer.packed import FORMS, packed_forms
 from draftheads.infer.precision import DEFAULT_DRAFT_DTYPE, prepare_head
-from draftheads.machine import machine_info
+from draftheads.machine import machine_info, native_bf16
 from draftheads.optional import available
 from draftheads.speed_probe import (
     QUIET_MARGIN,
@@ -47,8 +57,7 @@ TAU_CONVENTION = (
     "tokens per base-model forward, counting the token the base model produces itself (plain decoding = 1)"
 )
 PROMPT_LOOKUP_TOKENS = 10  # HF's documented default n-gram continuation length for prompt lookup
-REFERENCE = "generate"  # plain HF generate: every speedup and agreement is relative to it
-RESULT_FILES = ("bench.json", "bench.md")  # what a run writes besides its charts
+PLAIN = "generate"  # plain HF generate; its variants are named generate@<how>
 
 
 @dataclass(frozen=True)
@@ -71,7 +80,9 @@ class BenchSettings:
     hybrid: bool = True  # include every head with context drafts merged into its trees
     adaptive: bool = True  # include each drafting method with adaptive drafting too
     methods: tuple[str, ...] | None = None  # only these (names before ':'; generate always runs)
-    pack: bool = True  # prepacked linear layers for every method (``draftheads.infer.packed``)
+    # linear kernels of the drafting methods and prompt lookup: auto | True | False
+    # (``draftheads.infer.kernel_choice``); the plain baselines each run their own
+    pack: bool | str = DEFAULT_PACK
     # the dtypes each head drafts in (``draftheads.infer.precision``); several: each head once per dtype
     draft_dtypes: tuple[str, ...] = (DEFAULT_DRAFT_DTYPE,)
     seed: int = 0
@@ -146,14 +157,45 @@ def consecutive_batches(prompts: list[BenchPrompt], size: int) -> list[list[Benc
     return [prompts[start : start + size] for start in range(0, len(prompts), size)]
 
 
-class HFMethod:
-    """Plain HF ``generate`` or its prompt-lookup variant, as a bench method."""
+def is_plain(method: str) -> bool:
+    """Whether a method name is one of plain ``generate``'s (``generate`` or ``generate@<how>``)."""
+    return method == PLAIN or method.startswith(PLAIN + "@")
 
-    def __init__(self, name: str, model, tokenizer, prompt_lookup: int | None = None):
+
+def timed_generate(model, ids, attention_mask, max_new_tokens: int, pad_token_id: int, **sampling):
+    """HF ``generate`` on ``ids`` (B, T) timed: (sequences (B, T + new), seconds, forward calls).
+    The one timing of plain decoding, shared by bench and the demo."""
+    with ForwardCounter(model) as counter, torch.inference_mode():
+        started = time.perf_counter()
+        out = model.generate(
+            ids,
+            attention_mask=attention_mask,
+            max_new_tokens=max_new_tokens,
+            pad_token_id=pad_token_id,
+            **sampling,
+        )
+        seconds = time.perf_counter() - started
+    return out, seconds, counter.count
+
+
+class HFMethod:
+    """Plain HF ``generate`` or its prompt-lookup variant, as a bench method. ``forms``: the forward
+    forms its ``PackedLinear`` layers run packed (``draftheads.infer.packed.packed_forms``); None:
+    as they were packed."""
+
+    def __init__(
+        self,
+        name: str,
+        model,
+        tokenizer,
+        prompt_lookup: int | None = None,
+        forms: Iterable[str] | None = None,
+    ):
         self.name = name
         self.model = model
         self.tokenizer = tokenizer
         self.prompt_lookup = prompt_lookup
+        self.forms = forms
 
     def run(
         self,
@@ -185,16 +227,11 @@ class HFMethod:
             ids[row, longest - length :] = prompt.input_ids[0]
             attention_mask[row, longest - length :] = 1
         ids, attention_mask = ids.to(self.model.device), attention_mask.to(self.model.device)
-        with ForwardCounter(self.model) as counter, torch.inference_mode():
-            start = time.perf_counter()
-            out = self.model.generate(
-                ids,
-                attention_mask=attention_mask,
-                max_new_tokens=max_new_tokens,
-                pad_token_id=pad,
-                **kwargs,
+        scope = packed_forms(self.forms) if self.forms is not None else contextlib.nullcontext()
+        with scope:
+            out, seconds, forwards = timed_generate(
+                self.model, ids, attention_mask, max_new_tokens, pad, **kwargs
             )
-            seconds = time.perf_counter() - start
         eos = _eos_ids(self.model, self.tokenizer)
         samples = []
         for row, prompt in enumerate(prompts):
@@ -208,7 +245,7 @@ class HFMethod:
                     prompt.category,
                     len(tokens),
                     seconds / len(prompts),
-                    counter.count,
+                    forwards,
                     tokens=tokens,
                     batch_size=len(prompts),
                 )
@@ -290,6 +327,7 @@ def run_bench(
     batch_size: int = 1,
     continuous: bool = False,
     probe: Callable[[], float] | None = None,
+    after_batch: Callable[[list[Sample]], None] | None = None,
 ) -> list[Sample]:
     """Decode every prompt with every method, interleaved batch by batch (``batch_size`` consecutive
     prompts at a time); the first method is the reference. ``continuous``: every method gets all
@@ -297,7 +335,8 @@ def run_bench(
     ``probe``: the machine's speed in seconds (``draftheads.speed_probe``), taken before the first
     run and after every run. A repeat of a batch (every method's run of it, back to back) is one
     unit: its samples keep the slowest probe around its runs, and units within ``QUIET_MARGIN`` of
-    the fastest unit are flagged quiet."""
+    the fastest unit are flagged quiet. ``after_batch``: called with the samples so far after every
+    batch (to save partial results)."""
     from tqdm.auto import tqdm
 
     if continuous and batch_size > 1:
@@ -344,6 +383,8 @@ def run_bench(
                 for sample, expected in zip(batch_samples, reference):
                     sample.agrees = sample.tokens == expected.tokens
             samples.extend(batch_samples)
+        if after_batch is not None:
+            after_batch(list(samples))
     bar.close()
     if probe and len(batches) * repeats > 1:
         limit = quiet_limit(min(p for s in samples for p in s.repeat_probe_seconds))
@@ -374,10 +415,16 @@ class Summary:
     # prompt they hold; None when the run flagged none
     quiet_speedup: float | None = None
     quiet_runs: int = 0
+    reference: str = ""  # the method ``speedup`` and ``agreement`` are against
+    # the speedup over the fastest plain ``generate`` of this category and batch size (which one:
+    # ``fastest_plain``); None when the run timed no plain generate
+    speedup_over_fastest_plain: float | None = None
+    fastest_plain: str | None = None
 
 
 def summarize(samples: list[Sample], reference_method: str) -> list[Summary]:
-    """Per (method, category) and per method overall ('all'), for samples of one batch size."""
+    """Per (method, category) and per method overall ('all'), for samples of one batch size; every
+    plain ``generate`` among them (``is_plain``) competes for ``fastest_plain``."""
     batch_size = samples[0].batch_size if samples else 1
     groups: dict[tuple[str, str], list[Sample]] = defaultdict(list)
     for sample in samples:
@@ -398,8 +445,14 @@ def summarize(samples: list[Sample], reference_method: str) -> list[Summary]:
             repeat_rates[key] = [
                 tokens / max(sum(s.repeat_seconds[r] for s in group), 1e-9) for r in range(min(repeats))
             ]
+    fastest_plain = {}  # category -> the plain method with the highest rate
+    for (method, category), rate in rates.items():
+        best = fastest_plain.get(category)
+        if is_plain(method) and (best is None or rate > rates[(best, category)]):
+            fastest_plain[category] = method
     summaries = []
     for (method, category), group in groups.items():
+        fastest = fastest_plain.get(category)
         tokens = sum(s.new_tokens for s in group)
         forwards = sum(s.forwards for s in group)
         tau = tokens / max(forwards, 1)
@@ -442,6 +495,9 @@ def summarize(samples: list[Sample], reference_method: str) -> list[Summary]:
                 by_repeat,
                 quiet_speedup,
                 quiet_runs,
+                reference_method,
+                rates[(method, category)] / rates[(fastest, category)] if fastest else None,
+                fastest,
             )
         )
     summaries.sort(key=lambda s: (s.category != "all", s.category, s.method))
@@ -455,10 +511,11 @@ def markdown_table(summaries: list[Summary]) -> str:
     quiet_header, quiet_rule = (" quiet speedup (runs) |", "---:|") if probed else ("", "")
     lines = [
         (
-            f"| category | method |{batch_header} tau | tokens/s | speedup |{quiet_header} "
-            "overhead (tau/speedup) | acceptance by depth | accepted per step by source | agreement |"
+            f"| category | method |{batch_header} tau | tokens/s | speedup | over fastest plain (which) |"
+            f"{quiet_header} overhead (tau/speedup) | acceptance by depth | accepted per step by source | "
+            "agreement |"
         ),
-        f"|---|---|{batch_rule}---:|---:|---:|{quiet_rule}---:|---|---|---:|",
+        f"|---|---|{batch_rule}---:|---:|---:|---:|{quiet_rule}---:|---|---|---:|",
     ]
     for s in summaries:
         acceptance = " / ".join(f"{a:.2f}" for a in s.acceptance_by_depth) or "-"
@@ -471,17 +528,21 @@ def markdown_table(summaries: list[Summary]) -> str:
         quiet = ""
         if probed:
             quiet = " - |" if s.quiet_speedup is None else f" {s.quiet_speedup:.2f}x ({s.quiet_runs}) |"
+        over_plain = "-"
+        if s.speedup_over_fastest_plain is not None:
+            over_plain = f"{s.speedup_over_fastest_plain:.2f}x ({s.fastest_plain})"
         lines.append(
             f"| {s.category} | {s.method} |{batch} {s.tau:.2f} | {s.tokens_per_second:.1f} | "
-            f"{s.speedup:.2f}x{spread} |{quiet} {s.implied_overhead:.2f} | {acceptance} | {by_source} | "
-            f"{agreement} |"
+            f"{s.speedup:.2f}x{spread} | {over_plain} |{quiet} {s.implied_overhead:.2f} | {acceptance} | "
+            f"{by_source} | {agreement} |"
         )
     return "\n".join(lines) + "\n"
 
 
-def plot(summaries: list[Summary], out_dir: Path) -> list[Path]:
-    """speedup_by_category.png and acceptance_by_depth.png; none (and a warning) where matplotlib is
-    not installed."""
+def plot(summaries: list[Summary], out_dir: Path, prefix: str = "") -> list[Path]:
+    """speedup_by_category.png and acceptance_by_depth.png (and throughput_by_batch.png for several
+    batch sizes), their names after ``prefix``; none (and a warning) where matplotlib is not
+    installed."""
     if not available("matplotlib"):
         warnings.warn("matplotlib is not installed: no bench charts (pip install 'draftheads[plots]')")
         return []
@@ -492,9 +553,11 @@ def plot(summaries: list[Summary], out_dir: Path) -> list[Path]:
 
     written = []
     if len({s.batch_size for s in summaries}) > 1:
-        written.append(_plot_batches(plt, summaries, out_dir))
+        written.append(_plot_batches(plt, summaries, out_dir / f"{prefix}{BATCH_CHART}"))
     summaries = [s for s in summaries if s.batch_size == min(x.batch_size for x in summaries)]
-    methods = sorted({s.method for s in summaries} - {REFERENCE})  # the reference is the line at 1.0
+    methods = sorted(
+        {s.method for s in summaries if s.method != s.reference}
+    )  # the reference: the line at 1.0
     categories = sorted({s.category for s in summaries}, key=lambda c: (c == "all", c))
     width_inches = min(14.0, max(6.0, 0.18 * len(categories) * max(1, len(methods)) + 2.0))
     fig, ax = plt.subplots(figsize=(width_inches, 4.5))
@@ -509,10 +572,10 @@ def plot(summaries: list[Summary], out_dir: Path) -> list[Path]:
     ax.set_xticks(
         [x + width * (len(methods) - 1) / 2 for x in range(len(categories))], categories, rotation=30
     )
-    ax.set_ylabel("speedup over plain generate (line: 1.0)")
+    ax.set_ylabel(f"speedup over {summaries[0].reference or PLAIN} (line: 1.0)")
     ax.legend(fontsize=8, ncol=min(4, max(1, len(methods))), loc="upper left")
     fig.tight_layout()
-    path = out_dir / "speedup_by_category.png"
+    path = out_dir / f"{prefix}{SPEEDUP_CHART}"
     fig.savefig(path, dpi=120)
     plt.close(fig)
     written.append(path)
@@ -529,14 +592,14 @@ def plot(summaries: list[Summary], out_dir: Path) -> list[Path]:
     if ax.get_legend_handles_labels()[0]:  # no drafting method measured acceptance: no legend
         ax.legend(fontsize=8)
     fig.tight_layout()
-    path = out_dir / "acceptance_by_depth.png"
+    path = out_dir / f"{prefix}{ACCEPTANCE_CHART}"
     fig.savefig(path, dpi=120)
     plt.close(fig)
     written.append(path)
     return written
 
 
-def _plot_batches(plt, summaries: list[Summary], out_dir: Path) -> Path:
+def _plot_batches(plt, summaries: list[Summary], path: Path) -> Path:
     """throughput_by_batch.png: tokens/s over the batch and speedup over batched generate, by batch size."""
     overall = [s for s in summaries if s.category == "all"]
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
@@ -553,7 +616,6 @@ def _plot_batches(plt, summaries: list[Summary], out_dir: Path) -> Path:
     right.axhline(1.0, color="grey", linewidth=0.8)
     left.legend(fontsize=8)
     fig.tight_layout()
-    path = out_dir / "throughput_by_batch.png"
     fig.savefig(path, dpi=120)
     plt.close(fig)
     return path
@@ -562,7 +624,8 @@ def _plot_batches(plt, summaries: list[Summary], out_dir: Path) -> Path:
 def probe_summary(samples: list[Sample]) -> ProbeSummary | None:
     """The probes of these samples' repeats, taken once per repeat (the reference's samples hold them
     as every method's do); None without probes."""
-    return summarize_probes([p for s in samples if s.method == REFERENCE for p in s.repeat_probe_seconds])
+    reference = samples[0].method if samples else None  # the first method's samples come first
+    return summarize_probes([p for s in samples if s.method == reference for p in s.repeat_probe_seconds])
 
 
 def probe_note(samples: list[Sample]) -> str:
@@ -585,19 +648,30 @@ def probe_note(samples: list[Sample]) -> str:
     )
 
 
-def write_results(samples, summaries, info: dict, settings: dict, out_dir: Path) -> list[Path]:
-    out_dir.mkdir(parents=True, exist_ok=True)
+def results_json(samples, summaries, info: dict, settings: dict, partial: bool) -> str:
+    """bench.json's text; ``partial``: the run has not finished (an interrupted run keeps these)."""
     record = {
+        "partial": partial,
         "tau_convention": TAU_CONVENTION,
         "machine": info,
         "settings": settings,
         "summaries": [asdict(s) for s in summaries],
         "samples": [{k: v for k, v in asdict(s).items() if k != "tokens"} for s in samples],
     }
-    json_path = out_dir / RESULT_FILES[0]
-    json_path.write_text(json.dumps(record, indent=2) + "\n")
-    md_path = out_dir / RESULT_FILES[1]
-    header = f"Settings: {json.dumps(settings)}\n\nMachine: {json.dumps(info)}\n\ntau = {TAU_CONVENTION}.\n\n"
+    return json.dumps(record, indent=2) + "\n"
+
+
+def results_markdown(samples, summaries, info: dict, settings: dict, partial: bool) -> str:
+    header = "**Partial results: the run has not finished.**\n\n" if partial else ""
+    header += (
+        f"Settings: {json.dumps(settings)}\n\nMachine: {json.dumps(info)}\n\ntau = {TAU_CONVENTION}.\n\n"
+    )
+    if summaries:
+        plain = sorted({s.method for s in summaries if is_plain(s.method)})
+        header += (
+            f"speedup: over {summaries[0].reference}; over fastest plain: over the fastest plain decoding "
+            f"of the same category and batch size in this run (of {', '.join(plain)}), named in brackets.\n\n"
+        )
     if any(s.speedup_by_repeat for s in summaries):
         header += (
             "speedup: from each batch's median time over the repeats; in brackets the lowest and "
@@ -612,8 +686,28 @@ def write_results(samples, summaries, info: dict, settings: dict, out_dir: Path)
             "each finished row replaced by the next prompt; generate runs consecutive batches of B. "
             "Every prompt's time is its run's shared evenly, so categories do not differ in speed.\n\n"
         )
-    md_path.write_text(header + markdown_table(summaries))
-    return [json_path, md_path, *plot(summaries, out_dir)]
+    return header + markdown_table(summaries)
+
+
+def write_results(
+    samples,
+    summaries,
+    info: dict,
+    settings: dict,
+    out_dir: Path,
+    files: ResultFiles | None = None,
+    partial: bool = False,
+) -> list[Path]:
+    """Write bench.json and bench.md through ``files`` (default: new ones in ``out_dir``), and the
+    charts once the run is complete; returns the paths written."""
+    files = files or ResultFiles(out_dir)
+    paths = files.write(
+        results_json(samples, summaries, info, settings, partial),
+        results_markdown(samples, summaries, info, settings, partial),
+    )
+    if partial:
+        return paths
+    return [*paths, *plot(summaries, files.out, files.chart_prefix)]
 
 
 # ---- prompts, heads and the whole job ------------------------------------------------------------
@@ -712,11 +806,13 @@ def speculative_methods(
     adaptive: bool = False,
     keep: Callable[[str], bool] = lambda name: True,
     draft_dtypes: tuple[str, ...] = (DEFAULT_DRAFT_DTYPE,),
+    forms: Iterable[str] = FORMS,
 ) -> list:
     """One ``SpeculativeMethod`` per head directory, each on the model it drafts for: ``model`` itself,
     or for a joint (Medusa-2) head an adapted copy of it (``load_head_and_base``), so the baselines and
-    the other heads keep the original base. ``pack``: prepack the linear layers of ``model``, of every
-    head and of every adapted copy (after the merge), so every method runs on the same kernels.
+    the other heads keep the original base. ``pack``: prepack the linear layers of ``model`` and of
+    every adapted copy (after the merge), running packed for the forward ``forms``
+    (``draftheads.infer.kernel_choice``), and those of every head when ``forms`` has any.
     ``context_only``: also the context drafter with no head (``context``); ``hybrid``: also each head
     with context drafts merged into its trees (``<kind>+context:<label>``); ``adaptive``: each of
     these also with adaptive drafting (``.../adaptive``). ``keep``: which method names to build.
@@ -726,16 +822,22 @@ def speculative_methods(
     from draftheads.heads.base import resolve_head_dir
     from draftheads.infer import SpeculativeGenerator
     from draftheads.infer.cost import load_tuned_costs
-    from draftheads.infer.packed import pack_linears
+    from draftheads.infer.packed import pack_linears, set_packed_forms
 
+    forms = frozenset(forms)
+    pack_heads = pack and bool(forms)
     head_dirs = [resolve_head_dir(d) for d in head_dirs]  # a training run's output directory: its head/
     loaded = []  # (head_dir, head, the model it drafts for, its draft dtype)
     for head_dir in head_dirs:
         for requested in draft_dtypes:
             head, head_model = load_head_and_base(head_dir, model, map_location=device)
-            loaded.append((head_dir, head, head_model, prepare_head(head, head_model, requested, pack)))
+            loaded.append((head_dir, head, head_model, prepare_head(head, head_model, requested, pack_heads)))
     if pack:
-        pack_linears(model, *(module for _, head, head_model, _ in loaded for module in (head, head_model)))
+        bases = [model, *(head_model for _, _, head_model, _ in loaded)]
+        pack_linears(*bases)
+        set_packed_forms(*bases, forms=forms)
+    if pack_heads:
+        pack_linears(*(head for _, head, _, _ in loaded))
     variants = (False, True) if adaptive else (False,)
     methods: list = []
     if context_only:
@@ -792,12 +894,25 @@ def check_methods(requested: tuple[str, ...] | None, offered: set[str]) -> None:
         )
 
 
-def bench(settings: BenchSettings, progress: bool = True) -> tuple[list[Summary], list[Path]]:
-    """Run every method on the same prompts, interleaved, at each of ``settings.batch_sizes``; write
-    bench.json, bench.md and charts to ``settings.out``; return the summaries and the files written."""
-    from draftheads.base_model import load_base, resolve_dtype
-    from draftheads.heads import resolve_base_model
-    from draftheads.infer.packed import packing_supported
+def plain_baselines(model, tokenizer, packable: bool) -> list[HFMethod]:
+    """Plain HF ``generate`` in every way this machine offers, the reference first: on a CPU in fp32,
+    ``generate@fp32-default`` (PyTorch's default kernels), ``generate@fp32-packed`` (oneDNN prepacked
+    weights, where ``packable``) and ``generate@bf16`` (a bf16 copy of the model, where the CPU has
+    native bf16); elsewhere ``generate@<dtype>``. Call it before ``model`` is packed."""
+    short = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}.get(model.dtype, "other")
+    if model.device.type != "cpu" or model.dtype != torch.float32:
+        return [HFMethod(f"{PLAIN}@{short}", model, tokenizer, forms=())]
+    methods = [HFMethod(f"{PLAIN}@fp32-default", model, tokenizer, forms=())]
+    if packable:
+        methods.append(HFMethod(f"{PLAIN}@fp32-packed", model, tokenizer, forms=FORMS))
+    if native_bf16():
+        methods.append(HFMethod(f"{PLAIN}@bf16", copy.deepcopy(model).to(torch.bfloat16), tokenizer))
+    return methods
+
+
+def check_settings(settings: BenchSettings) -> None:
+    """Refuse, before anything loads, settings the run could not use (the timed runs take hours)."""
+    from draftheads.infer.kernel_choice import check_pack
     from draftheads.infer.tree import TREES
 
     if not settings.batch_sizes or min(settings.batch_sizes) < 1:
@@ -810,16 +925,24 @@ def bench(settings: BenchSettings, progress: bool = True) -> tuple[list[Summary]
         raise BenchError(
             f"--tree {settings.tree}: not a tree name ({', '.join(sorted(TREES))}) or a .json file"
         )
-    out = Path(settings.out)
-    check_out(out, settings.overwrite)
-    out.mkdir(parents=True, exist_ok=True)  # an unwritable --out fails now, not after the runs
-    if not os.access(out, os.W_OK):
-        raise BenchError(f"--out {out}: not writable")
-    base_name = resolve_base_model(settings.heads[0], settings.base) if settings.heads else settings.base
-    model, tokenizer = load_base(base_name, dtype=settings.dtype, device=settings.device)
-    # Every method runs on the same kernels: plain generate and prompt lookup gain from packing too.
-    packed = settings.pack and packing_supported(model)
-    offered = {REFERENCE} | ({"prompt-lookup"} if settings.prompt_lookup else set())
+    try:
+        check_pack(settings.pack)
+    except ValueError as err:
+        raise BenchError(f"--pack: {err}") from None
+    check_out(Path(settings.out), settings.overwrite)
+
+
+def build_methods(settings: BenchSettings, model, tokenizer) -> tuple[list, str]:
+    """Every method of the run, the plain baselines first, and how the kernels were chosen; refuses
+    unknown ``--methods`` names."""
+    from draftheads.infer.kernel_choice import choose_kernels
+    from draftheads.infer.packed import packing_supported, unpack_linears
+
+    kernels = choose_kernels(model, settings.pack)  # measured once per machine, then cached
+    unpack_linears(model)  # copies (bf16, adapted bases) are made from the plain model
+    packable = packing_supported(model)
+    methods = plain_baselines(model, tokenizer, packable)
+    offered = {m.name for m in methods} | ({"prompt-lookup"} if settings.prompt_lookup else set())
 
     def keep(name: str) -> bool:
         offered.add(name)
@@ -831,28 +954,51 @@ def bench(settings: BenchSettings, progress: bool = True) -> tuple[list[Summary]
         tokenizer,
         settings.tree,
         settings.device,
-        pack=packed,
+        pack=packable,
         context_only=settings.context,
         hybrid=settings.hybrid,
         adaptive=settings.adaptive,
         keep=keep,
         draft_dtypes=settings.draft_dtypes,
+        forms=kernels.packed,
     )
     check_methods(settings.methods, offered)
-    methods = [HFMethod(REFERENCE, model, tokenizer)]
     if settings.prompt_lookup and (settings.methods is None or "prompt-lookup" in settings.methods):
+        # on the chosen kernels, as the drafting methods (it verifies several tokens a step too)
         methods.append(HFMethod("prompt-lookup", model, tokenizer, prompt_lookup=PROMPT_LOOKUP_TOKENS))
-    methods += heads
+    return methods + heads, kernels.describe()
+
+
+def bench(settings: BenchSettings, progress: bool = True) -> tuple[list[Summary], list[Path]]:
+    """Run every method on the same prompts, interleaved, at each of ``settings.batch_sizes``; write
+    bench.json and bench.md to ``settings.out`` after every batch (``"partial": true`` until the
+    last) and the charts at the end; return the summaries and the files written."""
+    from draftheads.base_model import load_base, resolve_dtype
+    from draftheads.heads import resolve_base_model
+
+    check_settings(settings)
+    base_name = resolve_base_model(settings.heads[0], settings.base) if settings.heads else settings.base
+    model, tokenizer = load_base(base_name, dtype=settings.dtype, device=settings.device)
+    methods, kernels = build_methods(settings, model, tokenizer)
     prompts = build_prompts(settings.prompts, tokenizer, settings.limit, settings.categories)
+    record = {**asdict(settings), "base": base_name, "kernels": kernels}
+    info = machine_info(resolve_dtype(settings.dtype, settings.device), settings.device)
+    files = claim_out(Path(settings.out), settings.overwrite, info, record)
     if progress:
         print(
             f"bench: {len(prompts)} prompts x {len(methods)} methods, "
             f"max_new_tokens={settings.max_new_tokens}, "
-            f"T={settings.temperature}, {settings.dtype} on {settings.device}"
-            f"{', prepacked linear layers' if packed else ''}"
+            f"T={settings.temperature}, {settings.dtype} on {settings.device}; drafting methods' linear "
+            f"kernels: {kernels}"
             + (f", batch sizes {list(settings.batch_sizes)}" if settings.batch_sizes != (1,) else "")
         )
     samples, summaries = [], []
+    reference = methods[0].name
+
+    def save_partial(batch_samples: list[Sample]) -> None:
+        partial = summaries + summarize(batch_samples, reference_method=reference)
+        write_results(samples + batch_samples, partial, info, record, files.out, files, partial=True)
+
     for batch_size in settings.batch_sizes:
         # transformers' prompt lookup decodes one sequence at a time
         batch_methods = [m for m in methods if batch_size == 1 or not getattr(m, "prompt_lookup", None)]
@@ -867,6 +1013,7 @@ def bench(settings: BenchSettings, progress: bool = True) -> tuple[list[Summary]
             batch_size=batch_size,
             continuous=settings.continuous,
             probe=lambda: forward_seconds(model, prompts[0].input_ids[:, -1:]),
+            after_batch=save_partial,
         )
         probes = probe_summary(batch_samples)
         if progress and probes and probes.median > probes.quiet_limit:
@@ -875,7 +1022,26 @@ def bench(settings: BenchSettings, progress: bool = True) -> tuple[list[Summary]
                 f"{probes.describe()}); see the quiet speedups in bench.md"
             )
         samples += batch_samples
-        summaries += summarize(batch_samples, reference_method=REFERENCE)
-    record = {**asdict(settings), "base": base_name, "packed_linears": packed}
-    info = machine_info(resolve_dtype(settings.dtype, settings.device), settings.device)
-    return summaries, write_results(samples, summaries, info, record, out)
+        summaries += summarize(batch_samples, reference_method=reference)
+    paths = write_results(samples, summaries, info, record, files.out, files)
+    if settings.overwrite:
+        files.remove_stale_charts(paths)
+    return summaries, paths
+
+
+def claim_out(out: Path, overwrite: bool, info: dict, record: dict) -> ResultFiles:
+    """Create ``--out`` and claim its bench.json / bench.md (``draftheads.bench_output``) before the
+    timed runs: an unwritable directory fails now, not after them."""
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise BenchError(f"--out {out}: cannot create it ({err.strerror})") from None
+    if not os.access(out, os.W_OK):
+        raise BenchError(f"--out {out}: not writable")
+    files = ResultFiles(out)
+    files.claim(
+        overwrite,
+        results_json([], [], info, record, partial=True),
+        results_markdown([], [], info, record, partial=True),
+    )
+    return files

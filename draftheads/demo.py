@@ -4,8 +4,11 @@
    (``draftheads distill``), so the head learns the base model's own text;
 2. train: an EAGLE-3 head on them (``configs/smollm2_eagle3_cpu.yaml``, shortened);
 3. tune: choose the draft tree for this machine from measured acceptance and costs (``tune-tree``);
-4. generate: answer an MT-bench question with the head (streamed), then with plain HF greedy
-   ``generate``, and report tau, both speeds, the speedup and whether the outputs are identical;
+4. generate: answer an MT-bench question with the head (streamed), then time plain HF greedy
+   ``generate`` and the head in turn (plain, head, plain, ...; medians), and report tau, both
+   speeds, the speedup and whether the outputs are identical. A one-token forward of the base is
+   timed around every run (``draftheads.speed_probe``); when those probes say the machine was busy,
+   the demo says so instead of printing a speedup, which a neighbour's load distorts;
 5. shipped: the same question with the best head this project ships (``eagle3-smollm2``:
    trained for hours on the base model's own answers to some 14,600 conversations), so the first
    run shows what training at scale buys over the demo's few minutes.
@@ -19,7 +22,9 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import statistics
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -57,6 +62,7 @@ class DemoSettings:
     )
     max_new_tokens: int = 128
     warmup_tokens: int = 8
+    timed_repeats: int = 3  # timed runs of plain generate and of the head each, interleaved (medians)
     # A head trained at scale for the same base: a shipped head's short name (``draftheads.shipped``;
     # its model card says how it was trained) or a head directory; None skips stage 5.
     shipped_head: str | None = "eagle3-smollm2"
@@ -231,75 +237,117 @@ def question(settings: DemoSettings) -> str:
 
 
 def plain_generate(model, tokenizer, input_ids, max_new_tokens: int) -> tuple[list[int], float]:
+    """Plain greedy HF ``generate``: its new tokens and seconds (timed as ``draftheads bench`` does)."""
     import torch
 
-    with torch.inference_mode():
-        started = time.perf_counter()
-        output = model.generate(
-            input_ids,
-            attention_mask=torch.ones_like(input_ids),
-            max_new_tokens=max_new_tokens,
-            do_sample=False,
-            pad_token_id=tokenizer.pad_token_id,
-        )
-        seconds = time.perf_counter() - started
+    from draftheads.bench import timed_generate
+
+    output, seconds, _ = timed_generate(
+        model, input_ids, torch.ones_like(input_ids), max_new_tokens, tokenizer.pad_token_id, do_sample=False
+    )
     return output[0, input_ids.shape[1] :].tolist(), seconds
 
 
-def speculative_answer(model, head, tokenizer, input_ids, tree, settings: DemoSettings, stream: bool):
-    """The head's greedy answer to ``input_ids`` after a short warm-up (streamed if ``stream``)."""
-    from draftheads.infer.generate import SpeculativeGenerator
-
-    generator = SpeculativeGenerator(model, head, tokenizer, tree=tree)
-    generator.generate(input_ids, max_new_tokens=settings.warmup_tokens)  # warm-up, not timed
-    if not stream:
-        return generator.generate(input_ids, max_new_tokens=settings.max_new_tokens)
-    pieces = generator.generate(input_ids, max_new_tokens=settings.max_new_tokens, stream=True)
-    for piece in pieces:
+def stream_answer(generator, input_ids, settings: DemoSettings) -> None:
+    """Print the head's answer as it is accepted (after a short warm-up; neither is timed)."""
+    generator.generate(input_ids, max_new_tokens=settings.warmup_tokens)
+    for piece in generator.generate(input_ids, max_new_tokens=settings.max_new_tokens, stream=True):
         print(piece, end="", flush=True)
     print("\n")
-    return pieces.result
 
 
 @dataclass(frozen=True)
-class PlainRun:
-    """Plain greedy ``generate`` on the demo's question: the prompt every method answers, the answer
-    and its time (stages 4 and 5 compare against the same run)."""
+class TimedRuns:
+    """Plain ``generate`` and speculative decoding timed in turn on one prompt, with the machine's
+    speed (a probe's seconds) before the first run and after every run."""
 
-    input_ids: object  # (1, T) tensor
-    tokens: list[int]
-    seconds: float
+    plain: list[tuple[list[int], float]]  # (new tokens, seconds) per run
+    speculative: list  # GenerationResult per run
+    probes: list[float]
 
 
-def compare(result, plain: PlainRun) -> dict:
-    """What ``demo.json`` records of one speculative answer against plain ``generate``."""
-    stats = result.stats
-    plain_tokens, plain_seconds = plain.tokens, plain.seconds
+def interleaved_runs(
+    plain: Callable[[], tuple[list[int], float]],
+    speculative: Callable[[], object],
+    probe: Callable[[], float],
+    repeats: int,
+) -> TimedRuns:
+    """``repeats`` runs of each, alternating (plain, speculative, plain, ...), so that a slow spell
+    of the machine falls on both; ``probe`` runs before the first and after every run."""
+    runs = TimedRuns([], [], [probe()])
+    for _ in range(repeats):
+        runs.plain.append(plain())
+        runs.probes.append(probe())
+        runs.speculative.append(speculative())
+        runs.probes.append(probe())
+    return runs
+
+
+def compare(runs: TimedRuns) -> dict:
+    """What ``demo.json`` records of speculative decoding against plain ``generate``: median times;
+    ``speedup`` None when the probes say the machine was busy (``speed_probe.machine_busy``)."""
+    from draftheads.speed_probe import machine_busy, summarize_probes
+
+    plain_tokens = runs.plain[0][0]
+    plain_seconds = statistics.median(seconds for _, seconds in runs.plain)
+    stats = runs.speculative[0].stats
+    speculative_seconds = statistics.median(r.stats.seconds for r in runs.speculative)
     plain_rate = len(plain_tokens) / plain_seconds
+    speculative_rate = stats.new_tokens / speculative_seconds
+    busy = machine_busy(runs.probes)
     return {
         "tree": stats.tree,
         "tau": stats.tau,
+        "kernels": stats.kernels,
+        "runs": len(runs.plain),
         "speculative_tokens": stats.new_tokens,
-        "speculative_seconds": stats.seconds,
-        "speculative_tokens_per_second": stats.tokens_per_second,
+        "speculative_seconds": speculative_seconds,
+        "speculative_tokens_per_second": speculative_rate,
         "plain_tokens": len(plain_tokens),
         "plain_seconds": plain_seconds,
         "plain_tokens_per_second": plain_rate,
-        "speedup": stats.tokens_per_second / plain_rate,
-        "identical": result.new_tokens == plain_tokens,
+        "speedup": None if busy else speculative_rate / plain_rate,
+        "machine_busy": busy,
+        "probe_seconds": list(runs.probes),
+        "probes": summarize_probes(runs.probes).describe(),
+        "identical": all(r.new_tokens == plain_tokens for r in runs.speculative),
     }
 
 
+def timed_comparison(generator, tokenizer, input_ids, settings: DemoSettings) -> dict:
+    """Plain ``generate`` on the generator's base against the generator, interleaved (``compare``)."""
+    from draftheads.speed_probe import forward_seconds
+
+    model = generator.model
+    plain_generate(model, tokenizer, input_ids, settings.warmup_tokens)  # warm-up, not timed
+    generator.generate(input_ids, max_new_tokens=settings.warmup_tokens)
+    runs = interleaved_runs(
+        lambda: plain_generate(model, tokenizer, input_ids, settings.max_new_tokens),
+        lambda: generator.generate(input_ids, max_new_tokens=settings.max_new_tokens),
+        lambda: forward_seconds(model, input_ids[:, -1:]),
+        settings.timed_repeats,
+    )
+    return compare(runs)
+
+
 def report(outcome: dict, who: str) -> None:
+    runs = f"median of {outcome['runs']} interleaved runs each"
     print(
         f"tau {outcome['tau']:.2f} (tokens per base forward, the base model's own token included), "
         f"tree {outcome['tree']}\n"
         f"{who}: {outcome['speculative_tokens']} tokens in {outcome['speculative_seconds']:.2f} s "
         f"({outcome['speculative_tokens_per_second']:.1f} tokens/s)\n"
         f"plain HF generate: {outcome['plain_tokens']} tokens in {outcome['plain_seconds']:.2f} s "
-        f"({outcome['plain_tokens_per_second']:.1f} tokens/s)\n"
-        f"speedup {outcome['speedup']:.2f}x; outputs identical: {'yes' if outcome['identical'] else 'NO'}"
+        f"({outcome['plain_tokens_per_second']:.1f} tokens/s)"
     )
+    if outcome["speedup"] is None:
+        print(
+            f"speedup: not meaningful, the machine was busy during the timed runs (a one-token forward: "
+            f"{outcome['probes']}); run the demo again when the machine is quiet"
+        )
+    else:
+        print(f"speedup {outcome['speedup']:.2f}x ({runs})")
+    print(f"outputs identical: {'yes' if outcome['identical'] else 'NO'}")
 
 
 def prompt_ids(tokenizer, settings: DemoSettings, device):
@@ -311,36 +359,37 @@ def prompt_ids(tokenizer, settings: DemoSettings, device):
     return text, torch.tensor([ids], device=device)  # (1, T): the same ids for every method
 
 
-def generate_stage(model, head, tokenizer, settings: DemoSettings, head_dir: Path) -> tuple[dict, PlainRun]:
-    """Stream the head's answer, then time plain greedy generate on the same prompt; returns the
-    comparison and the plain run (stage 5 compares against the same)."""
+def generate_stage(model, head, tokenizer, settings: DemoSettings, head_dir: Path) -> tuple[dict, object]:
+    """Stream the head's answer, then time it against plain greedy generate; returns the comparison
+    and the prompt's ids (stage 5 answers the same)."""
+    from draftheads.infer.generate import SpeculativeGenerator
     from draftheads.infer.tree import load_tuned_tree
 
     text, input_ids = prompt_ids(tokenizer, settings, model.device)
-    plain_generate(model, tokenizer, input_ids, settings.warmup_tokens)  # warm-up, not timed
     print(f"MT-bench question {settings.question_id}: {text}\n")
     tree = load_tuned_tree(head_dir, model.dtype, model.device)
-    result = speculative_answer(model, head, tokenizer, input_ids, tree, settings, stream=True)
-    plain = PlainRun(input_ids, *plain_generate(model, tokenizer, input_ids, settings.max_new_tokens))
-    return {"question_id": settings.question_id, **compare(result, plain)}, plain
+    generator = SpeculativeGenerator(model, head, tokenizer, tree=tree)
+    stream_answer(generator, input_ids, settings)
+    outcome = timed_comparison(generator, tokenizer, input_ids, settings)
+    return {"question_id": settings.question_id, **outcome}, input_ids
 
 
-def shipped_stage(model, tokenizer, settings: DemoSettings, plain: PlainRun) -> dict | None:
-    """The same question with the shipped head (its own tuned tree), against the same plain run;
-    None when there is none to use (not configured, not found, or made for another base)."""
+def shipped_stage(model, tokenizer, settings: DemoSettings, kernels, input_ids) -> dict | None:
+    """The same question with the shipped head (its own tuned tree), timed against plain generate
+    as in stage 4; None when there is none to use (not configured, not found, or made for another
+    base)."""
     from draftheads.heads import load_head_and_base
-    from draftheads.heads.base import HeadFormatError, HeadMismatchError, resolve_head_dir
-    from draftheads.infer.packed import pack_linears
-    from draftheads.infer.precision import prepare_head
+    from draftheads.heads.base import HeadMismatchError
+    from draftheads.infer.generate import SpeculativeGenerator
+    from draftheads.infer.kernel_choice import prepare_drafting_head
     from draftheads.infer.tree import load_tuned_tree
 
     if settings.shipped_head is None:
         print("skipped (no shipped head configured)")
         return None
-    try:
-        head_dir = resolve_head_dir(settings.shipped_head)
-    except HeadFormatError as error:
-        print(f"skipped: no head at {settings.shipped_head} ({error})")
+    head_dir = checkout_path(settings.shipped_head)
+    if not (head_dir / "config.json").is_file():
+        print(f"skipped: no head at {settings.shipped_head} (it ships in the draftheads checkout)")
         return None
     try:
         head, shipped_model = load_head_and_base(head_dir, model)
@@ -348,14 +397,14 @@ def shipped_stage(model, tokenizer, settings: DemoSettings, plain: PlainRun) -> 
         print(f"skipped: the shipped head does not draft for {settings.base}: {error}")
         return None
     head.eval()
-    prepare_head(head, shipped_model)  # drafting in bf16 where that pays, as generate and bench do
-    pack_linears(shipped_model, head)
+    prepare_drafting_head(head, shipped_model, kernels)  # as generate and bench do
     training = json.loads((head_dir / "config.json").read_text()).get("training") or {}
     steps = f", {training['steps']} training steps" if "steps" in training else ""
     print(f"{head.kind} head from {head_dir}{steps}; answer not shown (greedy: the same text)")
     tree = load_tuned_tree(head_dir, shipped_model.dtype, shipped_model.device)
-    result = speculative_answer(shipped_model, head, tokenizer, plain.input_ids, tree, settings, stream=False)
-    return {"head": str(settings.shipped_head), **compare(result, plain)}
+    generator = SpeculativeGenerator(shipped_model, head, tokenizer, tree=tree)
+    generator.kernels = kernels.describe()
+    return {"head": str(settings.shipped_head), **timed_comparison(generator, tokenizer, input_ids, settings)}
 
 
 # ---- the whole demo -----------------------------------------------------------------------------
@@ -365,8 +414,7 @@ def run_demo(settings: DemoSettings) -> dict:
     """Run (or resume) every stage; returns what ``demo.json`` records."""
     from draftheads.base_model import load_base
     from draftheads.heads import load_head_and_base
-    from draftheads.infer.packed import pack_linears
-    from draftheads.infer.precision import prepare_head
+    from draftheads.infer.kernel_choice import choose_kernels, prepare_drafting_head
 
     out_dir = Path(settings.out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -389,10 +437,11 @@ def run_demo(settings: DemoSettings) -> dict:
         times.reused.append("train")
     head, model = load_head_and_base(head_dir, model)
     head.eval()
-    # Training is over: tune and decode on prepacked linear layers, the head in its drafting dtype, as
-    # generate and bench do (the plain generate it is compared with runs on the same packed base).
-    prepare_head(head, model)
-    pack_linears(model, head)
+    # Training is over: tune and decode on the linear kernels chosen for this machine, the head in its
+    # drafting dtype, as generate and bench do (plain generate runs on the same base).
+    kernels = choose_kernels(model)
+    prepare_drafting_head(head, model, kernels)
+    print(f"linear kernels: {kernels.describe()}")
 
     heading(3, "tune: the draft tree for this machine")
     started = time.perf_counter()
@@ -405,13 +454,13 @@ def run_demo(settings: DemoSettings) -> dict:
 
     heading(4, "generate: speculative decoding against plain generate")
     started = time.perf_counter()
-    outcome, plain = generate_stage(model, head, tokenizer, settings, head_dir)
+    outcome, input_ids = generate_stage(model, head, tokenizer, settings, head_dir)
     times.generate = time.perf_counter() - started
     report(outcome, "the demo's head (streamed)")
 
     heading(5, "shipped: the same question with the head trained at scale")
     started = time.perf_counter()
-    shipped = shipped_stage(model, tokenizer, settings, plain)
+    shipped = shipped_stage(model, tokenizer, settings, kernels, input_ids)
     times.shipped = time.perf_counter() - started
     if shipped is not None:
         report(shipped, "the shipped head")

@@ -11,6 +11,7 @@ from draftheads.bench import (
     HFMethod,
     Sample,
     SpeculativeMethod,
+    markdown_table,
     run_bench,
     summarize,
     write_results,
@@ -339,7 +340,7 @@ def test_quiet_speedup_keeps_the_batches_the_probe_found_at_full_speed(tmp_path)
     assert summaries[("generate", "all")].quiet_speedup == pytest.approx(1.0)
     write_results(samples, list(summaries.values()), {"cpu": "test"}, {}, tmp_path)
     text = (tmp_path / "bench.md").read_text()
-    assert "| all | b | 1.00 | 2.1 | 1.43x | 1.25x (1) |" in text
+    assert "| all | b | 1.00 | 2.1 | 1.43x | 1.43x (generate) | 1.25x (1) |" in text
     assert "batch 1: fastest 1010.00 ms, median 1250.00 ms, slowest 1300.00 ms; 1 of 3 within 5%" in text
     record = json.loads((tmp_path / "bench.json").read_text())
     assert [s["quiet_repeats"] for s in record["samples"] if s["method"] == "b"] == [[True], [False], [False]]
@@ -386,7 +387,7 @@ def test_without_probes_there_is_no_quiet_speedup(tmp_path):
     assert all(s.quiet_speedup is None and s.quiet_runs == 0 for s in summaries)
     write_results(samples, summaries, {"cpu": "test"}, {}, tmp_path)
     text = (tmp_path / "bench.md").read_text()
-    assert "quiet" not in text and "| all | b | 1.00 | 4.0 | 2.00x | 0.50 |" in text
+    assert "quiet" not in text and "| all | b | 1.00 | 4.0 | 2.00x | 2.00x (generate) | 0.50 |" in text
 
 
 def test_the_probe_times_a_one_token_forward_of_the_model(tiny_llama):
@@ -407,3 +408,32 @@ def test_the_probe_times_a_one_token_forward_of_the_model(tiny_llama):
     summary = summarize_probes([0.020, 0.0209, 0.025, 0.0215])
     assert (summary.fastest, summary.slowest, summary.quiet, summary.count) == (0.020, 0.025, 2, 4)
     assert summarize_probes([]) is None
+
+
+def test_every_method_is_compared_with_the_fastest_plain_decoding_and_names_it():
+    samples = [
+        _sample("generate@fp32-default", "a", 10, 2.0, 10),
+        _sample("generate@fp32-packed", "a", 10, 1.0, 10),
+        _sample("generate@bf16", "a", 10, 1.6, 10, agrees=False),
+        _sample("eagle3:x", "a", 10, 0.5, 5),
+    ]
+    summaries = {s.method: s for s in summarize(samples, "generate@fp32-default") if s.category == "all"}
+    head = summaries["eagle3:x"]
+    assert head.speedup == pytest.approx(4.0) and head.reference == "generate@fp32-default"
+    assert head.speedup_over_fastest_plain == pytest.approx(2.0)
+    assert head.fastest_plain == "generate@fp32-packed"
+    assert summaries["generate@fp32-default"].speedup_over_fastest_plain == pytest.approx(0.5)
+    assert "| 4.00x | 2.00x (generate@fp32-packed) |" in markdown_table(list(summaries.values()))
+
+
+def test_plain_baselines_are_default_packed_and_native_bf16(tiny_llama, monkeypatch):
+    import draftheads.bench
+    from draftheads.bench import plain_baselines
+
+    monkeypatch.setattr(draftheads.bench, "native_bf16", lambda: True)
+    methods = plain_baselines(tiny_llama, None, packable=True)
+    assert [m.name for m in methods] == ["generate@fp32-default", "generate@fp32-packed", "generate@bf16"]
+    assert methods[2].model.dtype == torch.bfloat16 and tiny_llama.dtype == torch.float32
+    monkeypatch.setattr(draftheads.bench, "native_bf16", lambda: False)
+    assert [m.name for m in plain_baselines(tiny_llama, None, packable=False)] == ["generate@fp32-default"]
+    assert [m.name for m in plain_baselines(tiny_llama.to(torch.bfloat16), None, True)] == ["generate@bf16"]

@@ -8,7 +8,7 @@ import time
 
 from draftheads.arguments import (
     add_draft_dtype_argument,
-    add_no_pack_argument,
+    add_pack_argument,
     at_least,
     device_name,
     dtype_name,
@@ -53,7 +53,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--device", type=device_name, default=defaults.device)
     add_draft_dtype_argument(parser)
-    add_no_pack_argument(parser)
+    add_pack_argument(parser)
 
 
 def settings_from_args(args: argparse.Namespace) -> TuneSettings:
@@ -79,8 +79,7 @@ def run(args: argparse.Namespace) -> int:
     from draftheads.base_model import load_base, resolve_dtype
     from draftheads.heads import HeadFormatError, load_head_and_base, resolve_base_model
     from draftheads.heads.base import resolve_head_dir
-    from draftheads.infer.packed import pack_linears
-    from draftheads.infer.precision import prepare_head
+    from draftheads.infer.kernel_choice import choose_kernels, prepare_drafting_head
     from draftheads.infer.tree import read_tuned_entry
     from draftheads.tuning.report import describe
     from draftheads.tuning.tune import tune_tree
@@ -96,9 +95,11 @@ def run(args: argparse.Namespace) -> int:
         return 2
     model, tokenizer = load_base(base, dtype=settings.dtype, device=settings.device)
     head, model = load_head_and_base(head_dir, model, map_location=settings.device)
-    prepare_head(head, model, settings.draft_dtype, pack=not args.no_pack)  # time the drafting it will do
-    if not args.no_pack:  # tune on the kernels generate and bench decode with by default
-        pack_linears(model, head)
+    # tune on the kernels generate and bench decode with (chosen for this machine: --pack), and time
+    # the drafting the head will do (in its drafting dtype)
+    kernels = choose_kernels(model, args.pack)
+    prepare_drafting_head(head, model, kernels, settings.draft_dtype)
+    print(f"linear kernels: {kernels.describe()}")
     started = time.perf_counter()
     record = tune_tree(model, head, tokenizer, head_dir, settings)
     print(describe(record))

@@ -33,9 +33,9 @@ from draftheads.infer.cost import CostCurve, load_tuned_costs, measure_verify_co
 from draftheads.infer.draft import Drafter, drafter_for
 from draftheads.infer.forward import SUPPORTED_ATTENTION, TreeInputError, prefill_rows, rows_forward
 from draftheads.infer.hybrid import HybridDrafter, HybridTree
-from draftheads.infer.kernel_choice import DEFAULT_PACK, choose_kernels
-from draftheads.infer.packed import FORMS, has_packed_linears, pack_linears, packed_description
-from draftheads.infer.precision import DEFAULT_DRAFT_DTYPE, prepare_head
+from draftheads.infer.kernel_choice import DEFAULT_PACK, choose_kernels, prepare_drafting_head
+from draftheads.infer.packed import has_packed_linears, packed_description
+from draftheads.infer.precision import DEFAULT_DRAFT_DTYPE
 from draftheads.infer.step_gate import StepGate
 from draftheads.infer.stopping import StopRule
 from draftheads.infer.tree import load_tuned_tree, padded_size, resolve_tree
@@ -380,10 +380,7 @@ class SpeculativeGenerator:
         # A Medusa-2 head drafts for its adapted base: adapt the base loaded here in place.
         head, model = load_head_and_base(head_dir, model, map_location=device, copy_base=False)
         kernels = choose_kernels(model, pack)
-        pack_head = bool(kernels.packed)
-        prepare_head(head, model, draft_dtype, pack_head)
-        if pack_head:
-            pack_linears(head, forms=FORMS)
+        prepare_drafting_head(head, model, kernels, draft_dtype)
         if tree is None:  # the tree `draftheads tune-tree` chose for this device and dtype, if any
             tree = load_tuned_tree(head_dir, model.dtype, model.device)
         costs = load_tuned_costs(head_dir, model.dtype, model.device)  # measured here by tune-tree

@@ -165,9 +165,9 @@ def choose_kernels(
     """Pack ``model``'s linear layers for the forms that decode fastest and return the choice.
 
     ``pack``: ``auto`` (the cached choice for this machine and model, else measured with
-    ``measure``, by default ``time_forwards``, and cached unless the machine was busy), True (every form packed where packing
-    applies) or False (the default kernels). Where packing does not apply (not fp32 on an x86 CPU
-    with oneDNN) nothing is packed."""
+    ``measure``, by default ``time_forwards``, and cached unless the machine was busy), True
+    (every form packed where packing applies) or False (the default kernels). Where packing does
+    not apply (not fp32 on an x86 CPU with oneDNN) nothing is packed."""
     check_pack(pack)
     if not packing_supported(model):
         return KernelChoice(frozenset(), "unsupported")
@@ -193,3 +193,16 @@ def cached_or_measured(model, path: Path, measure: Callable[[object], Timings]) 
     entries[_entry_id(key)] = {"key": key, "packed": sorted(packed), "seconds": fastest}
     write_cache(path, entries)
     return KernelChoice(packed, "measured", fastest)
+
+
+def prepare_drafting_head(head, model, kernels: KernelChoice, draft_dtype: str | None = None) -> torch.dtype:
+    """Put ``head`` in the dtype it drafts in beside ``model`` (``draftheads.infer.precision``) and
+    pack its linear layers, for every form, when ``kernels`` packs the base for any; returns the
+    dtype."""
+    from draftheads.infer.precision import DEFAULT_DRAFT_DTYPE, prepare_head
+
+    pack = bool(kernels.packed)
+    dtype = prepare_head(head, model, draft_dtype or DEFAULT_DRAFT_DTYPE, pack)
+    if pack:
+        pack_linears(head)
+    return dtype

@@ -163,6 +163,15 @@ def pack_linears(
     return replaced
 
 
+def set_packed_forms(*modules: nn.Module, forms: Iterable[str]) -> None:
+    """Make every ``PackedLinear`` in the modules run packed for ``forms`` (none: the default
+    kernels everywhere, the reordered copies kept)."""
+    for module in modules:
+        for child in module.modules():
+            if isinstance(child, PackedLinear):
+                child.forms = frozenset(forms)
+
+
 def unpack_linears(*modules: nn.Module) -> int:
     """Put a plain ``nn.Linear`` (the same parameters) back in place of every ``PackedLinear``,
     freeing the reordered copies; returns how many."""

@@ -103,7 +103,7 @@ def tune_tree(
 ) -> dict:
     """Measure, choose and save; returns the record written to ``tune-<device>-<dtype>.json``."""
     from draftheads.infer.generate import SpeculativeGenerator
-    from draftheads.infer.packed import has_packed_linears
+    from draftheads.infer.packed import has_packed_linears, packed_description
     from draftheads.machine import machine_info
 
     head_dir = Path(head_dir)
@@ -151,7 +151,8 @@ def tune_tree(
             "fitted_seconds": curve.fitted(),
             "relative": [curve.relative(n) for n in curve.sizes],
             "pad_to_multiple": pad,
-            "packed_linears": has_packed_linears(model),
+            "packed_linears": has_packed_linears(model),  # for the multi-token forwards it times
+            "kernels": packed_description(model),
             "ceiling": {
                 **dict(zip(("speedup", "tokens"), curve.ceiling())),
                 "at_tau": [curve.speedup_bound(tau) for tau in (2, 3, 4)],

@@ -67,7 +67,8 @@ def test_demo_runs_every_stage_then_reuses_them(tiny_settings, capsys):
     assert json.loads(Path(f"{demo_dir}/eagle3/head/tree.json").read_text())["trees"]["cpu/float32"]
     assert record["tree"].startswith("tuned")
     assert record["identical"] is True  # greedy speculative decoding is lossless in fp32
-    assert record["tau"] >= 1.0 and record["speedup"] > 0 and record["plain_tokens"] == 12
+    assert record["tau"] >= 1.0 and record["plain_tokens"] == 12 and record["runs"] == 3
+    assert (record["speedup"] is None) == record["machine_busy"]  # a busy test machine: no figure
     assert "speedup" in out and "outputs identical: yes" in out
     saved = json.loads(Path(f"{demo_dir}/demo.json").read_text())
     assert saved["times"]["train"] > 0 and saved["times"]["reused"] == []
@@ -88,7 +89,7 @@ def test_the_shipped_head_answers_the_same_question(tiny_settings, capsys, tmp_p
     out = capsys.readouterr().out
     assert f"eagle3 head from {shipped}, 3 training steps" in out
     assert record["shipped"]["identical"] is True and record["shipped"]["plain_tokens"] == 12
-    assert record["shipped"]["plain_seconds"] == record["plain_seconds"]  # one plain run for both
+    assert record["shipped"]["runs"] == tiny_settings.timed_repeats  # its own interleaved plain runs
     assert out.count("outputs identical: yes") == 2
 
     missing = run_demo(dataclasses.replace(tiny_settings, tune=False, shipped_head=str(tmp_path / "none")))

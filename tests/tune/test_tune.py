@@ -325,11 +325,13 @@ def test_tune_tree_saves_a_tree_the_generator_and_bench_use(tmp_path, tiny_base_
         "1",
         "--prefix-tokens",
         "16",
+        "--pack",
+        "on",  # packed for every forward where oneDNN can (auto would measure which pays here)
     ]
     assert main(arguments) == 0
     record = json.loads((head_dir / "tune-cpu-float32.json").read_text())
     cost = record["verify_cost"]
-    # packed by default where oneDNN can (then unpadded: every size from 1), else padded to 4
+    # packed where oneDNN can (then unpadded: every size from 1), else padded to 4
     assert cost["packed_linears"] == packing_supported(model)
     expected_sizes = [1, 2, 3, 4, 5, 6, 8] if cost["packed_linears"] else [1, 4, 8]
     assert record["setting"] == "cpu/float32" and cost["sizes"] == expected_sizes
