@@ -48,6 +48,7 @@ import json
 import os
 import time
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -476,6 +477,125 @@ def cache_size(directory: str | Path) -> int:
     return sum(path.stat().st_size for path in directory.rglob("*") if path.is_file())
 
 
+def _storage_settings(base_model, dtype: str, examples_per_shard: int, batch_size: int) -> dict:
+    """The settings an index records and a resumed write must repeat; bad values raise
+    ``FeatureCacheError``."""
+    if dtype not in STORAGE_DTYPES:
+        raise FeatureCacheError(f"feature cache dtype must be one of {sorted(STORAGE_DTYPES)}, got '{dtype}'")
+    if examples_per_shard < 1 or batch_size < 1:
+        raise FeatureCacheError(
+            f"examples_per_shard and batch_size must be >= 1, got {examples_per_shard}, {batch_size}"
+        )
+    return {
+        "dtype": dtype,
+        "examples_per_shard": examples_per_shard,
+        "compute_dtype": str(base_model.dtype).removeprefix("torch."),
+    }
+
+
+def _prepare_index(
+    directory: Path,
+    identity: CacheIdentity,
+    settings: dict,
+    base_model,
+    splits: dict[str, Any],
+    rank: int,
+    world_size: int,
+) -> dict:
+    """The index every rank writes against: the existing one (checked, and extended for grown
+    splits) or, when there is none, a new one rank 0 writes after deleting stray shards."""
+    # Every rank checks an existing index before rank 0 may write a new one.
+    index, grown = _existing_index(directory, identity, settings, splits)
+    barrier(world_size)
+    if grown:
+        if rank == 0:
+            _extend_index(directory, index, identity, grown)
+        barrier(world_size)
+        index = read_index(directory)
+    if index is None:
+        if rank == 0:
+            directory.mkdir(parents=True, exist_ok=True)
+            for stale in directory.glob("*/shard-*.safetensors"):  # a shard without its index
+                stale.unlink()
+            _write_index(directory, _new_index(identity, settings, base_model, splits))
+        barrier(world_size)
+        index = read_index(directory)
+    return index
+
+
+def _pending_shards(
+    directory: Path, splits: dict[str, Any], examples_per_shard: int, rank: int, world_size: int
+) -> dict[str, list[tuple[int, int, int]]]:
+    """This rank's shards not written yet: split -> [(shard, first row, row after the last)]."""
+    return {
+        name: [
+            (shard, shard * examples_per_shard, min((shard + 1) * examples_per_shard, len(dataset)))
+            for shard in range(rank, -(-len(dataset) // examples_per_shard), world_size)
+            if not shard_path(directory, name, shard).is_file()
+        ]
+        for name, dataset in splits.items()
+    }
+
+
+def _shard_features(
+    base_model,
+    rows: list[list[int]],
+    targets: list[list[bool]],
+    layers: tuple[int, ...],
+    storage: torch.dtype,
+    batch_size: int,
+    on_batch: Callable[[int], None],
+) -> tuple[list[dict[int, torch.Tensor]], list[torch.Tensor]]:
+    """Per row, in row order: its stored hidden states (on CPU, in ``storage``) and its argmax.
+    ``on_batch(tokens)`` is called after each base forward."""
+    # Similar lengths share a forward (less padding); results go back to row order.
+    order = sorted(range(len(rows)), key=lambda i: len(rows[i]))
+    computed: dict[int, dict[int, torch.Tensor]] = {}
+    argmaxes: dict[int, torch.Tensor] = {}
+    for first in range(0, len(order), batch_size):
+        group = order[first : first + batch_size]
+        outputs = _base_outputs(base_model, [rows[i] for i in group], [targets[i] for i in group], layers)
+        for row, (states, argmax) in zip(group, outputs):
+            computed[row] = {layer: state.to(dtype=storage, device="cpu") for layer, state in states.items()}
+            argmaxes[row] = argmax.cpu()
+        on_batch(sum(len(rows[i]) for i in group))
+    return [computed[i] for i in range(len(rows))], [argmaxes[i] for i in range(len(rows))]
+
+
+def _write_pending(
+    base_model,
+    splits: dict[str, Any],
+    directory: Path,
+    index: dict,
+    todo: dict[str, list[tuple[int, int, int]]],
+    layers: tuple[int, ...],
+    storage: torch.dtype,
+    batch_size: int,
+    single_writer: bool,
+    on_batch: Callable[[int], None],
+) -> int:
+    """Write the shards of ``todo``; returns the examples written. A single writer writes shards
+    in order and records each in the index as it completes, so an interrupted run loses at most
+    the shard in progress."""
+    written = 0
+    for name, dataset in splits.items():
+        for shard, start, stop in todo[name]:
+            rows = [list(dataset[i]["input_ids"]) for i in range(start, stop)]
+            targets = [argmax_positions(dataset[i]) for i in range(start, stop)]
+            examples, argmaxes = _shard_features(
+                base_model, rows, targets, layers, storage, batch_size, on_batch
+            )
+            _write_shard(shard_path(directory, name, shard), examples, argmaxes, rows, storage)
+            written += len(rows)
+            if single_writer and shard == index["complete_shards"][name]:
+                index["complete_shards"][name] = shard + 1
+                index["shard_tokens"][name] = index["shard_tokens"][name][:shard] + [
+                    sum(len(row) for row in rows)
+                ]
+                _write_index(directory, index)
+    return written
+
+
 def write_feature_cache(
     base_model,
     splits: dict[str, Any],
@@ -509,35 +629,10 @@ def write_feature_cache(
     """
     from tqdm import tqdm
 
-    if dtype not in STORAGE_DTYPES:
-        raise FeatureCacheError(f"feature cache dtype must be one of {sorted(STORAGE_DTYPES)}, got '{dtype}'")
-    if examples_per_shard < 1 or batch_size < 1:
-        raise FeatureCacheError(
-            f"examples_per_shard and batch_size must be >= 1, got {examples_per_shard}, {batch_size}"
-        )
+    settings = _storage_settings(base_model, dtype, examples_per_shard, batch_size)
     started = time.perf_counter()
     directory = Path(directory)
-    settings = {
-        "dtype": dtype,
-        "examples_per_shard": examples_per_shard,
-        "compute_dtype": str(base_model.dtype).removeprefix("torch."),
-    }
-    # Every rank checks an existing index before rank 0 may write a new one.
-    index, grown = _existing_index(directory, identity, settings, splits)
-    barrier(world_size)
-    if grown:
-        if rank == 0:
-            _extend_index(directory, index, identity, grown)
-        barrier(world_size)
-        index = read_index(directory)
-    if index is None:
-        if rank == 0:
-            directory.mkdir(parents=True, exist_ok=True)
-            for stale in directory.glob("*/shard-*.safetensors"):  # a shard without its index
-                stale.unlink()
-            _write_index(directory, _new_index(identity, settings, base_model, splits))
-        barrier(world_size)
-        index = read_index(directory)
+    index = _prepare_index(directory, identity, settings, base_model, splits, rank, world_size)
 
     storage = STORAGE_DTYPES[dtype]
     layers = tuple(identity.hidden_state_layers)
@@ -545,15 +640,7 @@ def write_feature_cache(
     lengths = {name: _row_lengths(dataset) for name, dataset in splits.items()}
     tokens = sum(sum(values) for values in lengths.values())
     estimate = tokens * per_token
-    # This rank's shards that are not written yet: split -> [(shard, start, stop)].
-    todo = {
-        name: [
-            (shard, shard * examples_per_shard, min((shard + 1) * examples_per_shard, len(dataset)))
-            for shard in range(rank, -(-len(dataset) // examples_per_shard), world_size)
-            if not shard_path(directory, name, shard).is_file()
-        ]
-        for name, dataset in splits.items()
-    }
+    todo = _pending_shards(directory, splits, examples_per_shard, rank, world_size)
     remaining = sum(sum(lengths[name][start:stop]) for name in todo for _, start, stop in todo[name])
     if rank == 0:
         print(
@@ -570,36 +657,9 @@ def write_feature_cache(
         disable=not progress or rank != 0,
         dynamic_ncols=True,
     )
-    written = 0
-    for name, dataset in splits.items():
-        for shard, start, stop in todo[name]:
-            rows = [list(dataset[i]["input_ids"]) for i in range(start, stop)]
-            targets = [argmax_positions(dataset[i]) for i in range(start, stop)]
-            # Similar lengths share a forward (less padding); results go back to row order.
-            order = sorted(range(len(rows)), key=lambda i: len(rows[i]))
-            computed: dict[int, dict[int, torch.Tensor]] = {}
-            argmaxes: dict[int, torch.Tensor] = {}
-            for first in range(0, len(order), batch_size):
-                group = order[first : first + batch_size]
-                outputs = _base_outputs(
-                    base_model, [rows[i] for i in group], [targets[i] for i in group], layers
-                )
-                for row, (states, argmax) in zip(group, outputs):
-                    computed[row] = {
-                        layer: state.to(dtype=storage, device="cpu") for layer, state in states.items()
-                    }
-                    argmaxes[row] = argmax.cpu()
-                bar.update(sum(len(rows[i]) for i in group))
-            examples = [computed[i] for i in range(len(rows))]
-            ordered_argmaxes = [argmaxes[i] for i in range(len(rows))]
-            _write_shard(shard_path(directory, name, shard), examples, ordered_argmaxes, rows, storage)
-            written += len(rows)
-            if world_size == 1 and shard == index["complete_shards"][name]:  # one writer: in order
-                index["complete_shards"][name] = shard + 1
-                index["shard_tokens"][name] = index["shard_tokens"][name][:shard] + [
-                    sum(len(row) for row in rows)
-                ]
-                _write_index(directory, index)
+    written = _write_pending(
+        base_model, splits, directory, index, todo, layers, storage, batch_size, world_size == 1, bar.update
+    )
     if world_size > 1:
         shards = sum(len(shard_list) for shard_list in todo.values())
         print(
