@@ -77,12 +77,18 @@ def write_tiny_base(directory: Path, conversations: Path) -> Path:
     return directory
 
 
-def write_conversations(path: Path, count: int = 26) -> Path:
-    """``count`` ShareGPT records whose answers count up by a per-record stride (predictable)."""
+def write_conversations(path: Path, count: int = 26, varied_lengths: bool = False) -> Path:
+    """``count`` ShareGPT records whose answers count up by a per-record stride (predictable).
+
+    Each answer has 12 numbers (every record fills ``data.max_length=64``), or with
+    ``varied_lengths`` 2-6 numbers (records of 45-67 tokens: a batch pads its shorter rows, and
+    a row's padded length depends on the batch it lands in).
+    """
     with path.open("w") as out:
         for index in range(count):
             stride, start = 1 + index % 3, 3 + 7 * index
-            answer = " ".join(str(start + stride * j) for j in range(12))
+            numbers = 2 + index % 5 if varied_lengths else 12
+            answer = " ".join(str(start + stride * j) for j in range(numbers))
             record = {
                 "id": f"c{index}",
                 "conversations": [
@@ -175,20 +181,20 @@ def dump_trained_parameters(out: Path, config: Path, options: list[str]) -> None
     from draftheads.distributed import leave_process_group
     from draftheads.train.loop import cleanup, setup, train_steps
 
-    session = setup(load_run_config(config, options))
+    run = setup(load_run_config(config, options))
     finished = False
     try:
-        train_steps(session)
+        train_steps(run)
         trained = {
             name: parameter.detach().clone()
-            for name, parameter in session.recipe.named_parameters()
+            for name, parameter in run.recipe.named_parameters()
             if parameter.requires_grad
         }
-        torch.save(trained, out / f"rank{session.rank}.pt")
+        torch.save(trained, out / f"rank{run.rank}.pt")
         finished = True
     finally:
         try:
-            cleanup(session)
+            cleanup(run)
         finally:
             leave_process_group(finished)
 

@@ -94,7 +94,7 @@ class Workspace:
 @pytest.fixture(scope="module")
 def workspace(tmp_path_factory) -> Workspace:
     root = tmp_path_factory.mktemp("distributed")
-    conversations = write_conversations(root / "conversations.jsonl")
+    conversations = write_conversations(root / "conversations.jsonl", varied_lengths=True)
     base = write_tiny_base(root / "base", conversations)
     return Workspace(root, base, conversations, empty_config(root), {})
 
