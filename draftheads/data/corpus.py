@@ -11,7 +11,7 @@ A corpus is a directory:
 
 Chunk k answers the source's conversations ``start .. end - 1`` (in source order, after the
 pipeline's normalisation), where its ``start`` is the previous chunk's ``end``: a corpus grows by
-running the same command again, one chunk per run, across sessions and machines. While a chunk is
+running the same command again, one chunk per run, on any day and any machine. While a chunk is
 being distilled it is a plain ``part-0000k.jsonl`` appended to and flushed conversation by
 conversation (an interrupted run resumes it), with a ``part-0000k.pending.json`` that fixes its
 range; once every conversation is answered it is gzipped, hashed and recorded in the manifest.

@@ -26,9 +26,10 @@ from draftheads.config import DistillConfig
 from draftheads.data.distill import Turn, TurnQueue
 
 CAPACITY_STEP = 64  # slot capacity grows in steps of this many entries (rarely: turns come shortest first)
-# What one more prefill forward costs beyond its tokens, in prompt tokens: streaming the weights once
-# (a decode step, ~20 ms for SmolLM2-135M in fp32 on 2 cores) against ~1.6 ms a prompt token in a
-# batched prefill there (docs/training.md, "Throughput: today's path vs the engines").
+# What one more prefill forward costs beyond its tokens, in prompt tokens: a forward streams every
+# weight once (the cost of a decode step), about as long as a dozen prompt tokens of a batched prefill
+# take for SmolLM2-135M in fp32 on a CPU. It decides only how prompts are grouped, never an answer
+# (the engine's throughput: docs/training.md, "Data").
 FORWARD_TOKENS = 12
 
 

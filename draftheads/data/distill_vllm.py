@@ -7,7 +7,7 @@ turn is sent as the token ids ``TurnQueue`` made (``/v1/completions`` takes a li
 prompt) and comes back as token ids (``return_token_ids``), decoded here with the base's tokenizer,
 so prompts and answers go through exactly the text handling of the in-process engine. Only the
 logits come from another implementation: vLLM's CPU kernels sum in another order than PyTorch's,
-so a near tie can fall the other way (docs/training.md measures how often the answers agree).
+so a near tie can fall the other way (how often the answers agree: docs/training.md, "Data").
 """
 
 from __future__ import annotations

@@ -15,9 +15,9 @@ It does store the base model's argmax at every position whose next token is supe
 a token, computed from the unrounded ``hs[L]`` as the cache is written): EAGLE-3 needs the
 full-vocabulary argmax only to know whether the base's token is a draft token, and its soft
 targets only over the draft vocabulary, so with the argmax at hand it projects ``hs[L]`` onto the
-draft vocabulary's rows of lm_head alone (8,192 of SmolLM2's 49,152 rows), which was a large part
-of the cost of a step read from a cache (docs/training.md). Caches written before it hold no
-argmax; training then recomputes it.
+draft vocabulary's rows of lm_head alone (8,192 of SmolLM2's 49,152 rows) instead of the whole
+vocabulary, the largest matmul of a step read from a cache (docs/training.md, "Feature caches").
+Caches written before it hold no argmax; training then recomputes it.
 
 Layout::
 
@@ -63,7 +63,7 @@ INDEX_NAME = "index.json"
 FORMAT = "draftheads-features"
 FORMAT_VERSION = 1
 SPLITS = ("train", "validation")
-DEFAULT_DTYPE = "bfloat16"  # the issue's compact choice; float32 caches reproduce fp32 training bit for bit
+DEFAULT_DTYPE = "bfloat16"  # half fp32's size; float32 caches reproduce fp32 training bit for bit
 DEFAULT_EXAMPLES_PER_SHARD = 256
 DEFAULT_BATCH_SIZE = 8
 MAX_OPEN_SHARDS = 128  # shard files a reader keeps open (one descriptor each), well within `ulimit -n`

@@ -4,9 +4,9 @@ A feature-cache shard is a safetensors file (https://github.com/huggingface/safe
 an 8-byte little-endian header length, a JSON header naming each tensor's dtype, shape and byte
 range in the data that follows, then the data. Training reads a few rows of a shard at a time, in
 random order over tens of gigabytes. Read through safetensors' memory map, every page fault pulls
-in the device's read-ahead (8 MiB on the virtio disk measured), so a 300 KiB row of one layer cost
-megabytes of disk reads: measured on a 48.8 GB cache, 1.3-2.5 GB read from disk for 64 rows that hold
-about 80 MiB (docs/training.md, "Reading a cache larger than memory"). ``ShardFile`` reads the rows'
+in the device's read-ahead (often megabytes), so a row of a few hundred KiB costs many times its
+bytes in disk reads once the cache no longer fits in memory (docs/training.md, "Feature caches",
+caches larger than memory). ``ShardFile`` reads the rows'
 bytes alone with ``preadv``, straight into the tensor it returns, on a descriptor advised
 ``POSIX_FADV_RANDOM`` (Linux: no read-ahead; macOS has no such advice and keeps its own). The data
 is little-endian, as safetensors writes it and as x86 and ARM hosts read it.

@@ -6,7 +6,8 @@ The adapter lives in ``<head dir>/adapter`` in peft's format (``adapter_config.j
 verifies with the adapted base: ``adapted_base`` returns a copy of the base model with the adapter
 merged into its weights (W <- W + (alpha / r) B A, peft ``merge_and_unload``), which costs per token
 what the original does (an unmerged adapter adds two rank-r matmuls to every adapted linear layer;
-docs/export.md has the measurement). The base model it is given is never modified.
+measured in docs/export.md, "Medusa-2 heads: the adapter travels with the heads"). The base model
+it is given is never modified.
 
 The adapted copy's config records the adapter's fingerprint (``MERGED_ADAPTER_KEY``): ``load_head``
 attaches a joint head only to a model carrying its own adapter, and no adapter is merged twice.

@@ -242,9 +242,8 @@ class DFlashHead(DraftHead):
 
     def init_from_base(self, base_model) -> None:
         """Start ``norm`` at the base's final norm, the scale the shared lm_head reads its input
-        at. Not shown to help: on SmolLM2 it makes the untrained head's loss higher (99 vs 66 with
-        a unit norm on one 40-token sample; 42 vs 26 at training step 5); with it the SmolLM2 trial's
-        loss is 11 by step 15 (docs/training.md). A unit-norm run was not trained further."""
+        at. Every DFlash head here starts from it; it is not shown to beat a unit norm (on SmolLM2
+        an untrained head's loss starts higher with it), only to train (docs/training.md, "DFlash")."""
         final_norm = getattr(base_model.base_model, "norm", None)
         if final_norm is not None and final_norm.weight.shape == self.norm.weight.shape:
             with torch.no_grad():

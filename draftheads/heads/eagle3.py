@@ -78,24 +78,24 @@ class Eagle3Config(HeadConfig):
     # Width of the draft layer's MLP. None: the base's ``intermediate_size``. A wider MLP gives
     # the one draft layer more capacity; the engine formats carry it in the draft layer's
     # config.json. A run continuing a narrower saved head grows it (``load_saved``). Measured in
-    # docs/training.md.
+    # docs/training.md, "Settings that matter".
     intermediate_size: int | None = field(default=None, metadata={GROWABLE: True})
     # Start from the base model's weights where they fit, not from random ones: the draft layer
     # from the base's last decoder layer (q/k/v read its weights on the g half of their input and
     # start at zero on the embedding half; hidden_norm is that layer's input norm), the final norm
     # from the base's, and lm_head from the base lm_head's rows of the draft vocabulary. ``fc``
-    # stays random. Measured against random initialisation in docs/training.md.
+    # stays random. Measured against random initialisation in docs/training.md, "Settings that matter".
     init_from_base: bool = field(default=False, metadata={INIT_ONLY: True})
     # Training loss per TTT step: (1 - w) x the soft cross-entropy against the base model's
     # distribution over the draft vocabulary (the EAGLE-3 reference's target) + w x the
     # cross-entropy on the base model's argmax, the one token greedy verification accepts.
-    # Measured in docs/training.md.
+    # Measured in docs/training.md, "Settings that matter".
     hard_target_weight: float = field(default=0.0, metadata={TRAINING_ONLY: True})
     # Draft decoder layers. The first is EAGLE-3's midlayer (attention over [embedding | g]); each
     # further one is a plain base-architecture decoder layer over the state, with its own slot in
     # the draft cache. The EAGLE-3 release and the engine formats have one; more costs a drafting
     # forward per layer. A run continuing a saved head with fewer layers grows it (``load_saved``).
-    # Measured in docs/training.md.
+    # Measured in docs/training.md, "Settings that matter".
     num_layers: int = field(default=1, metadata={GROWABLE: True})
 
     def __post_init__(self):

@@ -4,7 +4,8 @@ The held-out evaluation (``draftheads.train.metrics.evaluate``) teacher-forces t
 data's tokens and scores each draft step on its own. Decoding is judged otherwise: a draft counts
 only where it is the base model's greedy continuation of a prompt, the drafter is driven through
 its ``Drafter`` (``draftheads.infer.draft``) as decoding drives it, and a chain stops at its first
-miss. The two can differ widely (docs/training.md), so this evaluation measures what decoding sees:
+miss. The two can differ widely (docs/training.md, "What a run measures"), so this evaluation
+measures what decoding sees:
 
 - at setup, once per run, the base model's greedy continuations of held-out prompts
   (``draftheads.tuning.held_out.held_out_prompts``), cached in the output directory

@@ -3,8 +3,8 @@ evaluation next to it (``draftheads.train.decode_eval``), and throughput measure
 
 The frozen base model's body produces the hidden states every head trains on; its lm_head is
 not run (heads call it themselves where their objective needs it, at the supervised rows only), so
-online training does not pay for a full-vocabulary projection at every position (about 1/5 of the
-body's cost: docs/training.md, "Where training time goes").
+online training does not pay for a full-vocabulary projection at every position (the vocabulary
+projections are a step's largest matmuls: docs/training.md, "Throughput").
 """
 
 from __future__ import annotations
@@ -147,7 +147,7 @@ def evaluate(objective: Callable[[dict], Any], batches: Sequence[dict], device: 
 @torch.no_grad()
 def base_forward_tokens_per_second(base_model, batches: Sequence[dict], device: torch.device) -> float:
     """Tokens/s of the frozen base body alone (forward, no grad) over ``batches``: the ceiling
-    online training is measured against (docs/training.md). Counts non-pad tokens, like the
+    online training is measured against (docs/training.md, "Throughput"). Counts non-pad tokens, like the
     training loop's tokens/s; the first batch is a warm-up and is not timed."""
     if not batches:
         raise ValueError("base_forward_tokens_per_second: no batches")

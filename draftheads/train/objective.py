@@ -17,7 +17,7 @@ step s (Medusa head s, EAGLE-3 training-time-test step s, MTP module s + 1; EAGL
 predicts token q from the row q - (s + 2) of its output: Medusa head k at t predicts t + k + 2;
 an EAGLE drafter row i consumes (f_i, t_{i+1}) and predicts t_{i+2}, one more per TTT step; MTP
 module k at i predicts t_{i+k+1}. Vocab projections run only at supervised rows (the projection is
-the largest matmul of a draft head: docs/training.md, "Where training time goes").
+the largest matmul of a draft head: docs/training.md, "Throughput").
 
 Accuracy per step: Medusa and MTP against the ground-truth token; EAGLE-1 and EAGLE-3 against the
 base model's argmax at the same place (what greedy verification accepts), counting positions
