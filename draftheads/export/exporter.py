@@ -5,11 +5,13 @@ Medusa-2 head's base adapter, and the manifest that lets a later ``--overwrite``
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 
 from draftheads.export.destination import check_destination, staged_export, write_manifest
 from draftheads.export.model_card import BENCH_NAME, read_bench, render_model_card
+from draftheads.export.public import strip_local_paths
 from draftheads.export.registry import FORMAT_REGISTRY, ExportOptions, FormatError, export_format, write_head
 from draftheads.heads.base import object_field, read_head_config, resolve_head_dir
 from draftheads.infer.tree import TUNED_TREE_FILE
@@ -45,9 +47,11 @@ def export_head(
     options: ExportOptions | None = None,
     overwrite: bool = False,
 ) -> list[Path]:
-    """Write the head in ``heads_dir`` (any format ``load_head`` reads, or a training run's output
-    directory) to ``out_dir`` in ``format_name``, with a README.md model card (and the head's
-    bench.json, if recorded) and a manifest of the files written. Returns the files written.
+    """Write the head in ``heads_dir`` (any format ``load_head`` reads, a training run's output
+    directory, or one of its checkpoints ``<run>/checkpoints/step-N``) to ``out_dir`` in
+    ``format_name``, with a README.md model card (and the head's bench.json, if recorded) and a
+    manifest of the files written; the card and bench.json name local files by file name only
+    (``public``). Returns the files written.
 
     ``out_dir`` must be absent, empty, or (``overwrite``) a previous export and nothing else
     (``destination.check_destination``); the export is staged next to it and renamed into place
@@ -86,11 +90,14 @@ def export_head(
             from draftheads.heads.adapter import ADAPTER_DIR
 
             shutil.copytree(heads_dir / ADAPTER_DIR, staging / ADAPTER_DIR)
+        # The card and bench.json name data, runs and heads by file name only (``public``).
         card_config = head.config_dict()
         if training:
             card_config["training"] = training
+        card_config = strip_local_paths(card_config)
         if bench is not None:
-            shutil.copyfile(heads_dir / BENCH_NAME, staging / BENCH_NAME)
+            bench = strip_local_paths(bench)
+            (staging / BENCH_NAME).write_text(json.dumps(bench, indent=2) + "\n")
         if format_name == DEFAULT_FORMAT and (heads_dir / TUNED_TREE_FILE).is_file():
             # the tree `tune-tree` chose travels with the head `generate` reads it from
             shutil.copyfile(heads_dir / TUNED_TREE_FILE, staging / TUNED_TREE_FILE)

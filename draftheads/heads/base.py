@@ -283,13 +283,17 @@ class DraftHead(nn.Module):
         return {k: v.detach().contiguous() for k, v in self.state_dict().items()}
 
     def config_dict(self) -> dict[str, Any]:
+        """The head's config.json. ``base_config`` leaves out ``_name_or_path``, the directory
+        transformers loaded the base from (a local cache path); ``base_model`` names the base."""
+        base_config = self.base_config.to_dict()
+        base_config.pop("_name_or_path", None)
         return {
             "format": "draftheads",
             "format_version": FORMAT_VERSION,
             "head_kind": self.kind,
             "head_config": dataclasses.asdict(self.config),
             "base_model": dataclasses.asdict(self.base_spec),
-            "base_config": self.base_config.to_dict(),
+            "base_config": base_config,
         }
 
     def save_pretrained(self, directory: str | Path, extra: dict[str, Any] | None = None) -> Path:
@@ -359,10 +363,11 @@ def _holds_weights(directory: Path) -> bool:
 
 
 def resolve_head_dir(directory: str | Path) -> Path:
-    """The head directory ``directory`` names: itself, a shipped head's short name
-    (``draftheads.shipped``), or, for a training run's output directory (no weights of its own, the
-    final head under ``head/``), its ``head/``. Raises HeadFormatError saying what was expected when
-    it is none of them."""
+    """The head directory ``directory`` names: itself (a head, an engine checkpoint, or a training
+    checkpoint ``<run>/checkpoints/step-N``), a shipped head's short name (``draftheads.shipped``),
+    or, for a training run's output directory (no weights of its own, the final head under
+    ``head/``), its ``head/``. Raises HeadFormatError saying what was expected when it is none of
+    them (for a run that has no ``head/`` yet, naming its newest checkpoint)."""
     from draftheads.shipped import resolve_head_dir as resolve_name
 
     directory = resolve_name(directory)  # an existing path, else a shipped head's directory
@@ -373,11 +378,22 @@ def resolve_head_dir(directory: str | Path) -> Path:
     run_head = directory / RUN_HEAD_DIR
     if (run_head / CONFIG_NAME).is_file() and not _holds_weights(directory):
         return run_head
+    from draftheads.heads.checkpoint import is_training_checkpoint, missing_config_hint, newest_checkpoint
+
+    newest = None if _holds_weights(directory) else newest_checkpoint(directory)
+    if newest is not None:
+        raise HeadFormatError(
+            f"{directory} is a training run's output directory without {RUN_HEAD_DIR}/ (the run did not "
+            f"finish); its newest checkpoint holds the head: give --heads {newest}"
+        )
     if not (directory / CONFIG_NAME).is_file():
+        if is_training_checkpoint(directory):
+            raise HeadFormatError(missing_config_hint(directory))
         raise HeadFormatError(
             f"no {CONFIG_NAME} in head directory {directory}: expected a head ({CONFIG_NAME} + "
             f"{WEIGHTS_NAME}, as `draftheads train` writes to <output_dir>/{RUN_HEAD_DIR}, or an engine "
-            f"checkpoint) or a training run's output directory holding one under {RUN_HEAD_DIR}/"
+            f"checkpoint), a training run's output directory holding one under {RUN_HEAD_DIR}/, or one of "
+            "its checkpoints (<output_dir>/checkpoints/step-N)"
         )
     return directory
 
@@ -519,9 +535,27 @@ def check_weights_hash(weights_path: Path, expected: str | None, actual: Future[
         )
 
 
+def _read_head_weights(directory: Path, saved: dict[str, Any], map_location) -> dict[str, torch.Tensor]:
+    """The tensors of the head in ``directory``: its model.safetensors, or, in a training checkpoint
+    (``heads/checkpoint.py``), the head's entries of the engine state. A Medusa-2 checkpoint is
+    refused: its adapter sits in the engine state, where decoding cannot merge it from."""
+    from draftheads.heads.checkpoint import checkpoint_head_state, is_training_checkpoint
+
+    if (directory / WEIGHTS_NAME).is_file() or not is_training_checkpoint(directory):
+        return read_weights(directory / WEIGHTS_NAME, map_location)
+    if _is_joint(saved):
+        raise HeadFormatError(
+            f"{directory}: a Medusa-2 checkpoint keeps its base adapter in DeepSpeed's engine state; "
+            "resume the run for zero more steps (train.resume=true, train.max_steps at its step) to "
+            f"write the head and its adapter to <output_dir>/{RUN_HEAD_DIR}"
+        )
+    return checkpoint_head_state(directory, map_location)
+
+
 def load_head(directory: str | Path, base_model=None, map_location: str | torch.device = "cpu") -> DraftHead:
-    """Load a head saved with ``save_pretrained``, or from an engine format a registered reader
-    knows (``draftheads.export``). If ``base_model`` is given, check it fits and attach to it (a
+    """Load a head saved with ``save_pretrained``, from a training checkpoint (``<run>/checkpoints/
+    step-N``, ``heads/checkpoint.py``), or from an engine format a registered reader knows
+    (``draftheads.export``). If ``base_model`` is given, check it fits and attach to it (a
     mismatch raises HeadMismatchError naming the field); ``base_model`` is never modified.
 
     A joint (Medusa-2) head drafts for, and must be verified by, its base with the head's adapter
@@ -549,7 +583,7 @@ def load_head(directory: str | Path, base_model=None, map_location: str | torch.
         actual_hash = hasher.submit(file_sha256, directory / WEIGHTS_NAME) if expected_hash else ""
         base_config = _base_config_from(saved, config_path)
         head = cls(config, base_config, object_field(saved, "base_model", config_path).get("name_or_path"))
-        state = read_weights(directory / WEIGHTS_NAME, map_location)
+        state = _read_head_weights(directory, saved, map_location)
         check_weights_hash(directory / WEIGHTS_NAME, expected_hash, actual_hash)
     try:
         missing, unexpected = head.load_state_dict(state, strict=False)

@@ -7,6 +7,8 @@ Layout under ``<output_dir>/checkpoints/``::
                                  per rank), LR scheduler
         rng_state_<rank>.pt      torch / CUDA / python / numpy RNG of each rank
         trainer_state.json       step, data position, token count, last evaluation, run config
+        config.json              the head's config, as in <output_dir>/head: the checkpoint
+                                 directory loads as a head (draftheads.heads.checkpoint)
         manifest.json            size and sha256 of every file above (written last)
 
 A checkpoint is written into ``.tmp-step-...`` and renamed into place only once complete, so a
@@ -40,6 +42,8 @@ from typing import Any
 
 import torch
 
+from draftheads.heads.base import CONFIG_NAME, DraftHead
+from draftheads.heads.checkpoint import CHECKPOINTS_DIR, ENGINE_DIR, TRAINER_STATE_NAME
 from draftheads.storage import InsufficientSpaceError, check_free_space, file_sha256, format_bytes
 from draftheads.train.safe_loading import (
     check_loadable,
@@ -49,9 +53,8 @@ from draftheads.train.safe_loading import (
     weights_only_loads,
 )
 
-CHECKPOINTS_DIR = "checkpoints"
-ENGINE_TAG = "engine"
-STATE_NAME = "trainer_state.json"
+ENGINE_TAG = ENGINE_DIR
+STATE_NAME = TRAINER_STATE_NAME
 MANIFEST_NAME = "manifest.json"
 TEMP_PREFIX = ".tmp-"
 FULL_DISK_SLACK = 2**20  # bytes: a filesystem with less free after a failed write counts as full
@@ -306,6 +309,25 @@ def space_checked_write(directory: Path, temporary: Path, needed_bytes: int, wha
 # ---- save / load ----------------------------------------------------------------------------------
 
 
+def write_head_config(engine, directory: Path, step: int, trainer_state: dict[str, Any]) -> None:
+    """The head's config.json in a checkpoint (with the training record so far), which makes the
+    checkpoint directory loadable as a head (``draftheads.heads.checkpoint``). ``engine.module`` is
+    the training recipe, which holds the head as ``head``; an engine without one writes nothing."""
+    head = getattr(engine.module, "head", None)
+    if not isinstance(head, DraftHead):
+        return
+    history = trainer_state.get("data_history") or []
+    training = {
+        "steps": step,
+        "tokens": trainer_state.get("tokens"),
+        "data_source": history[-1]["source"] if history else "not recorded",
+        "eval": trainer_state.get("eval"),
+        "data_history": history,
+    }
+    config = {**head.config_dict(), "training": training}
+    (directory / CONFIG_NAME).write_text(json.dumps(config, indent=2) + "\n")
+
+
 def save_checkpoint(
     engine,
     output_dir: str | Path,
@@ -350,6 +372,7 @@ def save_checkpoint(
             if rank == 0:
                 state = json.dumps({**trainer_state, "step": step}, indent=2) + "\n"
                 (temporary / STATE_NAME).write_text(state)
+                write_head_config(engine, temporary, step, trainer_state)
                 write_manifest(temporary)
         if rank == 0:
             if final.exists():  # re-saving a step (e.g. the final save right after a periodic one)
