@@ -253,10 +253,11 @@ class TrainingSummary:
 
 
 @dataclass
-class Session:
-    """Everything setup() builds and train()/save()/cleanup() use; state is explicit here."""
+class TrainingRun:
+    """One training run's state: what setup() builds and train_steps()/save()/cleanup() use and
+    advance; nothing lives on the model or in globals."""
 
-    run: RunConfig
+    config: RunConfig  # the settings the run was started with
     rank: int
     world_size: int
     device: torch.device
@@ -280,8 +281,8 @@ class Session:
     lock: OutputLock | None = None  # rank 0 holds the output directory's lock for the whole run
 
 
-def _log_rank0(session_rank: int, message: str) -> None:
-    if session_rank == 0:
+def _log_rank0(rank: int, message: str) -> None:
+    if rank == 0:
         from tqdm import tqdm
 
         tqdm.write(f"[draftheads] {message}")
@@ -460,7 +461,7 @@ def setup(
     datasets=None,
     allow_changed_data: bool = False,
     overwrite: bool = False,
-) -> Session:
+) -> TrainingRun:
     """Check the config against its recipe, join the process group, lock the output directory,
     load base and data, build the head, its recipe and the DeepSpeed engine, and restore the
     newest intact checkpoint if ``train.resume``.
@@ -480,15 +481,15 @@ def setup(
     rank, world_size, device = init_distributed()
     lock = lock_output_dir(run.train, overwrite, rank, world_size)
     try:
-        session = build_session(
+        training_run = build_training_run(
             run, rank, world_size, device, base_model, tokenizer, datasets, allow_changed_data
         )
     except BaseException:
         if lock is not None:
             lock.release()
         raise
-    session.lock = lock
-    return session
+    training_run.lock = lock
+    return training_run
 
 
 def initial_head(run: RunConfig, base_model, train_dataset):
@@ -526,7 +527,7 @@ def planned_steps(train: TrainConfig, stream: BatchStream, world_size: int, rank
     return total_steps
 
 
-def build_session(
+def build_training_run(
     run: RunConfig,
     rank: int,
     world_size: int,
@@ -535,7 +536,7 @@ def build_session(
     tokenizer,
     datasets,
     allow_changed_data: bool,
-) -> Session:
+) -> TrainingRun:
     """``setup`` once the output directory is locked."""
     train = run.train
     recipe_class = recipe_for(run.head)
@@ -591,8 +592,8 @@ def build_session(
     )
     if len(validation) < world_size:  # every rank needs a share to join the all-reduce
         validation = (validation * world_size)[:world_size]
-    session = Session(
-        run=run,
+    training_run = TrainingRun(
+        config=run,
         rank=rank,
         world_size=world_size,
         device=device,
@@ -608,32 +609,32 @@ def build_session(
         data_history=data_history,
         decode_sequences=decode_sequences,
     )
-    start(session, latest, restart_data)
-    return session
+    start(training_run, latest, restart_data)
+    return training_run
 
 
-def start(session: Session, latest: Path | None, restart_data: bool) -> None:
+def start(run: TrainingRun, latest: Path | None, restart_data: bool) -> None:
     """Restore checkpoint ``latest`` (None: a fresh start), write the run config beside the run
     and open its reporter."""
-    run, output_dir = session.run, session.output_dir
+    config, output_dir = run.config, run.output_dir
     if latest is not None:
-        check_resumable(latest, session.world_size)
-        restore(session, latest, restart_data)
-    elif run.train.resume:
+        check_resumable(latest, run.world_size)
+        restore(run, latest, restart_data)
+    elif config.train.resume:
         _log_rank0(
-            session.rank,
+            run.rank,
             f"train.resume: no checkpoint in {output_dir / checkpoint.CHECKPOINTS_DIR}; starting fresh",
         )
-    if session.rank == 0:
+    if run.rank == 0:
         output_dir.mkdir(parents=True, exist_ok=True)
-        (output_dir / "config.json").write_text(json.dumps(to_dict(run), indent=2, default=str) + "\n")
-    session.reporter = Reporter(
+        (output_dir / "config.json").write_text(json.dumps(to_dict(config), indent=2, default=str) + "\n")
+    run.reporter = Reporter(
         output_dir,
-        run.train.report_to,
-        run.train.wandb_project,
-        config=to_dict(run),
-        resume_step=session.step if latest is not None else None,
-        enabled=session.rank == 0,
+        config.train.report_to,
+        config.train.wandb_project,
+        config=to_dict(config),
+        resume_step=run.step if latest is not None else None,
+        enabled=run.rank == 0,
     )
 
 
@@ -650,58 +651,56 @@ def check_resumable(path: Path, world_size: int) -> None:
         )
 
 
-def restore(session: Session, path: Path, restart_data: bool = False) -> None:
+def restore(run: TrainingRun, path: Path, restart_data: bool = False) -> None:
     """Continue from checkpoint ``path``: engine, RNG, data position and loop counters.
     ``restart_data``: the data or batches changed, so the saved position means nothing for them:
     the stream starts at the beginning of the new data."""
-    state = checkpoint.load_checkpoint(
-        session.engine, path, session.rank, exclude_frozen=session.recipe.exclude_frozen
-    )
+    state = checkpoint.load_checkpoint(run.engine, path, run.rank, exclude_frozen=run.recipe.exclude_frozen)
     if restart_data:
-        _log_rank0(session.rank, "train.resume: data or batches changed; the data stream starts over")
+        _log_rank0(run.rank, "train.resume: data or batches changed; the data stream starts over")
     else:
-        session.stream.load_state_dict(state["data_position"])
-    session.step, session.tokens = state["step"], state["tokens"]
-    session.train_seconds = state["train_seconds"]
-    session.last_eval = EvalResult.from_dict(state["eval"]) if state["eval"] else None
-    session.last_eval_step = state["eval_step"]
-    _log_rank0(session.rank, f"resumed from {path} at step {session.step}")
+        run.stream.load_state_dict(state["data_position"])
+    run.step, run.tokens = state["step"], state["tokens"]
+    run.train_seconds = state["train_seconds"]
+    run.last_eval = EvalResult.from_dict(state["eval"]) if state["eval"] else None
+    run.last_eval_step = state["eval_step"]
+    _log_rank0(run.rank, f"resumed from {path} at step {run.step}")
 
 
-def _decode_evaluate(session: Session) -> DecodeEvalResult:
+def _decode_evaluate(run: TrainingRun) -> DecodeEvalResult:
     """The recipe's head on the decode evaluation's sequences (``train/decode_eval.py``), through
     the base model that decodes with it (Medusa-2's carries its adapter). Every rank measures the
     same: under ZeRO-3 each of the head's modules gathers its parameters as it runs, and every
     rank makes the same module calls, so the gathers line up."""
     return decode_acceptance(
-        session.base_model, session.recipe.head, session.decode_sequences, session.run.train.decode_eval_depth
+        run.base_model, run.recipe.head, run.decode_sequences, run.config.train.decode_eval_depth
     )
 
 
-def _evaluate(session: Session) -> EvalResult:
-    session.engine.eval()
+def _evaluate(run: TrainingRun) -> EvalResult:
+    run.engine.eval()
     try:
-        result = evaluate(partial(session.engine, split="validation"), session.eval_batches, session.device)
-        if session.decode_sequences is not None:
-            result = dataclasses.replace(result, decode=_decode_evaluate(session))
+        result = evaluate(partial(run.engine, split="validation"), run.eval_batches, run.device)
+        if run.decode_sequences is not None:
+            result = dataclasses.replace(result, decode=_decode_evaluate(run))
     finally:
-        session.engine.train()
-    session.last_eval, session.last_eval_step = result, session.step
-    session.reporter.log({"step": session.step, "eval": result.to_dict()})
-    _log_rank0(session.rank, f"step {session.step} eval: {result.summary()}")
+        run.engine.train()
+    run.last_eval, run.last_eval_step = result, run.step
+    run.reporter.log({"step": run.step, "eval": result.to_dict()})
+    _log_rank0(run.rank, f"step {run.step} eval: {result.summary()}")
     return result
 
 
-def _global_sum(session: Session, value: float) -> float:
-    if session.world_size == 1:
+def _global_sum(run: TrainingRun, value: float) -> float:
+    if run.world_size == 1:
         return value
-    tensor = torch.tensor([value], dtype=torch.float64, device=session.device)
+    tensor = torch.tensor([value], dtype=torch.float64, device=run.device)
     torch.distributed.all_reduce(tensor)
     return float(tensor)
 
 
-def _global_tensor_sum(session: Session, tensor: torch.Tensor) -> torch.Tensor:
-    if session.world_size == 1:
+def _global_tensor_sum(run: TrainingRun, tensor: torch.Tensor) -> torch.Tensor:
+    if run.world_size == 1:
         return tensor
     tensor = tensor.clone()
     torch.distributed.all_reduce(tensor)
@@ -713,46 +712,46 @@ class NonFiniteLossError(ConfigError):
     made the run diverge."""
 
 
-def stop_on_non_finite_loss(session: Session, losses: list[float]) -> None:
+def stop_on_non_finite_loss(run: TrainingRun, losses: list[float]) -> None:
     """Raise NonFiniteLossError on every rank, before the optimizer step, when a loss of this step
     (``losses``: this rank's micro-batches) is not finite on any rank: the step updates nothing,
     the checkpoints written so far stay, and no head is saved from diverged weights."""
     bad = next((loss for loss in losses if not math.isfinite(loss)), None)
-    if _global_sum(session, float(bad is not None)) == 0:
+    if _global_sum(run, float(bad is not None)) == 0:
         return
-    latest = checkpoint.latest_checkpoint(session.output_dir)
+    latest = checkpoint.latest_checkpoint(run.output_dir)
     kept = f"the last checkpoint, {latest}, is kept" if latest else "no checkpoint was written yet"
     value = "not finite on another rank" if bad is None else bad
     raise NonFiniteLossError(
-        f"step {session.step + 1}: the training loss is {value}"
+        f"step {run.step + 1}: the training loss is {value}"
         f"; stopped before the step updated the head, and no head was saved ({kept}); lower "
-        f"train.learning_rate (now {session.run.train.learning_rate}) or check the data"
+        f"train.learning_rate (now {run.config.train.learning_rate}) or check the data"
     )
 
 
-def train_steps(session: Session) -> None:
-    """Optimiser steps from ``session.step`` to ``session.total_steps``: each is
+def train_steps(run: TrainingRun) -> None:
+    """Optimiser steps from ``run.step`` to ``run.total_steps``: each is
     ``gradient_accumulation_steps`` micro-batches through the engine's recipe, forward and
     backward."""
     from tqdm import tqdm
 
-    train, engine = session.run.train, session.engine
+    train, engine = run.config.train, run.engine
     accumulation = train.gradient_accumulation_steps
     progress = tqdm(
-        total=session.total_steps,
-        initial=session.step,
-        disable=session.rank != 0,
+        total=run.total_steps,
+        initial=run.step,
+        disable=run.rank != 0,
         dynamic_ncols=True,
         desc="train",
     )
     window_loss, window_parts, window_steps, window_tokens = 0.0, {}, 0, 0
     window_correct = window_counted = None
     window_start = time.perf_counter()
-    while session.step < session.total_steps:
-        step_values = session.recipe.begin_step(session.step, session.total_steps)  # e.g. Medusa-2's lambda0
+    while run.step < run.total_steps:
+        step_values = run.recipe.begin_step(run.step, run.total_steps)  # e.g. Medusa-2's lambda0
         step_losses = []
         for accumulation_index in range(accumulation):
-            batch = {name: tensor.to(session.device) for name, tensor in next(session.stream).items()}
+            batch = {name: tensor.to(run.device) for name, tensor in next(run.stream).items()}
             # Each row's random draws are a function of (seed, epoch, dataset row, position) alone,
             # whatever its rank, micro-batch slot or padding (draftheads.train.draws).
             batch["sample_seed"] = row_seeds(train.seed, int(batch["epoch"]), batch["row_index"])
@@ -760,7 +759,7 @@ def train_steps(session: Session) -> None:
             engine.backward(output.loss)
             step_losses.append(float(output.loss.detach()))
             if accumulation_index == accumulation - 1:  # before the boundary's optimizer step
-                stop_on_non_finite_loss(session, step_losses)
+                stop_on_non_finite_loss(run, step_losses)
             engine.step()  # DeepSpeed steps optimizer + scheduler only at the accumulation boundary
             window_loss += step_losses[-1] / accumulation
             for name, part in output.loss_parts.items():
@@ -769,36 +768,35 @@ def train_steps(session: Session) -> None:
             correct, counted = output.top1_correct.detach().double(), output.counted.detach().double()
             window_correct = correct if window_correct is None else window_correct + correct
             window_counted = counted if window_counted is None else window_counted + counted
-        session.step += 1
+        run.step += 1
         window_steps += 1
         progress.update(1)
 
-        if session.step % train.log_every == 0 or session.step == session.total_steps:
+        if run.step % train.log_every == 0 or run.step == run.total_steps:
             elapsed = time.perf_counter() - window_start
-            tokens = int(_global_sum(session, window_tokens))
-            session.tokens += tokens
-            session.train_seconds += elapsed
+            tokens = int(_global_sum(run, window_tokens))
+            run.tokens += tokens
+            run.train_seconds += elapsed
             # What the step learned from: the mean over every rank's micro-batches, as one
             # process accumulating them all would log it.
-            window_loss = _global_sum(session, window_loss) / session.world_size
+            window_loss = _global_sum(run, window_loss) / run.world_size
             window_parts = {
-                name: _global_sum(session, total) / session.world_size
-                for name, total in sorted(window_parts.items())
+                name: _global_sum(run, total) / run.world_size for name, total in sorted(window_parts.items())
             }
-            window_correct = _global_tensor_sum(session, window_correct)
-            window_counted = _global_tensor_sum(session, window_counted)
+            window_correct = _global_tensor_sum(run, window_correct)
+            window_counted = _global_tensor_sum(run, window_counted)
             accuracy = (window_correct / window_counted.clamp(min=1)).tolist()
             record = {
-                "step": session.step,
+                "step": run.step,
                 "loss": window_loss / window_steps,
                 "top1": accuracy,
                 "lr": engine.get_lr()[0],
-                "tokens": session.tokens,
+                "tokens": run.tokens,
                 "tokens_per_second": tokens / elapsed,
                 **{name: total / window_steps for name, total in window_parts.items()},
                 **step_values,
             }
-            session.reporter.log(record)
+            run.reporter.log(record)
             progress.set_postfix(
                 loss=f"{record['loss']:.3f}",
                 top1=f"{accuracy[0]:.3f}",
@@ -808,38 +806,38 @@ def train_steps(session: Session) -> None:
             window_correct = window_counted = None
             window_start = time.perf_counter()
 
-        evaluate_now = bool(train.eval_every) and session.step % train.eval_every == 0
-        save_now = bool(train.save_every) and session.step % train.save_every == 0
+        evaluate_now = bool(train.eval_every) and run.step % train.eval_every == 0
+        save_now = bool(train.save_every) and run.step % train.save_every == 0
         paused_at = time.perf_counter()
         if evaluate_now:
-            _evaluate(session)
+            _evaluate(run)
         if save_now:
-            save(session)
+            save(run)
         # Evaluation and checkpoint time is not training throughput, but the steps of the window
         # before them still are: the window's clock skips the pause rather than starting over.
         window_start += time.perf_counter() - paused_at
     progress.close()
 
 
-def save(session: Session) -> Path:
+def save(run: TrainingRun) -> Path:
     """Checkpoint the current step atomically (every rank takes part)."""
     state = {
-        "data_position": session.stream.state_dict(),
-        "tokens": session.tokens,
-        "train_seconds": session.train_seconds,
-        "eval": session.last_eval.to_dict() if session.last_eval else None,
-        "eval_step": session.last_eval_step,
-        "run_config": run_record(to_dict(session.run)),  # what a resume is compared with
-        "data_history": session.data_history,
+        "data_position": run.stream.state_dict(),
+        "tokens": run.tokens,
+        "train_seconds": run.train_seconds,
+        "eval": run.last_eval.to_dict() if run.last_eval else None,
+        "eval_step": run.last_eval_step,
+        "run_config": run_record(to_dict(run.config)),  # what a resume is compared with
+        "data_history": run.data_history,
     }
     return checkpoint.save_checkpoint(
-        session.engine,
-        session.output_dir,
-        session.step,
+        run.engine,
+        run.output_dir,
+        run.step,
         state,
-        session.run.train.keep_checkpoints,
-        session.rank,
-        exclude_frozen=session.recipe.exclude_frozen,
+        run.config.train.keep_checkpoints,
+        run.rank,
+        exclude_frozen=run.recipe.exclude_frozen,
     )
 
 
@@ -856,53 +854,53 @@ def replace_saved_files(staging: Path, head_dir: Path) -> None:
         os.replace(source, target)
 
 
-def _write_head(session: Session, head_dir: Path, extra: dict) -> None:
+def _write_head(run: TrainingRun, head_dir: Path, extra: dict) -> None:
     """``recipe.save_head`` into a temporary directory beside ``head_dir``, after a free-space
     check, then its files moved into ``head_dir`` (``replace_saved_files``); a write that runs out
     of space says so and leaves the old head, if any."""
     temporary = head_dir.with_name(checkpoint.TEMP_PREFIX + head_dir.name)
     shutil.rmtree(temporary, ignore_errors=True)
-    size = sum(p.numel() * p.element_size() for p in session.recipe.saved_parameters())
+    size = sum(p.numel() * p.element_size() for p in run.recipe.saved_parameters())
     try:
         with checkpoint.space_checked_write(
-            session.output_dir, temporary, checkpoint.with_margin(size), f"the trained head {head_dir}"
+            run.output_dir, temporary, checkpoint.with_margin(size), f"the trained head {head_dir}"
         ):
-            session.recipe.save_head(temporary, extra)
+            run.recipe.save_head(temporary, extra)
         replace_saved_files(temporary, head_dir)
     finally:
         shutil.rmtree(temporary, ignore_errors=True)
 
 
-def export_head(session: Session, summary: TrainingSummary) -> Path:
+def export_head(run: TrainingRun, summary: TrainingSummary) -> Path:
     """Write the final head (``save_pretrained``: loadable without DeepSpeed) through the recipe,
     which also writes what decoding needs with it (Medusa-2: the base adapter)."""
     import deepspeed
 
-    head_dir = session.output_dir / HEAD_DIR
+    head_dir = run.output_dir / HEAD_DIR
     extra = {"training": dataclasses.asdict(summary)}
-    if session.engine.zero_optimization_stage() == 3:  # ZeRO-3 partitions parameters: gather first
-        with deepspeed.zero.GatheredParameters(session.recipe.saved_parameters(), modifier_rank=None):
-            if session.rank == 0:
-                _write_head(session, head_dir, extra)
-    elif session.rank == 0:
-        _write_head(session, head_dir, extra)
+    if run.engine.zero_optimization_stage() == 3:  # ZeRO-3 partitions parameters: gather first
+        with deepspeed.zero.GatheredParameters(run.recipe.saved_parameters(), modifier_rank=None):
+            if run.rank == 0:
+                _write_head(run, head_dir, extra)
+    elif run.rank == 0:
+        _write_head(run, head_dir, extra)
     return head_dir
 
 
-def cleanup(session: Session | None) -> None:
+def cleanup(run: TrainingRun | None) -> None:
     """Close the reporters, draw the curves, release the engine and the output directory."""
-    if session is None:
+    if run is None:
         return
     try:
-        if session.reporter is not None:
-            session.reporter.close()
-            if session.rank == 0:
-                plot_curves(session.output_dir)
-        if session.engine is not None:
-            session.engine.destroy()
+        if run.reporter is not None:
+            run.reporter.close()
+            if run.rank == 0:
+                plot_curves(run.output_dir)
+        if run.engine is not None:
+            run.engine.destroy()
     finally:
-        if session.lock is not None:
-            session.lock.release()
+        if run.lock is not None:
+            run.lock.release()
 
 
 def run_training(
@@ -918,25 +916,25 @@ def run_training(
     Returns the summary also stored in ``<output_dir>/head/config.json`` under ``training``.
     ``allow_changed_data``, ``overwrite``: see ``setup``.
     """
-    session = None
+    training_run = None
     started = time.perf_counter()
     try:
-        session = setup(run, base_model, tokenizer, datasets, allow_changed_data, overwrite)
-        train_steps(session)
-        if session.last_eval_step != session.step:
-            _evaluate(session)
-        final_checkpoint = checkpoint.latest_checkpoint(session.output_dir)
+        training_run = setup(run, base_model, tokenizer, datasets, allow_changed_data, overwrite)
+        train_steps(training_run)
+        if training_run.last_eval_step != training_run.step:
+            _evaluate(training_run)
+        final_checkpoint = checkpoint.latest_checkpoint(training_run.output_dir)
         if (
             final_checkpoint is None
-            or checkpoint.read_trainer_state(final_checkpoint)["step"] != session.step
+            or checkpoint.read_trainer_state(final_checkpoint)["step"] != training_run.step
         ):
-            save(session)
+            save(training_run)
         base_tokens_per_second = None
         if run.train.base_throughput_batches:
             timing = BatchStream(
-                session.stream.dataset,
+                training_run.stream.dataset,
                 run.train.micro_batch_size,
-                session.stream.pad_token_id,
+                training_run.stream.pad_token_id,
                 run.train.seed,
                 run.train.group_by_length,
             )
@@ -945,14 +943,16 @@ def run_training(
                 for _ in range(min(run.train.base_throughput_batches, timing.batches_per_epoch()))
             ]
             base_tokens_per_second = base_forward_tokens_per_second(
-                session.base_model, batches, session.device
+                training_run.base_model, batches, training_run.device
             )
-        tokens_per_second = session.tokens / session.train_seconds if session.train_seconds else 0.0
+        tokens_per_second = (
+            training_run.tokens / training_run.train_seconds if training_run.train_seconds else 0.0
+        )
         summary = TrainingSummary(
-            steps=session.step,
-            tokens=session.tokens,
+            steps=training_run.step,
+            tokens=training_run.tokens,
             wall_seconds=time.perf_counter() - started,
-            train_seconds=session.train_seconds,
+            train_seconds=training_run.train_seconds,
             tokens_per_second=tokens_per_second,
             base_forward_tokens_per_second=base_tokens_per_second,
             data_source="given datasets"
@@ -961,23 +961,23 @@ def run_training(
                 [run.data.source + (f" (first {run.data.limit})" if run.data.limit else "")]
                 + list(run.data.extra_sources)
             ),
-            train_examples=session.train_examples,
-            eval=session.last_eval.to_dict() if session.last_eval else None,
-            head_dir=str(session.output_dir / HEAD_DIR),
-            data_history=session.data_history,
+            train_examples=training_run.train_examples,
+            eval=training_run.last_eval.to_dict() if training_run.last_eval else None,
+            head_dir=str(training_run.output_dir / HEAD_DIR),
+            data_history=training_run.data_history,
         )
-        session.reporter.log({"step": session.step, "summary": dataclasses.asdict(summary)})
-        export_head(session, summary)
+        training_run.reporter.log({"step": training_run.step, "summary": dataclasses.asdict(summary)})
+        export_head(training_run, summary)
         ratio = (
             f" ({tokens_per_second / base_tokens_per_second:.2f} of base forward-only)"
             if base_tokens_per_second
             else ""
         )
         _log_rank0(
-            session.rank,
+            training_run.rank,
             f"done: {summary.steps} steps, {summary.tokens} tokens, {tokens_per_second:.0f} tokens/s{ratio}; "
             f"head saved to {summary.head_dir}",
         )
         return summary
     finally:
-        cleanup(session)
+        cleanup(training_run)

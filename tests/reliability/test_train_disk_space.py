@@ -116,11 +116,11 @@ def test_the_size_estimate_is_close_to_the_checkpoint_written(tmp_path, tiny_lla
     run = short_run(
         tmp_path / "run", "train.max_steps=2", f"train.deepspeed_config=configs/deepspeed/zero{zero}.json"
     )
-    session = setup(run, base_model=tiny_llama, datasets=(dataset, dataset))
+    training_run = setup(run, base_model=tiny_llama, datasets=(dataset, dataset))
     try:
-        train_steps(session)  # Adam's moments exist once it has stepped
-        estimate = checkpoint.engine_state_bytes(session.engine)
-        written = checkpoint.directory_bytes(save(session))
+        train_steps(training_run)  # Adam's moments exist once it has stepped
+        estimate = checkpoint.engine_state_bytes(training_run.engine)
+        written = checkpoint.directory_bytes(save(training_run))
     finally:
-        cleanup(session)
+        cleanup(training_run)
     assert 0.9 * written <= estimate <= 1.1 * written, (estimate, written)
