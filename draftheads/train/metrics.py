@@ -16,6 +16,8 @@ from typing import Any
 
 import torch
 
+from draftheads.timing import synchronize
+
 
 @torch.no_grad()
 def base_hidden_states(base_model, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> tuple:
@@ -155,10 +157,10 @@ def base_forward_tokens_per_second(base_model, batches: Sequence[dict], device: 
     base_hidden_states(base_model, batches[0]["input_ids"], batches[0]["attention_mask"])
     timed = batches[1:] or batches
     tokens = 0
+    synchronize(device)  # the warm-up's queued work is not timed
     start = time.perf_counter()
     for batch in timed:
         base_hidden_states(base_model, batch["input_ids"], batch["attention_mask"])
         tokens += int(batch["attention_mask"].sum())
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
+    synchronize(device)
     return tokens / (time.perf_counter() - start)
