@@ -126,7 +126,7 @@ class JointRecipe(nn.Module):
             torch.manual_seed(dropout_seed(sample_seed))
             return self._forward(batch, sample_seed)
 
-    def _forward(self, batch: dict, sample_seed: int | None) -> ObjectiveOutput:
+    def _forward(self, batch: dict, sample_seed: int | torch.Tensor | None) -> ObjectiveOutput:
         input_ids, loss_mask, attention_mask = batch["input_ids"], batch["loss_mask"], batch["attention_mask"]
         lm_head = self.adapted_base.get_base_model().get_output_embeddings()
         hidden_states = self._body(input_ids, attention_mask).hidden_states  # L + 1 x (B, T, h)
