@@ -3,7 +3,8 @@
 Each subcommand is a module of ``draftheads.commands`` exposing ``add_arguments(parser)`` and
 ``run(args) -> int`` over the library code it drives; only the chosen subcommand's module is
 imported, so ``draftheads generate`` never pays for deepspeed or datasets. Errors are handled here
-once for every command: a user error is one line on stderr, a bug a traceback (``main``).
+once for every command: a user error is one line on stderr and its kind's exit status, a bug a
+traceback (``main``; the statuses are in docs/cli-exit-codes.md).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import os
 import re
 import sys
 import traceback
+from dataclasses import dataclass
 
 # name -> (module, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -37,22 +39,81 @@ COMMANDS: dict[str, tuple[str, str]] = {
 }
 
 
-# The project's user-error types, as (module, class): bad input, missing or unreadable files, config
-# and format errors. A module not yet imported cannot have raised its error, so the handler checks
-# only the loaded ones and imports nothing. Every OSError (a missing file, permission denied, a
-# read-only filesystem, a full disk) is a user error too.
-USER_ERRORS: tuple[tuple[str, str], ...] = (
-    ("draftheads.settings", "ConfigError"),
-    ("draftheads.data.sources", "DataError"),
-    ("draftheads.data.template", "TemplateError"),
-    ("draftheads.heads.base", "HeadFormatError"),  # export's FormatError is one
-    ("draftheads.heads.base", "HeadMismatchError"),
-    ("draftheads.export.hub", "HubError"),
-    ("draftheads.base_model", "BaseModelError"),
-    ("draftheads.bench", "BenchError"),
-    ("draftheads.infer.precision", "DraftDtypeError"),
-    ("draftheads.optional", "MissingDependencyError"),
-    ("safetensors", "SafetensorError"),
+# Exit statuses, one per kind of error, the same for every command (docs/cli-exit-codes.md).
+EXIT_OK = 0
+EXIT_OTHER = 1  # a user error of no kind below (an OSError not named in any)
+EXIT_USAGE = 2  # how the command was called: argparse's own status, an unknown command, a bad option
+EXIT_BAD_INPUT = 3
+EXIT_HEAD = 4
+EXIT_ENVIRONMENT = 5
+EXIT_REFUSED = 6
+EXIT_BUG = 70  # sysexits.h EX_SOFTWARE: an internal error, shown with its traceback
+EXIT_INTERRUPTED = 130  # 128 + SIGINT, what a shell reports for Ctrl-C
+
+
+@dataclass(frozen=True)
+class ErrorKind:
+    """A kind of user error: its exit status and the base classes, as (module, class), whose
+    instances (subclasses included) are of it. A module not yet imported cannot have raised its
+    error, so matching checks only loaded modules and imports nothing."""
+
+    status: int
+    name: str
+    classes: tuple[tuple[str, str], ...]
+    errnos: tuple[str, ...] = ()  # OSError errno names that are of this kind, whatever the class
+
+
+# In order: an error is of the first kind that claims it (a refusal to overwrite is an OSError and
+# may be a ConfigError too; a full disk is an OSError of any class).
+ERROR_KINDS: tuple[ErrorKind, ...] = (
+    ErrorKind(
+        EXIT_REFUSED,
+        "refused: would overwrite or write into what it must not",
+        (("builtins", "FileExistsError"), ("draftheads.train.lock", "OutputDirLockedError")),
+    ),
+    ErrorKind(
+        EXIT_HEAD,
+        "head or checkpoint files",
+        (
+            ("draftheads.heads.base", "HeadFormatError"),  # export's FormatError is one
+            ("draftheads.heads.base", "HeadMismatchError"),
+            ("draftheads.train.checkpoint", "CorruptCheckpointError"),
+            ("safetensors", "SafetensorError"),
+        ),
+    ),
+    ErrorKind(
+        EXIT_ENVIRONMENT,
+        "environment: a missing dependency, device, disk space, network service",
+        (
+            ("draftheads.optional", "MissingDependencyError"),
+            ("draftheads.base_model", "BaseModelError"),
+            ("draftheads.device", "DeviceError"),
+            ("draftheads.storage", "InsufficientSpaceError"),
+            ("draftheads.export.hub", "HubError"),
+            ("draftheads.data.vllm_server", "ServerError"),
+        ),
+        errnos=("ENOSPC", "EDQUOT", "EACCES", "EPERM", "EROFS"),
+    ),
+    ErrorKind(
+        EXIT_BAD_INPUT,
+        "bad input: config, data, prompts, settings, paths",
+        (
+            ("draftheads.settings", "ConfigError"),
+            ("draftheads.data.sources", "DataError"),
+            ("draftheads.data.template", "TemplateError"),
+            ("draftheads.data.shard_file", "ShardFileError"),
+            ("draftheads.data.shard_file", "MissingTensorError"),
+            ("draftheads.prompts_file", "PromptsFileError"),
+            ("draftheads.infer.inputs", "PromptError"),
+            ("draftheads.infer.limits", "TreeFitError"),
+            ("draftheads.infer.precision", "DraftDtypeError"),
+            ("draftheads.bench", "BenchError"),
+            ("builtins", "FileNotFoundError"),
+            ("builtins", "IsADirectoryError"),
+            ("builtins", "NotADirectoryError"),
+        ),
+    ),
+    ErrorKind(EXIT_OTHER, "any other user error", (("builtins", "OSError"),)),
 )
 DEBUG_FLAG = "--debug"
 DEBUG_ENV = "DRAFTHEADS_DEBUG"  # set to 1 for the same as --debug
@@ -66,12 +127,16 @@ OS_ERROR_HINTS = {
 }
 
 
-def is_user_error(err: BaseException) -> bool:
-    """Is ``err`` the user's to fix (``USER_ERRORS``, any OSError) rather than a bug?"""
-    if isinstance(err, OSError):
+def _claims(kind: ErrorKind, err: BaseException) -> bool:
+    if isinstance(err, OSError) and err.errno in {getattr(errno, name) for name in kind.errnos}:
         return True
-    loaded = (getattr(sys.modules.get(module), name, None) for module, name in USER_ERRORS)
+    loaded = (getattr(sys.modules.get(module), name, None) for module, name in kind.classes)
     return any(isinstance(err, cls) for cls in loaded if isinstance(cls, type))
+
+
+def exit_status(err: BaseException) -> int:
+    """The exit status for ``err``: its kind's (``ERROR_KINDS``), or EXIT_BUG for anything else."""
+    return next((kind.status for kind in ERROR_KINDS if _claims(kind, err)), EXIT_BUG)
 
 
 def describe(err: BaseException) -> str:
@@ -106,8 +171,9 @@ def run_command(name: str, argv: list[str]) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     """Run one subcommand. A user error ends it as one line on stderr, ``draftheads <command>:
-    <message>``, exit status 1; any other exception is a bug: its traceback and a line asking to
-    report it. ``--debug`` (before the command) or DRAFTHEADS_DEBUG=1 lets every error propagate."""
+    <message>``, with its kind's exit status (``ERROR_KINDS``); any other exception is a bug: its
+    traceback, a line asking to report it, status 70. ``--debug`` (before the command) or
+    DRAFTHEADS_DEBUG=1 lets every error propagate."""
     argv = list(sys.argv[1:] if argv is None else argv)
     debug = debug_requested(argv)
     parser = argparse.ArgumentParser(prog="draftheads", description=__doc__.splitlines()[0])
@@ -121,9 +187,9 @@ def main(argv: list[str] | None = None) -> int:
             print(
                 f"draftheads: unknown command '{argv[0]}'; choose from {', '.join(COMMANDS)}", file=sys.stderr
             )
-            return 2
+            return EXIT_USAGE
         parser.print_help()
-        return 0
+        return EXIT_OK
     name = argv[0]
     try:
         return run_command(name, argv[1:])
@@ -131,20 +197,21 @@ def main(argv: list[str] | None = None) -> int:
         if debug:
             raise
         print(f"draftheads {name}: interrupted", file=sys.stderr)
-        return 130
+        return EXIT_INTERRUPTED
     except Exception as err:
         if debug:
             raise
-        if is_user_error(err):
+        status = exit_status(err)
+        if status != EXIT_BUG:
             print(f"draftheads {name}: {describe(err)}", file=sys.stderr)
-            return 1
+            return status
         traceback.print_exc()
         print(
             f"draftheads {name}: internal error ({type(err).__name__}); this is a bug in draftheads, "
             "please report it with the command line and the traceback above",
             file=sys.stderr,
         )
-        return 1
+        return EXIT_BUG
 
 
 def console_main() -> None:

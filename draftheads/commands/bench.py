@@ -4,7 +4,6 @@ prompt-lookup decoding, side by side, in one run (``draftheads.bench``)."""
 from __future__ import annotations
 
 import argparse
-import sys
 
 from draftheads.arguments import (
     add_draft_dtype_argument,
@@ -14,7 +13,7 @@ from draftheads.arguments import (
     non_negative_float,
     positive_int,
 )
-from draftheads.bench import BenchError, BenchSettings, bench, markdown_table
+from draftheads.bench import BenchSettings, bench, markdown_table
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -122,13 +121,9 @@ def settings_from_args(args: argparse.Namespace) -> BenchSettings:
 
 
 def run(args: argparse.Namespace) -> int:
-    from draftheads.heads import HeadFormatError
-
-    try:
-        summaries, paths = bench(settings_from_args(args))
-    except (BenchError, HeadFormatError) as err:
-        print(f"draftheads bench: {err}", file=sys.stderr)
-        return 2
+    # Bad settings (BenchError) and head files (HeadFormatError) end the command as one line with
+    # the exit status of their kind, in draftheads.cli.main.
+    summaries, paths = bench(settings_from_args(args))
     print(markdown_table([s for s in summaries if s.category == "all"]))
     print("wrote " + ", ".join(str(p) for p in paths))
     return 0

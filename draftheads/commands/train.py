@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 from pathlib import Path
 
 
@@ -53,35 +52,22 @@ def print_data_summary(run_config) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from draftheads.base_model import BaseModelError
     from draftheads.config import load_run_config
-    from draftheads.data.sources import DataError
-    from draftheads.heads import HeadMismatchError
-    from draftheads.optional import MissingDependencyError, require_extra
-    from draftheads.settings import ConfigError
-    from draftheads.storage import InsufficientSpaceError
+    from draftheads.optional import require_extra
 
-    try:
-        require_extra("train", "draftheads train")
-    except MissingDependencyError as err:
-        print(f"draftheads train: {err}", file=sys.stderr)
-        return 2
+    # A missing extra (MissingDependencyError), bad input (ConfigError, DataError), a head that does
+    # not fit (HeadMismatchError), a refused output directory and a full disk end the command as one
+    # line with the exit status of their kind, in draftheads.cli.main.
+    require_extra("train", "draftheads train")
     from draftheads.train.loop import run_training
     from draftheads.train.run_dir import check_output_dir
 
     if args.local_rank is not None:
         os.environ.setdefault("LOCAL_RANK", str(args.local_rank))
-    try:
-        run_config = load_run_config(args.config, args.overrides)
-        # Refuse an output directory before the data or a model loads (the loop checks again,
-        # under the directory's lock).
-        check_output_dir(Path(run_config.train.output_dir), run_config.train.resume, args.overwrite)
-        print_data_summary(run_config)
-        run_training(run_config, allow_changed_data=args.allow_changed_data, overwrite=args.overwrite)
-    except (ConfigError, DataError, BaseModelError, HeadMismatchError) as err:  # bad input: no traceback
-        print(f"draftheads train: {err}", file=sys.stderr)
-        return 2
-    except InsufficientSpaceError as err:
-        print(f"draftheads train: {err}", file=sys.stderr)
-        return 1
+    run_config = load_run_config(args.config, args.overrides)
+    # Refuse an output directory before the data or a model loads (the loop checks again,
+    # under the directory's lock).
+    check_output_dir(Path(run_config.train.output_dir), run_config.train.resume, args.overwrite)
+    print_data_summary(run_config)
+    run_training(run_config, allow_changed_data=args.allow_changed_data, overwrite=args.overwrite)
     return 0

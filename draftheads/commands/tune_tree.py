@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import sys
 import time
 
 from draftheads.arguments import (
@@ -77,7 +76,8 @@ def settings_from_args(args: argparse.Namespace) -> TuneSettings:
 
 def run(args: argparse.Namespace) -> int:
     from draftheads.base_model import load_base, resolve_dtype
-    from draftheads.heads import HeadFormatError, load_head_and_base, resolve_base_model
+    from draftheads.device import check_device
+    from draftheads.heads import load_head_and_base, resolve_base_model
     from draftheads.heads.base import resolve_head_dir
     from draftheads.infer.kernel_choice import choose_kernels, prepare_drafting_head
     from draftheads.infer.tree import read_tuned_entry
@@ -85,14 +85,13 @@ def run(args: argparse.Namespace) -> int:
     from draftheads.tuning.tune import tune_tree
 
     settings = settings_from_args(args)
-    try:
-        head_dir = resolve_head_dir(args.heads)  # a training run's output directory: its head/
-        base = resolve_base_model(head_dir, args.base)
-        # the tree.json the result is merged into: a broken one is refused now, not after tuning
-        read_tuned_entry(head_dir, resolve_dtype(settings.dtype, settings.device), settings.device)
-    except HeadFormatError as err:
-        print(f"draftheads tune-tree: {err}", file=sys.stderr)
-        return 2
+    # A broken head directory or tree.json (HeadFormatError) and an unusable device (DeviceError)
+    # end the command as one line with the exit status of their kind, in draftheads.cli.main.
+    check_device(settings.device)
+    head_dir = resolve_head_dir(args.heads)  # a training run's output directory: its head/
+    base = resolve_base_model(head_dir, args.base)
+    # the tree.json the result is merged into: a broken one is refused now, not after tuning
+    read_tuned_entry(head_dir, resolve_dtype(settings.dtype, settings.device), settings.device)
     model, tokenizer = load_base(base, dtype=settings.dtype, device=settings.device)
     head, model = load_head_and_base(head_dir, model, map_location=settings.device)
     # tune on the kernels generate and bench decode with (chosen for this machine: --pack), and time

@@ -98,7 +98,7 @@ def test_an_interrupted_chunk_resumes_and_keeps_its_range(tmp_path, tiny_base_di
 def test_a_run_with_other_settings_is_refused(tmp_path, tiny_base_dir, source, capsys):
     corpus_dir = tmp_path / "corpus"
     assert _distill(tiny_base_dir, source, corpus_dir) == 0
-    assert _distill(tiny_base_dir, source, corpus_dir, "--max-new-tokens", "7") == 1
+    assert _distill(tiny_base_dir, source, corpus_dir, "--max-new-tokens", "7") == 3
     assert "field 'settings.max_new_tokens' is 5, this run's 7" in capsys.readouterr().err
     with pytest.raises(SystemExit, match="--limit does not apply"):
         _distill(tiny_base_dir, source, corpus_dir, "--limit", "3")
@@ -109,7 +109,7 @@ def test_a_sampled_corpus_records_its_seed_and_refuses_another(tmp_path, tiny_ba
     sampled = tmp_path / "sampled"
     assert _distill(tiny_base_dir, source, sampled, "--temperature", "0.7", "--seed", "3") == 0
     assert Corpus.load(sampled).settings.seed == 3
-    assert _distill(tiny_base_dir, source, sampled, "--temperature", "0.7", "--seed", "4") == 1
+    assert _distill(tiny_base_dir, source, sampled, "--temperature", "0.7", "--seed", "4") == 3
     assert "field 'settings.seed' is 3, this run's 4" in capsys.readouterr().err
     assert len(Corpus.load(sampled).chunks) == 1
 
@@ -171,6 +171,6 @@ def test_a_corpus_of_answers_to_a_prompts_file(tmp_path, tiny_base_dir, capsys):
     assert first.messages[2]["content"] == "and then?"
     # a prompts file that changed under the corpus is refused before any work
     prompts.write_text(prompts.read_text() + json.dumps({"id": "p3", "turns": ["fourth"]}) + "\n")
-    assert main(arguments) == 1
+    assert main(arguments) == 3
     assert "source_sha256" in capsys.readouterr().err
     assert len(Corpus.load(corpus_dir).chunks) == 2

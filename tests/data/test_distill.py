@@ -141,7 +141,7 @@ def test_the_command_refuses_a_foreign_out_before_loading_the_base(tmp_path, mon
     notes = tmp_path / "notes.txt"
     notes.write_bytes(b"keep me 1\nkeep me 2")
     arguments = ["distill", "--base", str(tmp_path / "no-base"), "--data", str(source), "--out", str(notes)]
-    assert main(arguments) == 1
+    assert main(arguments) == 3
     error = capsys.readouterr().err
     assert error.startswith(f"draftheads distill: {notes} line 1: not JSON") and error.count("\n") == 1
     assert notes.read_bytes() == b"keep me 1\nkeep me 2"

@@ -127,7 +127,7 @@ def test_the_command_refuses_a_foreign_out_before_loading_the_base(tmp_path, mon
     monkeypatch.setattr("draftheads.base_model.load_base", no_loading)
     notes = tmp_path / "notes.txt"
     notes.write_bytes(b"keep me 1\nkeep me 2")
-    assert main(["synth-prompts", "--out", str(notes), "--base", str(tmp_path / "no-base")]) == 1
+    assert main(["synth-prompts", "--out", str(notes), "--base", str(tmp_path / "no-base")]) == 3
     error = capsys.readouterr().err
     assert error.startswith(f"draftheads synth-prompts: {notes} line 1: not JSON") and error.count("\n") == 1
     assert notes.read_bytes() == b"keep me 1\nkeep me 2"
@@ -135,7 +135,7 @@ def test_the_command_refuses_a_foreign_out_before_loading_the_base(tmp_path, mon
 
 def test_a_command_error_carries_one_prefix(tmp_path, capsys):
     arguments = ["synth-prompts", "--out", str(tmp_path / "p.jsonl"), "--temperature", "0"]
-    assert main(arguments) == 1
+    assert main(arguments) == 3
     assert capsys.readouterr().err == (
         "draftheads synth-prompts: temperature must be > 0 (greedy sampling writes one prompt), got 0.0\n"
     )

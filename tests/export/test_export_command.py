@@ -119,7 +119,7 @@ def test_impossible_pair_exits_with_a_clear_message(trained_medusa_dir, tmp_path
     code = main(
         ["export", "--heads", str(trained_medusa_dir), "--format", "eagle3", "--out", str(tmp_path / "x")]
     )
-    assert code == 1
+    assert code == 4
     assert "cannot express a medusa head" in capsys.readouterr().err
     assert not (tmp_path / "x").exists()  # refused before writing anything
 
@@ -128,7 +128,7 @@ def test_existing_output_is_not_overwritten_silently(trained_medusa_dir, tmp_pat
     out = tmp_path / "out"
     out.mkdir()
     (out / "keep.txt").write_text("mine")
-    assert main(["export", "--heads", str(trained_medusa_dir), "--out", str(out)]) == 1
+    assert main(["export", "--heads", str(trained_medusa_dir), "--out", str(out)]) == 6
     assert "--overwrite" in capsys.readouterr().err and (out / "keep.txt").exists()
 
 
@@ -138,7 +138,7 @@ def test_a_format_storing_base_tensors_needs_a_base_the_head_names(tiny_llama, t
     code = main(
         ["export", "--heads", str(directory), "--format", "medusa-vllm", "--out", str(tmp_path / "x")]
     )
-    assert code == 1
+    assert code == 4
     err = capsys.readouterr().err
     assert f"{directory / 'config.json'}: records no base model (base_model.name_or_path" in err
     assert "--base" in err and not (tmp_path / "x").exists()
@@ -215,6 +215,6 @@ def test_push_without_token_is_a_clear_error(trained_medusa_dir, tmp_path, hub, 
             "someone/x",
         ]
     )
-    assert code == 1
+    assert code == 5
     assert "no Hugging Face token found: set HF_TOKEN" in capsys.readouterr().err
     assert hub.record.created == {}

@@ -136,7 +136,7 @@ def test_export_refuses_a_training_block_that_is_not_an_object(head_dir, tmp_pat
 
 def test_export_of_a_config_that_is_a_list_is_one_line_on_the_command_line(head_dir, tmp_path, capsys):
     config_path, _ = break_config(head_dir, "a list")
-    assert main(["export", "--heads", str(head_dir), "--out", str(tmp_path / "out")]) == 1
+    assert main(["export", "--heads", str(head_dir), "--out", str(tmp_path / "out")]) == 4
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "Traceback" not in err and "internal error" not in err, err
     assert err == f"draftheads export: {config_path}: expected a JSON object, got a list\n"
@@ -246,5 +246,5 @@ def test_tune_tree_refuses_a_broken_tree_file_before_it_tunes(head_dir, capsys, 
 
     monkeypatch.setattr(draftheads.base_model, "load_base", no_loading)
     (head_dir / "tree.json").write_text("[]")
-    assert main(["tune-tree", "--heads", str(head_dir), "--dtype", "float32"]) == 2
+    assert main(["tune-tree", "--heads", str(head_dir), "--dtype", "float32"]) == 4
     assert f"{head_dir / 'tree.json'}: 'format' must be" in capsys.readouterr().err

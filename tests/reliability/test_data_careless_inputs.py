@@ -136,7 +136,7 @@ def test_train_refuses_too_many_drops_naming_them(tmp_path, tiny_base, capsys):
         items[index] = BAD_RECORD.replace("r10", f"r{index}")
     path = tmp_path / "chats.json"
     path.write_text(json_array(items))
-    assert main(["train", "--config", train_config(tmp_path, tiny_base, path)]) == 2
+    assert main(["train", "--config", train_config(tmp_path, tiny_base, path)]) == 3
     captured = capsys.readouterr()
     assert captured.err.startswith("draftheads train:")  # the refusal, on stderr; the summary on stdout
     out = captured.out + captured.err
@@ -326,7 +326,7 @@ def test_a_base_without_a_chat_template_is_one_line_naming_it(
         options += ["--data", str(write_jsonl(tmp_path / "chats.jsonl", records(2)))]
     else:
         options += ["--count", "2", "--max-new-tokens", "4"]
-    assert main([command, *options]) == 1
+    assert main([command, *options]) == 3
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "Traceback" not in err, err
     assert err.startswith(f"draftheads {command}: base model {base_without_template} has no chat template")

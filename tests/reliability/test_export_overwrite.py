@@ -62,7 +62,7 @@ def test_overwrite_onto_the_current_directory_is_refused(run_dir, tmp_path, monk
     (work / "notes.md").write_text("mine\n")
     before = snapshot(work)
     monkeypatch.chdir(work)
-    assert export(run_dir / "head", ".", "--overwrite") == 1
+    assert export(run_dir / "head", ".", "--overwrite") == 6
     err = one_line_error(capsys)
     assert "current directory" in err
     assert snapshot(work) == before
@@ -72,7 +72,7 @@ def test_overwrite_onto_a_parent_of_the_current_directory_is_refused(run_dir, tm
     (tmp_path / "work" / "deeper").mkdir(parents=True)
     monkeypatch.chdir(tmp_path / "work" / "deeper")
     before = snapshot(tmp_path)
-    assert export(run_dir / "head", tmp_path / "work", "--overwrite") == 1
+    assert export(run_dir / "head", tmp_path / "work", "--overwrite") == 6
     assert "current directory" in one_line_error(capsys)
     assert snapshot(tmp_path) == before
 
@@ -81,7 +81,7 @@ def test_overwrite_onto_a_parent_of_the_current_directory_is_refused(run_dir, tm
 def test_overwrite_onto_the_head_or_a_directory_holding_it_is_refused(run_dir, which, capsys):
     out = {"run": run_dir, "head": run_dir / "head", "runs": run_dir.parent}[which]
     before = snapshot(run_dir)
-    assert export(run_dir / "head", out, "--overwrite") == 1
+    assert export(run_dir / "head", out, "--overwrite") == 6
     assert "holds the head being exported" in one_line_error(capsys)
     assert snapshot(run_dir) == before
 
@@ -90,7 +90,7 @@ def test_overwrite_onto_a_directory_that_is_not_an_export_is_refused(run_dir, tm
     out = tmp_path / "results"
     out.mkdir()
     (out / "table.csv").write_text("a,b\n")
-    assert export(run_dir / "head", out, "--overwrite") == 1
+    assert export(run_dir / "head", out, "--overwrite") == 6
     err = one_line_error(capsys)
     assert "not a draftheads export" in err and "table.csv" in err
     assert snapshot(out) == {"table.csv": b"a,b\n"}
@@ -103,7 +103,7 @@ def test_an_export_written_before_the_manifest_is_refused_with_what_to_do(run_di
         shutil.copyfile(run_dir / "head" / name, out / name)
     (out / "README.md").write_text("---\nlibrary_name: draftheads\n---\n")
     before = snapshot(out)
-    assert export(run_dir / "head", out, "--overwrite") == 1
+    assert export(run_dir / "head", out, "--overwrite") == 6
     err = one_line_error(capsys)
     assert f"delete it yourself (rm -r {out})" in err
     assert snapshot(out) == before
@@ -115,7 +115,7 @@ def test_an_export_holding_files_it_did_not_write_is_refused(run_dir, tmp_path, 
     (out / "my-notes.txt").write_text("keep me")
     before = snapshot(out)
     capsys.readouterr()
-    assert export(run_dir / "head", out, "--overwrite") == 1
+    assert export(run_dir / "head", out, "--overwrite") == 6
     assert "my-notes.txt" in one_line_error(capsys)
     assert snapshot(out) == before
 
@@ -133,7 +133,7 @@ def test_overwrite_replaces_a_previous_export(run_dir, tmp_path, capsys):
     out = tmp_path / "export"
     assert export(run_dir / "head", out) == 0
     first = snapshot(out)
-    assert export(run_dir / "head", out, "--format", "medusa-vllm") == 1  # no --overwrite: refused
+    assert export(run_dir / "head", out, "--format", "medusa-vllm") == 6  # no --overwrite: refused
     assert "--overwrite" in one_line_error(capsys) and snapshot(out) == first
     assert export(run_dir / "head", out, "--format", "medusa-vllm", "--overwrite") == 0
     assert json.loads((out / "config.json").read_text())["architectures"] == ["MedusaModel"]
@@ -152,7 +152,7 @@ def test_a_failure_mid_write_leaves_the_previous_export_intact(run_dir, tmp_path
 
     monkeypatch.setattr(exporter, "write_head", write_then_fail)
     capsys.readouterr()
-    assert export(run_dir / "head", out, "--overwrite") == 1
+    assert export(run_dir / "head", out, "--overwrite") == 5
     assert "No space left on device" in one_line_error(capsys)
     assert snapshot(out) == before
     assert sorted(p.name for p in tmp_path.iterdir()) == ["export", "runs"]  # staging removed
@@ -165,7 +165,7 @@ def test_a_failed_first_export_leaves_nothing_a_rerun_refuses(run_dir, tmp_path,
         raise OSError(errno.EROFS, os.strerror(errno.EROFS))
 
     monkeypatch.setattr(exporter, "write_head", fail)
-    assert export(run_dir / "head", out) == 1
+    assert export(run_dir / "head", out) == 5
     assert not out.exists()
     monkeypatch.undo()
     assert export(run_dir / "head", out) == 0
@@ -175,7 +175,7 @@ def test_export_refuses_up_front_when_the_disk_is_too_full(run_dir, tmp_path, mo
     usage = namedtuple("usage", "total used free")
     monkeypatch.setattr(shutil, "disk_usage", lambda path: usage(2**30, 2**30 - 4096, 4096))
     out = tmp_path / "exports" / "medusa"
-    assert export(run_dir / "head", out) == 1
+    assert export(run_dir / "head", out) == 5
     err = one_line_error(capsys)
     assert f"not enough free space in {out} for the draftheads export" in err
     assert "4.0 KiB free" in err
@@ -194,7 +194,7 @@ def test_the_space_estimate_covers_what_is_written(run_dir, tmp_path):
 def test_out_naming_a_file_is_refused(run_dir, tmp_path, capsys):
     out = tmp_path / "export"
     out.write_text("a file")
-    assert export(run_dir / "head", out, "--overwrite") == 1
+    assert export(run_dir / "head", out, "--overwrite") == 6
     assert "is not a directory" in one_line_error(capsys)
     assert out.read_text() == "a file"
 

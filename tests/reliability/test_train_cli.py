@@ -17,7 +17,7 @@ MEDUSA = str(Path(__file__).resolve().parents[2] / "configs" / "smollm2_medusa_c
 def test_a_locked_output_dir_is_one_line_naming_the_holder(tmp_path, capsys):
     with OutputLock.acquire(tmp_path / "run"):
         code = main(["train", "--config", MEDUSA, f"train.output_dir={tmp_path / 'run'}"])
-    assert code == 2
+    assert code == 6
     err = capsys.readouterr().err
     assert "is in use by another run (pid" in err and "Traceback" not in err
 

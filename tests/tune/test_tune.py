@@ -364,7 +364,7 @@ def test_tune_tree_refuses_bad_arguments(tmp_path, capsys):
         main(["tune-tree", "--heads", str(tmp_path), "--top-k", "0"])
     assert exit_info.value.code == 2
     assert "argument --top-k: must be >= 1, got 0" in capsys.readouterr().err
-    assert main(["tune-tree", "--heads", str(tmp_path)]) == 2
+    assert main(["tune-tree", "--heads", str(tmp_path)]) == 4
     assert "no config.json" in capsys.readouterr().err
 
 
