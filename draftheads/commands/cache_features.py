@@ -21,7 +21,6 @@ still the run's base, so training in fp32 reads it; the index records the dtype 
 from __future__ import annotations
 
 import argparse
-import sys
 
 from draftheads.arguments import positive_int
 from draftheads.data.features import (
@@ -62,11 +61,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     import os
 
-    from draftheads.base_model import BaseModelError, load_base, resolve_dtype
+    from draftheads.base_model import load_base, resolve_dtype
     from draftheads.config import load_run_config
     from draftheads.data.features import CacheIdentity, write_feature_cache
     from draftheads.data.pipeline import build_datasets
-    from draftheads.data.sources import DataError
     from draftheads.distributed import barrier, join_process_group
     from draftheads.heads import build_head
     from draftheads.settings import ConfigError
@@ -74,47 +72,41 @@ def run(args: argparse.Namespace) -> int:
     if args.local_rank is not None:
         os.environ.setdefault("LOCAL_RANK", str(args.local_rank))
 
+    # Bad input (ConfigError, DataError) and a base that cannot load (BaseModelError) end the
+    # command as one line with the exit status of their kind, in draftheads.cli.main.
+    run = load_run_config(args.config, args.overrides)
+    if not run.data.features:
+        raise ConfigError("data.features: set the cache directory to write, e.g. data.features=/tmp/features")
+    if run.head is None:
+        raise ConfigError("head: missing; the head decides which hidden states are cached")
+    rank, world_size, device = join_process_group()
+    dtype = resolve_dtype(run.model.dtype, device)
+    base_model, tokenizer = load_base(run.model.base, dtype, device, run.model.attn_implementation)
+    # Rank 0 builds the tokenised data; the others then read its datasets cache.
+    if rank == 0:
+        train, validation, _ = build_datasets(run.data, tokenizer, run.model.base)
+    barrier(world_size)
+    if rank != 0:
+        train, validation, _ = build_datasets(run.data, tokenizer, run.model.base)
     try:
-        run = load_run_config(args.config, args.overrides)
-        if not run.data.features:
-            raise ConfigError(
-                "data.features: set the cache directory to write, e.g. data.features=/tmp/features"
-            )
-        if run.head is None:
-            raise ConfigError("head: missing; the head decides which hidden states are cached")
-        rank, world_size, device = join_process_group()
-        dtype = resolve_dtype(run.model.dtype, device)
-        base_model, tokenizer = load_base(run.model.base, dtype, device, run.model.attn_implementation)
-        # Rank 0 builds the tokenised data; the others then read its datasets cache.
-        if rank == 0:
-            train, validation, _ = build_datasets(run.data, tokenizer, run.model.base)
-        barrier(world_size)
-        if rank != 0:
-            train, validation, _ = build_datasets(run.data, tokenizer, run.model.base)
-        try:
-            head = build_head(base_model, run.head, run.model.base)
-        except (ValueError, IndexError) as err:
-            raise ConfigError(f"head ({run.head.kind}): {err}") from err
-        splits = {"train": train, "validation": validation}
-        # The identity names the base the run trains against; the forward may run in another dtype.
-        identity = CacheIdentity.build(
-            base_model, run.model.base, tokenizer, head, splits, run.data.max_length
-        )
-        if args.compute_dtype is not None:
-            base_model.to(STORAGE_DTYPES[args.compute_dtype])
-        write_feature_cache(
-            base_model,
-            splits,
-            run.data.features,
-            identity,
-            dtype=args.dtype,
-            examples_per_shard=args.examples_per_shard,
-            batch_size=args.batch_size,
-            progress=not args.no_progress,
-            rank=rank,
-            world_size=world_size,
-        )
-    except (ConfigError, DataError, BaseModelError) as err:  # bad input: no traceback
-        print(f"draftheads cache-features: {err}", file=sys.stderr)
-        return 2
+        head = build_head(base_model, run.head, run.model.base)
+    except (ValueError, IndexError) as err:
+        raise ConfigError(f"head ({run.head.kind}): {err}") from err
+    splits = {"train": train, "validation": validation}
+    # The identity names the base the run trains against; the forward may run in another dtype.
+    identity = CacheIdentity.build(base_model, run.model.base, tokenizer, head, splits, run.data.max_length)
+    if args.compute_dtype is not None:
+        base_model.to(STORAGE_DTYPES[args.compute_dtype])
+    write_feature_cache(
+        base_model,
+        splits,
+        run.data.features,
+        identity,
+        dtype=args.dtype,
+        examples_per_shard=args.examples_per_shard,
+        batch_size=args.batch_size,
+        progress=not args.no_progress,
+        rank=rank,
+        world_size=world_size,
+    )
     return 0
