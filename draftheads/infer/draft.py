@@ -39,6 +39,7 @@ import torch
 
 from draftheads.heads.layers import additive_mask
 from draftheads.infer.cache import cache_lengths, crop_to_lengths
+from draftheads.infer.limits import TreeFitError
 from draftheads.infer.tree import (
     ROOT_PARENT,
     DynamicTree,
@@ -215,9 +216,9 @@ class Drafter:
         return features if index is None else features[:, index]
 
     def check_tree(self, tree: StaticTree | DynamicTree) -> None:
-        """Raise ValueError if this drafter cannot fill ``tree``."""
+        """Raise TreeFitError (a ValueError) if this drafter cannot fill ``tree``."""
         if isinstance(tree, DynamicTree) and not self.dynamic_trees:
-            raise ValueError(
+            raise TreeFitError(
                 f"{self.head.kind} heads draft all depths at once; give a static tree, not '{tree.name}'"
             )
 

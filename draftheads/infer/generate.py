@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import copy
 import time
+from collections import Counter
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -33,12 +34,14 @@ from draftheads.infer.cost import CostCurve, load_tuned_costs, measure_verify_co
 from draftheads.infer.draft import Drafter, drafter_for
 from draftheads.infer.forward import SUPPORTED_ATTENTION, TreeInputError, prefill_rows, rows_forward
 from draftheads.infer.hybrid import HybridDrafter, HybridTree
+from draftheads.infer.inputs import PromptError, chat_prompt_ids
 from draftheads.infer.kernel_choice import DEFAULT_PACK, choose_kernels, prepare_drafting_head
+from draftheads.infer.limits import TreeFitError, check_tree_fits, draft_vocabulary_size
 from draftheads.infer.packed import has_packed_linears, packed_description
 from draftheads.infer.precision import DEFAULT_DRAFT_DTYPE
 from draftheads.infer.step_gate import StepGate
 from draftheads.infer.stopping import StopRule
-from draftheads.infer.tree import load_tuned_tree, padded_size, resolve_tree
+from draftheads.infer.tree import TUNED_TREE_FILE, load_tuned_tree, padded_size, resolve_tree, tuned_tree_key
 from draftheads.infer.verify import Acceptance, SamplingParams, next_token, verify_tree
 
 DEFAULT_MAX_NEW_TOKENS = 256
@@ -61,7 +64,8 @@ class GenerationStats:
     verification step: a step that accepts d draft tokens emits d + 1 tokens, so tau = 1 without a
     head and tau <= depth + 1 (EAGLE counts this way, Li et al. 2024; some engines do not).
     tau is measured over verification forwards (the prefill forward is not one) before truncation
-    at EOS or max_new_tokens; it is NaN when no verification step ran.
+    at EOS or max_new_tokens; it is NaN when no verification step ran. ``finish_reason``: why the
+    sequence ended (``draftheads.infer.stopping.FINISH_REASONS``: eos, stop, length, context).
     """
 
     new_tokens: int
@@ -75,6 +79,7 @@ class GenerationStats:
     # draft tokens accepted / proposed, by who proposed them ("eagle3", "context", "eagle3+context")
     accepted_by_source: dict[str, int] = field(default_factory=dict)
     proposed_by_source: dict[str, int] = field(default_factory=dict)
+    finish_reason: str | None = None  # None only while the sequence goes on
     # the base's linear kernels by forward form (``draftheads.infer.kernel_choice``)
     kernels: str = ""
 
@@ -89,6 +94,7 @@ class GenerationStats:
             f"tau {self.tau:.2f} (accepted tokens per base forward, the base model's own token included), "
             f"{self.tokens_per_second:.1f} tokens/s, {self.new_tokens} tokens in {self.seconds:.2f} s"
             + by_source
+            + (f"; finish reason: {self.finish_reason}" if self.finish_reason else "")
         )
 
 
@@ -98,6 +104,7 @@ class _Tally:
 
     started: float = field(default_factory=time.perf_counter)
     finished: float | None = None  # when the sequence stopped (a batch goes on without it)
+    finish_reason: str | None = None  # why it stopped (``stopping.FINISH_REASONS``)
     new_tokens: int = 0
     verification_steps: int = 0
     emitted_by_steps: int = 0  # sum over steps of accepted drafts + 1
@@ -120,8 +127,9 @@ class _Tally:
         for depth in range(accepted_drafts):
             self.accepted_per_depth[depth] += 1
 
-    def finish(self) -> None:
+    def finish(self, reason: str) -> None:
         self.finished = time.perf_counter()
+        self.finish_reason = reason
 
     def stats(self, tree_name: str, kernels: str = "") -> GenerationStats:
         seconds = (self.finished or time.perf_counter()) - self.started
@@ -137,6 +145,7 @@ class _Tally:
             tree=tree_name,
             accepted_by_source=dict(self.accepted_by_source),
             proposed_by_source=dict(self.proposed_by_source),
+            finish_reason=self.finish_reason,
             kernels=kernels,
         )
 
@@ -154,6 +163,11 @@ class GenerationResult:
     def new_tokens(self) -> list[int]:
         return self.sequences[0, self.prompt_length :].tolist()
 
+    @property
+    def finish_reason(self) -> str | None:
+        """Why the sequence ended: eos, stop, length or context (``draftheads.infer.stopping``)."""
+        return self.stats.finish_reason
+
 
 @dataclass(frozen=True)
 class BatchStats:
@@ -162,7 +176,7 @@ class BatchStats:
     ``verification_steps``: the most verification forwards one row took part in (with every row
     decoding at once, the batched forwards after the prefill); tau: tokens emitted per row and
     verification forward, over all rows' steps; ``seconds``: from the first row's prefill to the
-    last row's stop."""
+    last row's stop; ``finish_reasons``: how many rows ended for each reason."""
 
     batch_size: int
     new_tokens: int
@@ -170,12 +184,15 @@ class BatchStats:
     tau: float
     seconds: float
     tokens_per_second: float
+    finish_reasons: dict[str, int] = field(default_factory=dict)
 
     def summary(self) -> str:
+        reasons = ", ".join(f"{reason} {count}" for reason, count in sorted(self.finish_reasons.items()))
         return (
             f"batch of {self.batch_size}: {self.new_tokens} tokens in {self.seconds:.2f} s, "
             f"{self.tokens_per_second:.1f} tokens/s, tau {self.tau:.2f} over "
             f"{self.verification_steps} batched verification forwards"
+            + (f"; finish reasons: {reasons}" if reasons else "")
         )
 
 
@@ -193,6 +210,7 @@ def batch_stats(results: Sequence[GenerationResult], tallies: Sequence[_Tally]) 
         tau=sum(t.emitted_by_steps for t in tallies) / steps if steps else float("nan"),
         seconds=seconds,
         tokens_per_second=new_tokens / seconds if seconds > 0 else float("inf"),
+        finish_reasons=dict(Counter(r.finish_reason for r in results if r.finish_reason)),
     )
 
 
@@ -207,14 +225,21 @@ class BatchGenerationResult:
     def texts(self) -> list[str | None]:
         return [r.text for r in self.results]
 
+    @property
+    def finish_reasons(self) -> list[str | None]:
+        """Each row's finish reason, in prompt order."""
+        return [r.finish_reason for r in self.results]
+
 
 class TextStream:
     """Iterate to get the answer's text as it is accepted (``(row, text)`` pairs for a batch);
-    ``result`` is set once it is exhausted."""
+    ``finish_reasons`` maps each row that has ended (0 for one prompt) to its finish reason as soon
+    as it ends; ``result`` is set once the stream is exhausted."""
 
-    def __init__(self, pieces: Iterator):
+    def __init__(self, pieces: Iterator, finish_reasons: dict[int, str] | None = None):
         self._pieces = pieces
         self.result: GenerationResult | BatchGenerationResult | None = None
+        self.finish_reasons = {} if finish_reasons is None else finish_reasons  # filled by ``pieces``
 
     def __iter__(self) -> Iterator[str]:
         self.result = yield from self._pieces
@@ -301,6 +326,7 @@ class SpeculativeGenerator:
             device_type = "cuda" if base_model.device.type == "cuda" else "cpu"
             chosen = resolve_tree(tree if tree is not None else head_drafter.default_trees[device_type])
             head_drafter.check_tree(chosen)
+            check_tree_fits(chosen, draft_vocabulary_size(self.head), base_model.device)
             chosen = chosen.truncated(head_drafter.max_depth)  # -1 (EAGLE): no limit
             self.tree = chosen if self.context is None else HybridTree(chosen, self.context)
         self.eos_ids = _eos_ids(base_model, tokenizer)
@@ -364,9 +390,11 @@ class SpeculativeGenerator:
         ``draft_dtype``: the dtype the head drafts in, ``auto`` (bf16 where that pays, see
         ``draftheads.infer.precision``), ``float32`` or ``bfloat16``; the output does not depend on it."""
         from draftheads.base_model import load_base
+        from draftheads.device import check_device
         from draftheads.heads import load_head_and_base, resolve_base_model
-        from draftheads.heads.base import resolve_head_dir
+        from draftheads.heads.base import HeadFormatError, resolve_head_dir
 
+        check_device(device)  # before loading: a model moved to an unusable device fails deep in torch
         if head_dir is None:
             if not base:
                 raise ValueError("without a head directory, give the base model (base=...)")
@@ -381,12 +409,19 @@ class SpeculativeGenerator:
         head, model = load_head_and_base(head_dir, model, map_location=device, copy_base=False)
         kernels = choose_kernels(model, pack)
         prepare_drafting_head(head, model, kernels, draft_dtype)
-        if tree is None:  # the tree `draftheads tune-tree` chose for this device and dtype, if any
+        tuned = tree is None
+        if tuned:  # the tree `draftheads tune-tree` chose for this device and dtype, if any
             tree = load_tuned_tree(head_dir, model.dtype, model.device)
         costs = load_tuned_costs(head_dir, model.dtype, model.device)  # measured here by tune-tree
-        generator = cls(
-            model, head, tokenizer, tree=tree, context=context, adaptive=adaptive, cost=costs.get(1)
-        )
+        try:
+            generator = cls(
+                model, head, tokenizer, tree=tree, context=context, adaptive=adaptive, cost=costs.get(1)
+            )
+        except TreeFitError as err:  # a tree.json this head cannot draft: a fault of the head's files
+            if not tuned or tree is None:
+                raise
+            key = tuned_tree_key(model.dtype, model.device)
+            raise HeadFormatError(f"{Path(head_dir) / TUNED_TREE_FILE}: trees.{key}.tree: {err}") from err
         generator.batch_costs.update(costs)
         generator.kernels = kernels.describe()
         return generator
@@ -400,18 +435,16 @@ class SpeculativeGenerator:
             isinstance(prompt, (list, tuple)) and prompt and isinstance(prompt[0], dict)
         ):
             if self.tokenizer is None:
-                raise ValueError(
+                raise PromptError(
                     "text or chat-message prompts need a tokenizer: SpeculativeGenerator(..., tokenizer=)"
                 )
             if isinstance(prompt, str):
                 prompt = self.tokenizer(prompt, add_special_tokens=True)["input_ids"]
             else:
-                prompt = self.tokenizer.apply_chat_template(
-                    list(prompt), add_generation_prompt=True, return_dict=False
-                )
+                prompt = chat_prompt_ids(self.tokenizer, prompt, where)
         if isinstance(prompt, torch.Tensor):
             if prompt.is_floating_point() or prompt.is_complex() or prompt.dtype == torch.bool:
-                raise ValueError(f"{where}: token ids must be integers, got a {prompt.dtype} tensor")
+                raise PromptError(f"{where}: token ids must be integers, got a {prompt.dtype} tensor")
             ids = prompt.to(torch.long)
         else:
             values = list(prompt) if isinstance(prompt, (list, tuple)) else None
@@ -419,7 +452,7 @@ class SpeculativeGenerator:
                 bad = next(
                     (v for v in values or [prompt] if not isinstance(v, int) or isinstance(v, bool)), prompt
                 )
-                raise ValueError(
+                raise PromptError(
                     f"{where}: expected token ids (ints), text or chat messages; got {type(bad).__name__} "
                     f"{str(bad)[:40]!r}"
                 )
@@ -427,17 +460,17 @@ class SpeculativeGenerator:
         if ids.dim() == 2 and ids.shape[0] == 1:
             ids = ids[0]
         if ids.dim() != 1:
-            raise ValueError(f"{where}: expected one sequence of token ids, got shape {tuple(ids.shape)}")
+            raise PromptError(f"{where}: expected one sequence of token ids, got shape {tuple(ids.shape)}")
         if ids.numel() == 0:
-            raise ValueError(f"{where}: the prompt is empty")
+            raise PromptError(f"{where}: the prompt is empty")
         vocab = self.model.get_input_embeddings().num_embeddings
         outside = ids[(ids < 0) | (ids >= vocab)]
         if outside.numel():
-            raise ValueError(
+            raise PromptError(
                 f"{where}: token id {int(outside[0])} is outside the vocabulary (0..{vocab - 1})"
             )
         if self.max_length is not None and ids.numel() >= self.max_length:
-            raise ValueError(
+            raise PromptError(
                 f"{where}: the prompt has {ids.numel()} tokens; the model's context is {self.max_length}"
             )
         return ids.to(self.model.device)
@@ -517,12 +550,14 @@ class SpeculativeGenerator:
 
         def emit(row: int, tokens: list[int]) -> tuple[list[int], bool]:
             room = limits[row] - prompts[row].numel() - len(emitted[row])
-            tokens, done = stop.cut(emitted[row], tokens, room, self.tokenizer)
+            tokens, reason = stop.cut(emitted[row], tokens, room, self.tokenizer)
             emitted[row].extend(tokens)
             tallies[row].new_tokens += len(tokens)
-            if done:
-                tallies[row].finish()
-            return tokens, done
+            if reason == "length" and limits[row] < prompts[row].numel() + max_new_tokens:
+                reason = "context"  # the room was the context's, not max_new_tokens'
+            if reason is not None:
+                tallies[row].finish(reason)
+            return tokens, reason is not None
 
         cache, slots = None, None  # slots (B, L): which of the cache's slots hold each row's entries
         finished: list[int] = []
@@ -720,7 +755,7 @@ class SpeculativeGenerator:
             isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1
         ):
             raise ValueError(f"batch_size must be an integer >= 1 or None, got {batch_size!r}")
-        rule = StopRule(self.eos_ids | frozenset(stop_token_ids), strings)
+        rule = StopRule(self.eos_ids | frozenset(stop_token_ids), strings, self.eos_ids)
         prompts, batched = self._prompts(prompt)
         generator = torch.Generator()
         if seed is None:
@@ -730,8 +765,10 @@ class SpeculativeGenerator:
         if stream:
             if self.tokenizer is None:
                 raise ValueError("stream=True needs a tokenizer to decode text")
+            reasons: dict[int, str] = {}
             return TextStream(
-                self._stream(prompts, batched, max_new_tokens, params, generator, rule, batch_size)
+                self._stream(prompts, batched, max_new_tokens, params, generator, rule, batch_size, reasons),
+                reasons,
             )
         tallies = [_Tally() for _ in prompts]
         new_tokens: list[list[int]] = [[] for _ in prompts]
@@ -753,14 +790,17 @@ class SpeculativeGenerator:
             return results[0]
         return BatchGenerationResult(results, batch_stats(results, tallies))
 
-    def _stream(self, prompts, batched, max_new_tokens, params, generator, rule, batch_size=None):
-        """Text pieces as steps are accepted ((row, piece) for a batch); returns the result at the end."""
+    def _stream(self, prompts, batched, max_new_tokens, params, generator, rule, batch_size, reasons):
+        """Text pieces as steps are accepted ((row, piece) for a batch); returns the result at the end.
+        Each row's finish reason goes into ``reasons`` as the row ends."""
         tallies = [_Tally() for _ in prompts]
         new_tokens: list[list[int]] = [[] for _ in prompts]
         printed = [""] * len(prompts)
         for chunks in self._decode(prompts, max_new_tokens, params, generator, tallies, rule, batch_size):
             for row, tokens in chunks:
                 new_tokens[row].extend(tokens)
+                if tallies[row].finish_reason is not None:
+                    reasons[row] = tallies[row].finish_reason
                 text = rule.trim_text(self.tokenizer.decode(new_tokens[row], skip_special_tokens=True))
                 if text.endswith("\ufffd"):  # an incomplete UTF-8 character: wait for its next byte
                     continue

@@ -5,6 +5,10 @@ strings stop as ``transformers``' ``stop_strings`` do for the tokens (the token 
 string is the last one kept) and as vLLM and the OpenAI API do for the text (it ends before the
 string). Speculative decoding emits several tokens per step, so every token of a step is checked in
 order and the step is cut at the first that stops.
+
+Each sequence ends for one reason (``FINISH_REASONS``, the OpenAI API's names plus two): ``eos`` an
+end-of-sequence token, ``stop`` a stop token id or stop string, ``length`` max_new_tokens, and
+``context`` the base model's context (its positions) is full.
 """
 
 from __future__ import annotations
@@ -12,13 +16,17 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+FINISH_REASONS = ("eos", "stop", "length", "context")
+
 
 @dataclass(frozen=True)
 class StopRule:
-    """What ends a sequence besides its length: token ids (EOS included) and strings."""
+    """What ends a sequence besides its length: token ids (EOS included) and strings. The
+    ``eos_ids`` among ``token_ids`` end it as ``eos``, the others as ``stop``."""
 
     token_ids: frozenset[int] = frozenset()
     strings: tuple[str, ...] = ()
+    eos_ids: frozenset[int] = frozenset()
 
     def __post_init__(self):
         for string in self.strings:
@@ -27,10 +35,11 @@ class StopRule:
 
     def cut(
         self, previous: Sequence[int], new: Sequence[int], room: int, tokenizer=None
-    ) -> tuple[list[int], bool]:
-        """The part of ``new`` to keep after ``previous`` (the sequence's new tokens so far) and
-        whether the sequence is done: cut after the first stop token, after the token completing a
-        stop string, and at ``room`` tokens."""
+    ) -> tuple[list[int], str | None]:
+        """The part of ``new`` to keep after ``previous`` (the sequence's new tokens so far) and why
+        the sequence ends, None while it goes on: cut after the first stop token (``eos`` or
+        ``stop``), after the token completing a stop string (``stop``), and at ``room`` tokens
+        (``length``; the caller knows whether the room was max_new_tokens' or the context's)."""
         new = list(new)
         for index, token in enumerate(new):
             if token in self.token_ids:
@@ -41,8 +50,13 @@ class StopRule:
             stop_at = self._string_stop(previous, new, tokenizer)
             if stop_at is not None:
                 new, stopped_by_string = new[: stop_at + 1], True
-        done = stopped_by_string or len(new) >= room or (bool(new) and new[-1] in self.token_ids)
-        return new[:room], done
+        if len(new) > room:  # the room ends first
+            return new[:room], "length"
+        if stopped_by_string:
+            return new, "stop"
+        if new and new[-1] in self.token_ids:
+            return new, "eos" if new[-1] in self.eos_ids else "stop"
+        return new, "length" if len(new) >= room else None
 
     def _string_stop(self, previous: Sequence[int], new: Sequence[int], tokenizer) -> int | None:
         """Index in ``new`` of the token whose text completes a stop string, or None."""

@@ -18,17 +18,31 @@ Each verifier is a pure function of (tree logits, node tokens, topology, samplin
 from __future__ import annotations
 
 from dataclasses import dataclass
+from numbers import Integral, Real
 
 import torch
 
 from draftheads.infer.tree import PATH_PAD, TreeTopology
 
 ACCEPTANCE_RULES = ("exact", "typical")
+# Temperatures below this decode greedily, as vLLM's SamplingParams does (vllm/sampling_params.py,
+# _SAMPLING_EPS): dividing logits by less overflows float32 to inf, and the softmax to NaN.
+GREEDY_BELOW_TEMPERATURE = 1e-5
+
+
+def _check_number(name: str, value, integer: bool = False) -> None:
+    """Raise TypeError naming ``name``, ``value`` and the expected type unless ``value`` is a real
+    number (an integer with ``integer``); a bool is neither."""
+    expected = Integral if integer else Real
+    if isinstance(value, bool) or not isinstance(value, expected):
+        kind = "an integer" if integer else "a number"
+        raise TypeError(f"{name} must be {kind}, got {value!r} ({type(value).__name__})")
 
 
 @dataclass(frozen=True)
 class SamplingParams:
-    """How the base model's next-token distribution is shaped and how draft tokens are accepted."""
+    """How the base model's next-token distribution is shaped and how draft tokens are accepted.
+    A temperature below ``GREEDY_BELOW_TEMPERATURE`` (1e-5) decodes greedily, as 0 does."""
 
     temperature: float = 0.0  # 0: greedy
     top_p: float = 1.0  # nucleus sampling: keep the smallest set with this much probability
@@ -38,6 +52,9 @@ class SamplingParams:
     typical_delta: float = 0.3  # Medusa's posterior_alpha
 
     def __post_init__(self):
+        _check_number("temperature", self.temperature)
+        _check_number("top_p", self.top_p)
+        _check_number("top_k", self.top_k, integer=True)
         if not self.temperature >= 0:
             raise ValueError(f"temperature must be >= 0, got {self.temperature}")
         if not 0 < self.top_p <= 1:
@@ -49,7 +66,7 @@ class SamplingParams:
 
     @property
     def greedy(self) -> bool:
-        return self.temperature == 0
+        return self.temperature < GREEDY_BELOW_TEMPERATURE
 
 
 @dataclass(frozen=True)

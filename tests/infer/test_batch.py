@@ -404,14 +404,16 @@ class LetterTokenizer:
         return "".join(chr(97 + int(t) % 26) for t in ids)
 
 
-def test_stop_rule_cuts_at_tokens_and_strings():
-    assert StopRule(frozenset({7})).cut([], [1, 7, 3], room=10) == ([1, 7], True)
+def test_stop_rule_cuts_at_tokens_and_strings_and_says_why():
+    assert StopRule(frozenset({7})).cut([], [1, 7, 3], room=10) == ([1, 7], "stop")
+    assert StopRule(frozenset({7}), eos_ids=frozenset({7})).cut([], [1, 7, 3], room=10) == ([1, 7], "eos")
     rule = StopRule(frozenset({7}), ("cd",))
     tokens = LetterTokenizer()
-    assert rule.cut([0, 1], [2, 3, 4], room=10, tokenizer=tokens) == ([2, 3], True)  # "ab" + "cd"
-    assert rule.cut([0, 2], [3, 4], room=10, tokenizer=tokens) == ([3], True)  # straddles: "ac" + "d"
-    assert rule.cut([0], [1, 1], room=10, tokenizer=tokens) == ([1, 1], False)
-    assert rule.cut([0], [1, 1, 1], room=2, tokenizer=tokens) == ([1, 1], True)
+    assert rule.cut([0, 1], [2, 3, 4], room=10, tokenizer=tokens) == ([2, 3], "stop")  # "ab" + "cd"
+    assert rule.cut([0, 2], [3, 4], room=10, tokenizer=tokens) == ([3], "stop")  # straddles: "ac" + "d"
+    assert rule.cut([0], [1, 1], room=10, tokenizer=tokens) == ([1, 1], None)
+    assert rule.cut([0], [1, 1, 1], room=2, tokenizer=tokens) == ([1, 1], "length")
+    assert rule.cut([0, 1], [2, 3, 4], room=1, tokenizer=tokens) == ([2], "length")  # room before "cd"
     assert rule.trim_text("xxcdyy") == "xx"
 
 

@@ -1,0 +1,43 @@
+"""Checking the prompts ``SpeculativeGenerator.generate`` is given, before the tokenizer sees them:
+a careless one is refused as one line naming the prompt, the message and the field, where the chat
+template would fail deep in jinja (``'dict object' has no attribute 'content'``)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+MESSAGE_FIELDS = ("role", "content")  # what every chat template reads from a message
+
+
+class PromptError(ValueError):
+    """A prompt ``generate`` cannot read; the message starts with which prompt (``prompt 2: ...``)."""
+
+
+def check_messages(messages: Sequence, where: str) -> None:
+    """Raise PromptError naming ``where``, the message and the field unless every message is a dict
+    with a string ``role`` and a ``content`` (a string, or a list of parts for multimodal templates)."""
+    for index, message in enumerate(messages):
+        if not isinstance(message, dict):
+            raise PromptError(f"{where}: message {index} must be a dict, got {type(message).__name__}")
+        for name in MESSAGE_FIELDS:
+            if name not in message or message[name] is None:
+                raise PromptError(f"{where}: message {index} {str(message)[:60]} has no '{name}'")
+        if not isinstance(message["role"], str):
+            raise PromptError(
+                f"{where}: message {index}: 'role' must be a string, got {message['role']!r:.40}"
+            )
+        if not isinstance(message["content"], (str, list)):
+            kind = type(message["content"]).__name__
+            raise PromptError(f"{where}: message {index}: 'content' must be a string, got {kind}")
+
+
+def chat_prompt_ids(tokenizer, messages: Sequence, where: str) -> list[int]:
+    """The token ids of ``messages`` formatted by the tokenizer's chat template, generation prompt
+    added; careless messages and the template's own refusals raise PromptError naming ``where``."""
+    import jinja2  # a transformers dependency, needed only here
+
+    check_messages(messages, where)
+    try:
+        return tokenizer.apply_chat_template(list(messages), add_generation_prompt=True, return_dict=False)
+    except jinja2.TemplateError as err:  # an undefined field, or the template's raise_exception
+        raise PromptError(f"{where}: the chat template refuses these messages: {err}") from None
