@@ -40,6 +40,16 @@ def non_negative_float(text: str) -> float:
 non_negative_float.__name__ = "number >= 0"
 
 
+def non_empty_text(text: str) -> str:
+    """An argparse ``type`` for a string that must not be empty (``--stop``)."""
+    if not text:
+        raise argparse.ArgumentTypeError("must not be empty")
+    return text
+
+
+non_empty_text.__name__ = "non-empty text"
+
+
 def probability(text: str) -> float:
     """An argparse ``type`` for a probability mass in (0, 1] (``top_p``)."""
     try:

@@ -2,15 +2,16 @@
 
     draftheads generate --heads runs/eagle-smollm2/head --prompt "Explain KV caches." --max-new-tokens 128
 
-Several ``--prompt``s (or ``--prompts-file``, one prompt per line) decode together as one batch:
-each answer is printed under its prompt's number, then each row's and the batch's statistics.
-``--batch-size B`` decodes at most B of them at once, each finished row replaced by the next prompt.
+Several ``--prompt``s (or ``--prompts-file``: text, JSONL or JSON, ``draftheads.prompts_file``)
+decode together as one batch: each answer is printed under its prompt's number, then each row's and
+the batch's statistics, each row's with its finish reason (eos, stop, length, or context: the base
+model's context is full). ``--batch-size B`` decodes at most B of them at once, each finished row
+replaced by the next prompt.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
@@ -19,6 +20,7 @@ from draftheads.arguments import (
     add_pack_argument,
     device_name,
     dtype_name,
+    non_empty_text,
     non_negative_float,
     non_negative_int,
     positive_int,
@@ -28,6 +30,7 @@ from draftheads.base_model import DEFAULT_DTYPE
 from draftheads.infer.generate import DEFAULT_MAX_NEW_TOKENS, RECOMMENDED_ADAPTIVE, RECOMMENDED_CONTEXT
 from draftheads.infer.tree import TREES
 from draftheads.infer.verify import SamplingParams
+from draftheads.prompts_file import read_prompts_file
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -52,7 +55,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--prompts-file",
         type=Path,
         default=None,
-        help="a batch of prompts: a text file with one prompt per line, or JSONL with a 'prompt' field",
+        help="a batch of prompts: a text file with one prompt per line, JSONL (a string or an object with "
+        "a 'prompt' string per line) or a JSON list of them; read by suffix (.txt, .jsonl, .json, any "
+        "case), else by content",
     )
     parser.add_argument(
         "--batch-size",
@@ -62,7 +67,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "prompt (default: all at once)",
     )
     parser.add_argument(
-        "--stop", action="append", default=None, help="stop string (repeatable); the answer ends before it"
+        "--stop",
+        type=non_empty_text,
+        action="append",
+        default=None,
+        help="stop string (repeatable); the answer ends before it",
     )
     parser.add_argument(
         "--stop-token-id",
@@ -79,7 +88,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--temperature",
         type=non_negative_float,
         default=sampling.temperature,
-        help="0: greedy (lossless either way)",
+        help="0 (or below 1e-5): greedy (lossless either way)",
     )
     parser.add_argument("--top-p", type=probability, default=sampling.top_p)
     parser.add_argument("--top-k", type=non_negative_int, default=sampling.top_k)
@@ -113,44 +122,50 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_pack_argument(parser)
 
 
+def usage_problem(args: argparse.Namespace) -> str | None:
+    """What is wrong with how the command was called (exit status 2), or None."""
+    if not args.prompt and args.prompts_file is None:
+        return "give a prompt: --prompt TEXT (repeatable) or --prompts-file FILE"
+    if args.raw and any(not prompt for prompt in args.prompt or ()):
+        return "--raw --prompt '' is empty: give the text the model should continue"
+    if args.heads is None and args.base is None:
+        return "give a head directory (--heads) or, to draft from the context alone, --base"
+    if args.heads is None and args.tree is not None:
+        return f"--tree {args.tree} is a head's tree; without --heads the context drafts alone"
+    return None
+
+
+def context_note(generator, index: int, stats) -> str | None:
+    """A line for a row cut at the base model's context, or None."""
+    if stats.finish_reason != "context":
+        return None
+    return (
+        f"[prompt {index}] the base model's context ({generator.max_length} positions) is full: "
+        "the answer is cut there"
+    )
+
+
 def run(args: argparse.Namespace) -> int:
-    from draftheads.heads import HeadFormatError
     from draftheads.infer.generate import SpeculativeGenerator
 
-    try:
-        prompts = gather_prompts(args.prompt, args.prompts_file)
-    except ValueError as err:
-        print(f"draftheads generate: {err}", file=sys.stderr)
+    problem = usage_problem(args)
+    if problem is not None:
+        print(f"draftheads generate: {problem}", file=sys.stderr)
         return 2
-    if args.heads is None and args.base is None:
-        print(
-            "draftheads generate: give a head directory (--heads) or, to draft from the context alone, "
-            "--base",
-            file=sys.stderr,
-        )
-        return 2
-    if args.heads is None and args.tree is not None:
-        print(
-            f"draftheads generate: --tree {args.tree} is a head's tree; "
-            "without --heads the context drafts alone",
-            file=sys.stderr,
-        )
-        return 2
-    try:
-        generator = SpeculativeGenerator.from_pretrained(
-            args.heads,
-            base=args.base,
-            dtype=args.dtype,
-            device=args.device,
-            tree=args.tree,
-            pack=args.pack,
-            context=args.context,
-            adaptive=args.adaptive,
-            draft_dtype=args.draft_dtype,
-        )
-    except HeadFormatError as err:
-        print(f"draftheads generate: {err}", file=sys.stderr)
-        return 2
+    # An unreadable --prompts-file (PromptsFileError), like a bad head directory or device, ends
+    # the command as one line with the exit status of its kind, in draftheads.cli.main.
+    prompts = list(args.prompt or []) + (read_prompts_file(args.prompts_file) if args.prompts_file else [])
+    generator = SpeculativeGenerator.from_pretrained(
+        args.heads,
+        base=args.base,
+        dtype=args.dtype,
+        device=args.device,
+        tree=args.tree,
+        pack=args.pack,
+        context=args.context,
+        adaptive=args.adaptive,
+        draft_dtype=args.draft_dtype,
+    )
     inputs = [p if args.raw else [{"role": "user", "content": p}] for p in prompts]
     options = {
         "max_new_tokens": args.max_new_tokens,
@@ -169,47 +184,19 @@ def run(args: argparse.Namespace) -> int:
         stats = stream.result.stats
         summary = f"{stats.summary()}; {stats.forward_passes} base forwards"
         print(f"[{generator.method}, tree {stats.tree}, kernels {stats.kernels}] {summary}", file=sys.stderr)
-        return 0
-    result = generator.generate(inputs, batch_size=args.batch_size, **options)
-    for index, row in enumerate(result.results):
-        print(f"--- prompt {index}: {prompts[index][:60]!r}")
-        print(row.text)
-        print(f"[prompt {index}] {row.stats.summary()}", file=sys.stderr)
-    print(
-        f"[{generator.method}, tree {generator.tree.name}, kernels {generator.kernels}] "
-        f"{result.stats.summary()}",
-        file=sys.stderr,
-    )
+        notes = [context_note(generator, 0, stats)]
+    else:
+        result = generator.generate(inputs, batch_size=args.batch_size, **options)
+        for index, row in enumerate(result.results):
+            print(f"--- prompt {index}: {prompts[index][:60]!r}")
+            print(row.text)
+            print(f"[prompt {index}] {row.stats.summary()}", file=sys.stderr)
+        print(
+            f"[{generator.method}, tree {generator.tree.name}, kernels {generator.kernels}] "
+            f"{result.stats.summary()}",
+            file=sys.stderr,
+        )
+        notes = [context_note(generator, index, row.stats) for index, row in enumerate(result.results)]
+    for note in filter(None, notes):
+        print(note, file=sys.stderr)
     return 0
-
-
-def gather_prompts(prompts: list[str] | None, prompts_file: Path | None) -> list[str]:
-    """The ``--prompt`` values, then the file's prompts (a text line each, or JSONL 'prompt' fields)."""
-    gathered = list(prompts or [])
-    if prompts_file is not None:
-        if prompts_file.is_dir():
-            raise ValueError(f"--prompts-file {prompts_file}: is a directory; give a file")
-        if not prompts_file.is_file():
-            raise ValueError(f"--prompts-file {prompts_file}: no such file")
-        try:
-            text = prompts_file.read_text(encoding="utf-8-sig")
-        except UnicodeDecodeError as err:
-            raise ValueError(f"--prompts-file {prompts_file}: not UTF-8 text (byte {err.start})") from None
-        jsonl = prompts_file.suffix == ".jsonl"
-        for number, line in enumerate(text.splitlines(), start=1):
-            if not line.strip():
-                continue
-            if not jsonl:
-                gathered.append(line)
-                continue
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as err:
-                raise ValueError(f"{prompts_file} line {number}: not JSON ({err.msg})") from None
-            prompt = record.get("prompt") if isinstance(record, dict) else None
-            if not isinstance(prompt, str) or not prompt:
-                raise ValueError(f"{prompts_file} line {number}: field 'prompt' must be a non-empty string")
-            gathered.append(prompt)
-    if not gathered:
-        raise ValueError("give a prompt: --prompt TEXT (repeatable) or --prompts-file FILE")
-    return gathered

@@ -179,15 +179,15 @@ def test_generate_command_refuses_a_bad_prompts_file(tmp_path, capsys):
     from draftheads.cli import main
 
     (tmp_path / "p.jsonl").write_text('{"prompt": "hi"}\n{"text": "no prompt"}\n')
-    assert main(["generate", "--base", BASE, "--prompts-file", str(tmp_path / "p.jsonl")]) == 2
-    assert "p.jsonl line 2: field 'prompt' must be a non-empty string" in capsys.readouterr().err
+    assert main(["generate", "--base", BASE, "--prompts-file", str(tmp_path / "p.jsonl")]) == 3
+    assert "p.jsonl:2: expected a string or an object with a 'prompt' string" in capsys.readouterr().err
     assert main(["generate", "--base", BASE]) == 2
     assert "give a prompt" in capsys.readouterr().err
     (tmp_path / "latin1.txt").write_bytes("caf\xe9\n".encode("latin-1"))
-    assert main(["generate", "--base", BASE, "--prompts-file", str(tmp_path / "latin1.txt")]) == 2
-    assert "latin1.txt: not UTF-8 text (byte 3)" in capsys.readouterr().err
-    assert main(["generate", "--base", BASE, "--prompts-file", str(tmp_path)]) == 2
-    assert "is a directory; give a file" in capsys.readouterr().err
+    assert main(["generate", "--base", BASE, "--prompts-file", str(tmp_path / "latin1.txt")]) == 3
+    assert "latin1.txt:1: not UTF-8 text" in capsys.readouterr().err
+    assert main(["generate", "--base", BASE, "--prompts-file", str(tmp_path)]) == 3
+    assert "is a directory; give a file of prompts" in capsys.readouterr().err
 
 
 if __name__ == "__main__":  # the full check, by hand
