@@ -379,7 +379,7 @@ def shipped_stage(model, tokenizer, settings: DemoSettings, kernels, input_ids) 
     as in stage 4; None when there is none to use (not configured, not found, or made for another
     base)."""
     from draftheads.heads import load_head_and_base
-    from draftheads.heads.base import HeadMismatchError
+    from draftheads.heads.base import HeadFormatError, HeadMismatchError, resolve_head_dir
     from draftheads.infer.generate import SpeculativeGenerator
     from draftheads.infer.kernel_choice import prepare_drafting_head
     from draftheads.infer.tree import load_tuned_tree
@@ -387,9 +387,10 @@ def shipped_stage(model, tokenizer, settings: DemoSettings, kernels, input_ids) 
     if settings.shipped_head is None:
         print("skipped (no shipped head configured)")
         return None
-    head_dir = checkout_path(settings.shipped_head)
-    if not (head_dir / "config.json").is_file():
-        print(f"skipped: no head at {settings.shipped_head} (it ships in the draftheads checkout)")
+    try:
+        head_dir = resolve_head_dir(settings.shipped_head)
+    except HeadFormatError as error:
+        print(f"skipped: no head at {settings.shipped_head} ({error})")
         return None
     try:
         head, shipped_model = load_head_and_base(head_dir, model)
