@@ -46,8 +46,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         choices=sorted(STORAGE_DTYPES),
         help="run the base in this dtype (default: model.dtype); bfloat16 on a CPU with AVX512_BF16 "
-        "writes about twice as fast, and the cache still serves the run's model.dtype "
-        '(docs/training.md, "A feature cache computed in bf16")',
+        "writes faster, and the cache still serves the run's model.dtype "
+        '(docs/training.md, "Feature caches")',
     )
     parser.add_argument("--examples-per-shard", type=positive_int, default=DEFAULT_EXAMPLES_PER_SHARD)
     parser.add_argument(
