@@ -1,8 +1,8 @@
 """Lossless speculative decoding: the decode loop and its public API.
 
-Read top to bottom: the statistics, the decode loop (``SpeculativeGenerator._decode``, the only loop
-over decoding steps in the package), and the public ``SpeculativeGenerator`` with ``generate`` and
-``from_pretrained``.
+Read top to bottom: the statistics, the decode loop's state, and ``SpeculativeGenerator``: its
+decode loop (``_decode``, the only loop over decoding steps in the package: start rows, plan the
+step, draft, verify, accept, record) and its public ``generate`` and ``from_pretrained``.
 
 One step: a Drafter proposes a tree (``draft.py``: a head's, the context's, or both merged); the
 unmodified Hugging Face model verifies every node in ONE forward through a 4D additive mask with
@@ -22,6 +22,7 @@ from collections import Counter
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -31,7 +32,7 @@ from draftheads.infer.batch_draft import propose_rows
 from draftheads.infer.cache import add_rows, keep_accepted_rows, left_aligned_slots, select_rows
 from draftheads.infer.context import ContextDrafter, ContextTree
 from draftheads.infer.cost import CostCurve, load_tuned_costs, measure_verify_cost
-from draftheads.infer.draft import Drafter, drafter_for
+from draftheads.infer.draft import Draft, Drafter, drafter_for
 from draftheads.infer.forward import SUPPORTED_ATTENTION, TreeInputError, prefill_rows, rows_forward
 from draftheads.infer.hybrid import HybridDrafter, HybridTree
 from draftheads.infer.inputs import PromptError, chat_prompt_ids
@@ -44,11 +45,15 @@ from draftheads.infer.stopping import StopRule
 from draftheads.infer.tree import TUNED_TREE_FILE, load_tuned_tree, padded_size, resolve_tree, tuned_tree_key
 from draftheads.infer.verify import Acceptance, SamplingParams, next_token, verify_tree
 
+if TYPE_CHECKING:
+    from transformers import DynamicCache
+
 DEFAULT_MAX_NEW_TOKENS = 256
 COST_SIZES = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)  # tree sizes adaptive drafting measures
-# What ``from_pretrained`` and ``draftheads generate`` draft with unless told otherwise: the best
-# measured (docs/benchmarks.md: a head's tree with context drafts merged in, adaptive; an untrained
-# head then costs least). The constructor drafts exactly as it is told: the head alone by default.
+# What ``from_pretrained`` and ``draftheads generate`` draft with unless told otherwise: a head's
+# tree with context drafts merged in, adaptive, the fastest of the drafting methods benchmarked
+# (docs/benchmarks.md, "Drafting methods on single prompts"); adaptive drafting also makes an
+# untrained head cost least. The constructor drafts exactly as it is told: the head alone by default.
 RECOMMENDED_CONTEXT = True
 RECOMMENDED_ADAPTIVE = True
 
@@ -243,6 +248,96 @@ class TextStream:
 
     def __iter__(self) -> Iterator[str]:
         self.result = yield from self._pieces
+
+
+# ---- the decode loop's state --------------------------------------------------------------------
+
+
+@dataclass
+class _Sequences:
+    """Every prompt of a ``generate`` call and the tokens emitted after each: where each stops."""
+
+    prompts: list[torch.Tensor]  # (T_b,) each
+    max_new_tokens: int
+    limits: list[int]  # final sequence lengths: prompt + max_new_tokens, within the context
+    stop: StopRule
+    tallies: list[_Tally]
+    tokenizer: object | None
+    emitted: list[list[int]]
+
+    @classmethod
+    def of(cls, prompts, max_new_tokens: int, context: int, stop: StopRule, tallies, tokenizer) -> _Sequences:
+        limits = [min(context, p.numel() + max_new_tokens) for p in prompts]
+        return cls(prompts, max_new_tokens, limits, stop, tallies, tokenizer, [[] for _ in prompts])
+
+    def emit(self, row: int, tokens: list[int]) -> tuple[list[int], bool]:
+        """Append ``tokens`` to row ``row``'s output up to where the sequence stops; returns the
+        tokens kept and whether the row is done (its tally then holds the finish reason)."""
+        prompt_length = self.prompts[row].numel()
+        room = self.limits[row] - prompt_length - len(self.emitted[row])
+        tokens, reason = self.stop.cut(self.emitted[row], tokens, room, self.tokenizer)
+        self.emitted[row].extend(tokens)
+        self.tallies[row].new_tokens += len(tokens)
+        if reason == "length" and self.limits[row] < prompt_length + self.max_new_tokens:
+            reason = "context"  # the room was the context's, not max_new_tokens'
+        if reason is not None:
+            self.tallies[row].finish(reason)
+        return tokens, reason is not None
+
+
+@dataclass
+class _Batch:
+    """The rows decoding now, as lists in batch order, and the KV cache they share."""
+
+    rows: list[int] = field(default_factory=list)  # the caller's indices (into the prompts)
+    lengths: list[int] = field(default_factory=list)  # entries per row: its next token's position
+    roots: list[int] = field(default_factory=list)  # per row, the token its next tree starts from
+    drafters: list[Drafter | None] = field(default_factory=list)  # None once the row is done
+    cache: DynamicCache | None = None
+    slots: torch.Tensor | None = None  # (B, L): which of the cache's slots hold each row's entries
+    finished: list[int] = field(default_factory=list)  # rows done, leaving before the next step
+
+    def drop_finished(self) -> None:
+        """Finished rows leave the batch and its cache."""
+        if not self.finished:
+            return
+        keep = [i for i, row in enumerate(self.rows) if row not in self.finished]
+        self.rows = [self.rows[i] for i in keep]
+        self.lengths = [self.lengths[i] for i in keep]
+        self.roots = [self.roots[i] for i in keep]
+        self.drafters = [self.drafters[i] for i in keep]
+        if keep:
+            self.slots = select_rows(self.cache, self.slots, keep)
+        else:
+            self.cache, self.slots = None, None
+        self.finished = []
+
+
+@dataclass(frozen=True)
+class _StepPlan:
+    """Whether a step drafts (else every row verifies its root alone: a plain step), whether the
+    step gate decides that (and learns from the step), and the verify-cost curve weighed."""
+
+    drafting: bool
+    gated: bool
+    cost: CostCurve | None = None
+
+
+def _verify(
+    drafts: Sequence[Draft],
+    tokens_in_trees: Sequence[torch.Tensor],
+    logits: torch.Tensor,
+    drafting: bool,
+    params: SamplingParams,
+    generator: torch.Generator,
+) -> list[Acceptance]:
+    """Each row's accepted path and next token from the verification forward's ``logits`` (B, N, V)."""
+    if not drafting and params.greedy:  # every row verifies its root alone: one argmax for all
+        return [Acceptance((0,), token) for token in logits[:, 0].argmax(dim=-1).tolist()]
+    return [
+        verify_tree(logits[b, : tokens.numel()], tokens, draft.topology, params, generator)
+        for b, (tokens, draft) in enumerate(zip(tokens_in_trees, drafts))
+    ]
 
 
 # ---- the generator ------------------------------------------------------------------------------
@@ -536,170 +631,197 @@ class SpeculativeGenerator:
         to the batch's cache, ``add_rows``), so rows that accept more never wait for the slowest
         (continuous batching). None: every prompt at once.
         """
-        model = self.model
         hidden_layers = () if self.head is None else tuple(self.head.feature_layers)
         context = self.max_length or 2**62
         width = len(prompts) if batch_size is None else batch_size  # rows decoding at once, at most
         waiting = list(range(len(prompts)))  # the prompts not started yet, in order
-        rows: list[int] = []  # the caller's indices of the rows decoding
-        lengths: list[int] = []  # entries per row: its next token's position
-        roots: list[int] = []  # per row, the token its next tree starts from
-        drafters: list[Drafter | None] = []  # per row (None once it is done)
-        limits = [min(context, p.numel() + max_new_tokens) for p in prompts]  # final sequence lengths
-        emitted: list[list[int]] = [[] for _ in prompts]
-
-        def emit(row: int, tokens: list[int]) -> tuple[list[int], bool]:
-            room = limits[row] - prompts[row].numel() - len(emitted[row])
-            tokens, reason = stop.cut(emitted[row], tokens, room, self.tokenizer)
-            emitted[row].extend(tokens)
-            tallies[row].new_tokens += len(tokens)
-            if reason == "length" and limits[row] < prompts[row].numel() + max_new_tokens:
-                reason = "context"  # the room was the context's, not max_new_tokens'
-            if reason is not None:
-                tallies[row].finish(reason)
-            return tokens, reason is not None
-
-        cache, slots = None, None  # slots (B, L): which of the cache's slots hold each row's entries
-        finished: list[int] = []
+        sequences = _Sequences.of(prompts, max_new_tokens, context, stop, tallies, self.tokenizer)
+        batch = _Batch()
         # Whether the head has tokens to catch up on beyond the last step's (a prompt, then the
         # tokens of plain steps): a drafting step that does so is not what steady drafting costs.
         head_behind = self.head is not None
         while True:
-            if finished:  # finished rows leave the batch
-                keep = [i for i, row in enumerate(rows) if row not in finished]
-                rows, roots, drafters = (
-                    [rows[i] for i in keep],
-                    [roots[i] for i in keep],
-                    [drafters[i] for i in keep],
-                )
-                lengths = [lengths[i] for i in keep]
-                cache, slots = (cache, select_rows(cache, slots, keep)) if keep else (None, None)
-                finished = []
-            if waiting and len(rows) < width:  # start waiting prompts in the free rows
-                started = waiting[: width - len(rows)]
+            batch.drop_finished()
+            if waiting and len(batch.rows) < width:  # start waiting prompts in the free rows
+                started = waiting[: width - len(batch.rows)]
                 del waiting[: len(started)]
-                for row in started:  # a row's time runs from its prefill
-                    tallies[row].started = time.perf_counter()
-                new_cache, logits, hidden_states = prefill_rows(
-                    model, [prompts[r] for r in started], hidden_layers
-                )
-                new_lengths = [prompts[r].numel() for r in started]
-                new_slots = left_aligned_slots(new_lengths, new_cache.get_seq_length())
-                if cache is None:
-                    cache, slots = new_cache, new_slots
-                else:
-                    slots = add_rows(cache, slots, new_cache, new_slots)
-                chunks = []
-                for i, row in enumerate(started):
-                    root = next_token(logits[i], params, generator)
-                    tokens, done = emit(row, [root])
-                    chunks.append((row, tokens))
-                    rows.append(row)
-                    lengths.append(new_lengths[i])
-                    roots.append(root)
-                    if done:
-                        finished.append(row)
-                        drafters.append(None)
-                        continue
-                    drafter = self.new_drafter()
-                    drafter.start(_row_states(hidden_states, i, new_lengths[i]), prompts[row][None], root)
-                    drafters.append(drafter)
+                chunks = self._start_rows(batch, started, sequences, params, generator, hidden_layers)
                 head_behind = self.head is not None
                 yield chunks
                 continue
-            if not rows:
+            if not batch.rows:
                 return
-            drafting = gated = True
-            if self.adaptive:
-                measuring = time.perf_counter()
-                cost = self._batch_cost(len(rows), cache, roots, slots)
-                for tally in tallies:  # a one-time measurement, not decoding
-                    tally.started += time.perf_counter() - measuring
-                for drafter in drafters:
-                    drafter.cost = cost
-                # Where even a tree whose every node is accepted would not pay (the batch is
-                # compute-bound), the rows do not draft at all: plain batched decoding steps. Else
-                # the step gate keeps whichever kind of step has emitted more tokens per second.
-                gated = cost.ceiling()[0] > 1.0
-                drafting = gated and self.step_gate.drafts(len(rows))
+            plan = self._plan_step(batch, tallies)
             step_started = time.perf_counter()
-            # Node depth d lands at position length + d; accepting d drafts makes the sequence
-            # length + d + 2 long, which must stay within the context: at its edge, verify the root alone.
-            trees = [
-                self.tree.truncated(context - n - 2) if drafting and context - n - 2 > 0 else None
-                for n in lengths
-            ]
-            drafts = propose_rows(drafters, roots, lengths, trees)
-            if (
-                self.adaptive and drafting and len(rows) > 1
-            ):  # one tree size for the batch: see common_tree_size
-                probabilities = [d.path_probabilities(x) for d, x in zip(drafters, drafts)]
-                size = common_tree_size([p[1:] for p in probabilities], cost.relative, self.pad_to_multiple)
-                drafts = [
-                    keep_likeliest(x, p, size, self.pad_to_multiple) for x, p in zip(drafts, probabilities)
-                ]
+            drafts = self._draft(batch, plan, context)
             tokens_in_trees = [draft.padded_tokens for draft in drafts]  # (N_b,) each
             output = rows_forward(
-                model, cache, tokens_in_trees, [d.topology for d in drafts], slots, hidden_layers
+                self.model,
+                batch.cache,
+                tokens_in_trees,
+                [d.topology for d in drafts],
+                batch.slots,
+                hidden_layers,
             )
-            if self.adaptive and gated and drafting:
-                # The gate weighs a drafting step by the tokens it was expected to emit (calibrated
-                # path probabilities): one step's 1, 2 or 3 accepted tokens are too noisy to compare.
-                # A batch is done when its slowest row is: rows that draft drift apart, and the rows
-                # left behind then decode in small, inefficient batches. So the step advances the
-                # batch by its least-advanced row's tokens, in every row.
-                row_expected = [sum(d.path_probabilities(x)) for d, x in zip(drafters, drafts)]
-            if not drafting and params.greedy:  # every row verifies its root alone: one argmax for all
-                next_tokens = output.logits[:, 0].argmax(dim=-1).tolist()
-                acceptances = [Acceptance((0,), token) for token in next_tokens]
-            else:
-                acceptances = [
-                    verify_tree(output.logits[b, : tokens.numel()], tokens, draft.topology, params, generator)
-                    for b, (tokens, draft) in enumerate(zip(tokens_in_trees, drafts))
-                ]
-            accepted = [torch.tensor(a.nodes, dtype=torch.long) for a in acceptances]  # (A_b,) each
-            slots = keep_accepted_rows(cache, slots, accepted)
-            new_lengths = [length + path.numel() for length, path in zip(lengths, accepted)]
-            chunks, step_tokens = [], 0
-            for b, row in enumerate(rows):
-                acceptance, draft, drafter = acceptances[b], drafts[b], drafters[b]
-                step_tokens += acceptance.accepted_drafts + 1
-                tallies[row].record_step(acceptance.accepted_drafts)
-                tallies[row].record_sources(draft.sources, acceptance.nodes)
-                drafter.record(draft, acceptance.nodes)
-                new = tokens_in_trees[b][accepted[b][1:]].tolist() + [acceptance.next_token]
-                tokens, done = emit(row, new)
-                chunks.append((row, tokens))
-                if done:
-                    finished.append(row)
-                    if self.adaptive and drafter.gate is not None:  # what it learned, for the next
-                        self.head_gate = drafter.gate
-                    continue
-                index = accepted[b].to(model.device)
-                features = drafter.select_features(_row_states(output.hidden_states, b), index)  # (1, A, F)
-                ids = torch.tensor([new], device=prompts[row].device)  # (1, A)
-                drafter.commit(features, ids, lengths[b])
-                roots[b] = acceptance.next_token
-            lengths = new_lengths
-            if self.adaptive and gated:
-                seconds = time.perf_counter() - step_started
-                if drafting:
-                    # While prompts wait, a row that finishes is replaced at once: rows need not
-                    # keep pace with each other, and the batch advances by all its rows' tokens.
-                    advance = sum(row_expected) if waiting else len(rows) * min(row_expected)
-                    self.step_gate.record(
-                        len(rows),
-                        True,
-                        advance,
-                        seconds,
-                        emitted=step_tokens,
-                        expected=sum(row_expected),
-                        catching_up=head_behind,
-                    )
-                else:
-                    self.step_gate.record(len(rows), False, step_tokens, seconds)
-            head_behind = self.head is not None and not drafting
+            expected = None  # tokens each row's tree was expected to emit, for the step gate
+            if self.adaptive and plan.gated and plan.drafting:
+                expected = [sum(d.path_probabilities(x)) for d, x in zip(batch.drafters, drafts)]
+            acceptances = _verify(drafts, tokens_in_trees, output.logits, plan.drafting, params, generator)
+            chunks, step_tokens = self._accept(
+                batch, drafts, tokens_in_trees, acceptances, output.hidden_states, sequences
+            )
+            if self.adaptive and plan.gated:
+                self._record_step(
+                    len(batch.rows),
+                    plan.drafting,
+                    step_started,
+                    step_tokens,
+                    expected,
+                    bool(waiting),
+                    head_behind,
+                )
+            head_behind = self.head is not None and not plan.drafting
             yield chunks
+
+    def _start_rows(
+        self,
+        batch: _Batch,
+        started: list[int],
+        sequences: _Sequences,
+        params: SamplingParams,
+        generator: torch.Generator,
+        hidden_layers: tuple[int, ...],
+    ) -> list[tuple[int, list[int]]]:
+        """Prefill the prompts ``started`` (their indices) in one forward, add them to the batch and
+        its cache, and emit each one's first token; returns the (row, tokens) chunks. A row done at
+        once (EOS, or no room) has no drafter and joins ``batch.finished``."""
+        prompts = sequences.prompts
+        for row in started:  # a row's time runs from its prefill
+            sequences.tallies[row].started = time.perf_counter()
+        new_cache, logits, hidden_states = prefill_rows(
+            self.model, [prompts[r] for r in started], hidden_layers
+        )
+        new_lengths = [prompts[r].numel() for r in started]
+        new_slots = left_aligned_slots(new_lengths, new_cache.get_seq_length())
+        if batch.cache is None:
+            batch.cache, batch.slots = new_cache, new_slots
+        else:
+            batch.slots = add_rows(batch.cache, batch.slots, new_cache, new_slots)
+        chunks = []
+        for i, row in enumerate(started):
+            root = next_token(logits[i], params, generator)
+            tokens, done = sequences.emit(row, [root])
+            chunks.append((row, tokens))
+            batch.rows.append(row)
+            batch.lengths.append(new_lengths[i])
+            batch.roots.append(root)
+            if done:
+                batch.finished.append(row)
+                batch.drafters.append(None)
+                continue
+            drafter = self.new_drafter()
+            drafter.start(_row_states(hidden_states, i, new_lengths[i]), prompts[row][None], root)
+            batch.drafters.append(drafter)
+        return chunks
+
+    def _plan_step(self, batch: _Batch, tallies: list[_Tally]) -> _StepPlan:
+        """Whether the next step drafts: always without adaptive drafting; with it, never where the
+        batch is compute-bound, else as the step gate decides (``draftheads.infer.step_gate``)."""
+        if not self.adaptive:
+            return _StepPlan(drafting=True, gated=True)
+        measuring = time.perf_counter()
+        cost = self._batch_cost(len(batch.rows), batch.cache, batch.roots, batch.slots)
+        for tally in tallies:  # a one-time measurement, not decoding
+            tally.started += time.perf_counter() - measuring
+        for drafter in batch.drafters:
+            drafter.cost = cost
+        # Where even a tree whose every node is accepted would not pay (the batch is
+        # compute-bound), the rows do not draft at all: plain batched decoding steps. Else
+        # the step gate keeps whichever kind of step has emitted more tokens per second.
+        gated = cost.ceiling()[0] > 1.0
+        return _StepPlan(drafting=gated and self.step_gate.drafts(len(batch.rows)), gated=gated, cost=cost)
+
+    def _draft(self, batch: _Batch, plan: _StepPlan, context: int) -> list[Draft]:
+        """Each row's tree for this step: its drafter's proposal, or its root alone where the step
+        does not draft; under adaptive drafting, a batch's trees pruned to one size."""
+        # Node depth d lands at position length + d; accepting d drafts makes the sequence
+        # length + d + 2 long, which must stay within the context: at its edge, verify the root alone.
+        trees = [
+            self.tree.truncated(context - n - 2) if plan.drafting and context - n - 2 > 0 else None
+            for n in batch.lengths
+        ]
+        drafts = propose_rows(batch.drafters, batch.roots, batch.lengths, trees)
+        if self.adaptive and plan.drafting and len(batch.rows) > 1:  # one tree size: see common_tree_size
+            probabilities = [d.path_probabilities(x) for d, x in zip(batch.drafters, drafts)]
+            size = common_tree_size([p[1:] for p in probabilities], plan.cost.relative, self.pad_to_multiple)
+            drafts = [keep_likeliest(x, p, size, self.pad_to_multiple) for x, p in zip(drafts, probabilities)]
+        return drafts
+
+    def _accept(
+        self,
+        batch: _Batch,
+        drafts: list[Draft],
+        tokens_in_trees: list[torch.Tensor],
+        acceptances: list[Acceptance],
+        hidden_states,
+        sequences: _Sequences,
+    ) -> tuple[list[tuple[int, list[int]]], int]:
+        """Keep each row's accepted path in the cache, emit its tokens, and let its drafter learn
+        from the step and take in the accepted tokens' features (``hidden_states``: the forward's).
+        Returns the (row, tokens) chunks and the tokens the step emitted before any stop cut them."""
+        accepted = [torch.tensor(a.nodes, dtype=torch.long) for a in acceptances]  # (A_b,) each
+        batch.slots = keep_accepted_rows(batch.cache, batch.slots, accepted)
+        new_lengths = [length + path.numel() for length, path in zip(batch.lengths, accepted)]
+        chunks, step_tokens = [], 0
+        for b, row in enumerate(batch.rows):
+            acceptance, draft, drafter = acceptances[b], drafts[b], batch.drafters[b]
+            step_tokens += acceptance.accepted_drafts + 1
+            sequences.tallies[row].record_step(acceptance.accepted_drafts)
+            sequences.tallies[row].record_sources(draft.sources, acceptance.nodes)
+            drafter.record(draft, acceptance.nodes)
+            new = tokens_in_trees[b][accepted[b][1:]].tolist() + [acceptance.next_token]
+            tokens, done = sequences.emit(row, new)
+            chunks.append((row, tokens))
+            if done:
+                batch.finished.append(row)
+                if self.adaptive and drafter.gate is not None:  # what it learned, for the next
+                    self.head_gate = drafter.gate
+                continue
+            index = accepted[b].to(self.model.device)
+            features = drafter.select_features(_row_states(hidden_states, b), index)  # (1, A, F)
+            ids = torch.tensor([new], device=sequences.prompts[row].device)  # (1, A)
+            drafter.commit(features, ids, batch.lengths[b])
+            batch.roots[b] = acceptance.next_token
+        batch.lengths = new_lengths
+        return chunks, step_tokens
+
+    def _record_step(
+        self,
+        rows: int,
+        drafted: bool,
+        step_started: float,
+        step_tokens: int,
+        expected: list[float] | None,
+        prompts_waiting: bool,
+        head_behind: bool,
+    ) -> None:
+        """Tell the step gate how the step of ``rows`` rows went, from ``step_started`` until now.
+
+        The gate weighs a drafting step by the tokens it was expected to emit (``expected``, per
+        row: calibrated path probabilities): one step's 1, 2 or 3 accepted tokens are too noisy to
+        compare. A batch is done when its slowest row is: rows that draft drift apart, and the rows
+        left behind then decode in small, inefficient batches. So the step advances the batch by
+        its least-advanced row's tokens, in every row; while prompts wait, a row that finishes is
+        replaced at once, rows need not keep pace, and the batch advances by all its rows' tokens.
+        """
+        seconds = time.perf_counter() - step_started
+        if not drafted:
+            self.step_gate.record(rows, False, step_tokens, seconds)
+            return
+        advance = sum(expected) if prompts_waiting else rows * min(expected)
+        self.step_gate.record(
+            rows, True, advance, seconds, emitted=step_tokens, expected=sum(expected), catching_up=head_behind
+        )
 
     # ---- public API ---------------------------------------------------------------------------
 
