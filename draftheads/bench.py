@@ -821,8 +821,8 @@ def speculative_methods(
     from draftheads.heads import load_head_and_base
     from draftheads.heads.base import resolve_head_dir
     from draftheads.infer import SpeculativeGenerator
-    from draftheads.infer.cost import load_tuned_costs
     from draftheads.infer.packed import pack_linears, set_packed_forms
+    from draftheads.infer.verify_cost import load_tuned_costs
 
     forms = frozenset(forms)
     pack_heads = pack and bool(forms)

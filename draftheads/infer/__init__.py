@@ -1,7 +1,7 @@
 """Lossless tree-based speculative decoding on an unmodified HF model.
 
 ``tree`` (shapes, masks), ``forward`` (the verification forward), ``verify`` (acceptance rules),
-``cache`` (KV compaction), ``cost`` (what verifying N tokens costs), the Drafters (``draft``: a
+``cache`` (KV compaction), ``verify_cost`` (what verifying N tokens costs), the Drafters (``draft``: a
 head's proposals; ``context``: n-gram continuations of the text; ``hybrid``: both merged;
 ``adaptive``: pruned to what pays) and ``generate`` (the decode loop and ``SpeculativeGenerator``).
 Importing this package loads torch only; ``SpeculativeGenerator`` and friends load on first use.
@@ -21,7 +21,7 @@ _LAZY = {
     "TREES": "draftheads.infer.tree",
     "ContextTree": "draftheads.infer.context",
     "HybridTree": "draftheads.infer.hybrid",
-    "CostCurve": "draftheads.infer.cost",
+    "CostCurve": "draftheads.infer.verify_cost",
 }
 
 __all__ = list(_LAZY)

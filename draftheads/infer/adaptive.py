@@ -7,7 +7,7 @@ continue that way); ``Calibration`` maps (source, estimate) to the rate at which
 actually accepted such nodes, learned online (draft confidence is a good predictor of acceptance:
 Li et al. 2024, "EAGLE-2", sec. 3; SpecDec++, Huang et al. 2024, stops drafting on a predicted
 acceptance threshold). ``select_nodes`` then keeps the best-first subtree that maximises expected
-tokens per step over the step's cost: the measured cost of verifying it (``infer/cost.py``) plus
+tokens per step over the step's cost: the measured cost of verifying it (``infer/verify_cost.py``) plus
 the time already spent drafting it; when nothing pays, the step verifies the root alone, which is
 exactly a plain decoding step.
 
@@ -28,10 +28,10 @@ from dataclasses import dataclass, field
 
 import torch
 
-from draftheads.infer.cost import CostCurve
 from draftheads.infer.draft import Draft, Drafter, DraftSteps, root_only, run_steps
 from draftheads.infer.hybrid import HybridTree
 from draftheads.infer.tree import ROOT_PARENT, padded_size, tree_topology
+from draftheads.infer.verify_cost import CostCurve
 
 # ---- calibration --------------------------------------------------------------------------------
 
@@ -243,7 +243,7 @@ class AdaptiveDrafter(Drafter):
 
     Args:
         inner: the Drafter whose trees are pruned.
-        cost: the verify-cost curve of this machine, model and dtype (``infer/cost.py``).
+        cost: the verify-cost curve of this machine, model and dtype (``infer/verify_cost.py``).
         calibration, gate: explicit state, fresh by default (one per sequence, or shared to carry
             what was learned from one sequence to the next).
     """

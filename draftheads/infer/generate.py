@@ -31,7 +31,6 @@ from draftheads.infer.adaptive import AdaptiveDrafter, Calibration, HeadGate, co
 from draftheads.infer.batch_draft import propose_rows
 from draftheads.infer.cache import add_rows, keep_accepted_rows, left_aligned_slots, select_rows
 from draftheads.infer.context import ContextDrafter, ContextTree
-from draftheads.infer.cost import CostCurve, load_tuned_costs, measure_verify_cost
 from draftheads.infer.draft import Draft, Drafter, drafter_for
 from draftheads.infer.forward import SUPPORTED_ATTENTION, TreeInputError, prefill_rows, rows_forward
 from draftheads.infer.hybrid import HybridDrafter, HybridTree
@@ -44,6 +43,7 @@ from draftheads.infer.step_gate import StepGate
 from draftheads.infer.stopping import StopRule
 from draftheads.infer.tree import TUNED_TREE_FILE, load_tuned_tree, padded_size, resolve_tree, tuned_tree_key
 from draftheads.infer.verify import Acceptance, SamplingParams, next_token, verify_tree
+from draftheads.infer.verify_cost import CostCurve, load_tuned_costs, measure_verify_cost
 
 if TYPE_CHECKING:
     from transformers import DynamicCache
@@ -382,7 +382,7 @@ class SpeculativeGenerator:
             verification, let a head that does not pay sit steps out (``draftheads.infer.adaptive``),
             and step plainly while drafting emits fewer tokens per second than plain steps would
             (``draftheads.infer.step_gate``).
-        cost: the verify-cost curve adaptive drafting weighs against (``draftheads.infer.cost``);
+        cost: the verify-cost curve adaptive drafting weighs against (``draftheads.infer.verify_cost``);
             default: measured on this machine at the first ``generate`` call.
     """
 

@@ -18,22 +18,21 @@ import torch
 
 from draftheads.base_model import DEFAULT_DTYPE
 from draftheads.export.checkpoint import dtype_name
-from draftheads.infer.cost import CostCurve, costs_to_dict
 from draftheads.infer.precision import DEFAULT_DRAFT_DTYPE
 from draftheads.infer.tree import TUNED_TREE_FILE, TUNED_TREE_FORMAT, tree_to_dict, tuned_tree_key
+from draftheads.infer.verify_cost import CostCurve, costs_to_dict
 from draftheads.tuning.acceptance import head_vocab_size, measure_acceptance, measured_depth
-from draftheads.tuning.cost import DecodingBench, cost_sizes
 from draftheads.tuning.held_out import greedy_continuations, held_out_prompts
 from draftheads.tuning.report import plot_tuning
 from draftheads.tuning.search import Candidate, choose_dynamic_tree, choose_static_tree
+from draftheads.tuning.step_cost import DecodingBench, cost_sizes
 
 # The cost curve is only right if nothing else ran while it was timed: another process on a core
-# slows some forwards more than others and skews the curve (docs/benchmarks.md, "Session 35": a
-# tuning that overlapped a 5-second test run timed one token at 28.7 ms instead of 22.0, and chose
-# a tree that cost 1.3x what it predicted). So the one-token verification is timed again after
-# everything else; if the two medians differ by more than this fraction, the record says so and
-# the report warns. On quiet cores here the two were 5.6% apart. It catches a disturbance that
-# covers one of the two timings; one that slows the whole tuning passes it.
+# slows some forwards more than others and skews the curve, and the tree chosen on it costs more
+# than it predicts (docs/inference.md, "Measured facts the code relies on"). So the one-token
+# verification is timed again after everything else; if the two medians differ by more than this
+# fraction, the record says so and the report warns. On quiet cores here the two were 5.6% apart. It
+# catches a disturbance that covers one of the two timings; one that slows the whole tuning passes it.
 TIMING_DRIFT_TOLERANCE = 0.10
 
 

@@ -12,9 +12,9 @@ from infer_stubs import gate_that_measured, greedy_reference
 from draftheads.heads import EagleConfig, MedusaConfig, MtpConfig, build_head
 from draftheads.infer import SpeculativeGenerator
 from draftheads.infer.adaptive import AdaptiveDrafter, Calibration, HeadGate, prune_draft, select_nodes
-from draftheads.infer.cost import CostCurve
 from draftheads.infer.draft import Draft, Drafter
 from draftheads.infer.tree import ROOT_PARENT, tree_topology
+from draftheads.infer.verify_cost import CostCurve
 from tests.conftest import make_tiny_llama
 
 pytestmark = pytest.mark.usefixtures("single_thread")

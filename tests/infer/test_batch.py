@@ -14,10 +14,10 @@ from draftheads.heads import DFlashConfig, Eagle3Config, EagleConfig, MedusaConf
 from draftheads.infer import SpeculativeGenerator
 from draftheads.infer.batch_draft import CATCH_UP_PADDING_LIMIT
 from draftheads.infer.cache import keep_accepted_rows, left_aligned_slots, select_rows
-from draftheads.infer.cost import CostCurve
 from draftheads.infer.forward import prefill_rows, rows_forward
 from draftheads.infer.stopping import StopRule
 from draftheads.infer.tree import rows_attention_mask, tree_attention_mask, tree_topology
+from draftheads.infer.verify_cost import CostCurve
 from tests.conftest import make_tiny_llama
 from tests.infer.test_sampling import TREE, chi_square_p_value, exact_first_two, sampling_model
 

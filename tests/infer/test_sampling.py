@@ -23,9 +23,9 @@ from transformers.generation.logits_process import (
 
 import draftheads.infer.generate as generate_module
 from draftheads.infer import SpeculativeGenerator
-from draftheads.infer.cost import CostCurve
 from draftheads.infer.tree import DynamicTree
 from draftheads.infer.verify import Acceptance, sample_token, target_probabilities
+from draftheads.infer.verify_cost import CostCurve
 from tests.conftest import make_tiny_llama
 
 pytestmark = pytest.mark.usefixtures("single_thread")

@@ -9,8 +9,8 @@ from infer_stubs import gate_that_measured, greedy_reference
 
 from draftheads.heads import EagleConfig, build_head
 from draftheads.infer import SpeculativeGenerator
-from draftheads.infer.cost import CostCurve
 from draftheads.infer.step_gate import StepGate
+from draftheads.infer.verify_cost import CostCurve
 from tests.conftest import make_tiny_llama
 
 

@@ -15,8 +15,8 @@ from draftheads.export.model_card import read_bench
 from draftheads.heads import build_head, load_head, load_head_and_base, resolve_base_model
 from draftheads.heads.base import HeadFormatError
 from draftheads.heads.medusa import MedusaConfig
-from draftheads.infer.cost import load_tuned_costs
 from draftheads.infer.tree import TUNED_TREE_FORMAT, load_tuned_tree, tuned_tree_key
+from draftheads.infer.verify_cost import load_tuned_costs
 from draftheads.machine import machine_info
 
 pytestmark = pytest.mark.usefixtures("single_thread")

@@ -11,14 +11,14 @@ import pytest
 import torch
 
 from draftheads.heads import Eagle3Config, MedusaConfig, MtpConfig, build_head
-from draftheads.infer.cost import load_tuned_costs
 from draftheads.infer.packed import packing_supported
 from draftheads.infer.tree import DynamicTree, StaticTree, load_tuned_tree, padded_size, tuned_tree_key
+from draftheads.infer.verify_cost import load_tuned_costs
 from draftheads.machine import machine_info
 from draftheads.tuning.acceptance import AcceptanceModel, acceptance_from_ranks, judgeable, measure_acceptance
-from draftheads.tuning.cost import CostCurve, DecodingBench, isotonic
 from draftheads.tuning.report import describe
 from draftheads.tuning.search import choose_dynamic_tree, choose_static_tree, dynamic_proposals
+from draftheads.tuning.step_cost import CostCurve, DecodingBench, isotonic
 from draftheads.tuning.tune import TuneSettings, save_tuned_tree, timing_check
 from tests.data.data_fixtures import save_tiny_base
 from tests.infer.infer_stubs import AutoregressiveStub, ModuleStub, ParallelStub, greedy_reference

@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from draftheads.heads import Eagle3Config, build_head
-from draftheads.infer.cost import load_tuned_costs
 from draftheads.infer.tree import DynamicTree, load_tuned_tree
+from draftheads.infer.verify_cost import load_tuned_costs
 from draftheads.tuning.tune import TuneSettings, tune_tree
 
 

@@ -20,6 +20,7 @@ import torch
 from draftheads.infer.cache import crop_to_lengths, keep_accepted_rows
 from draftheads.infer.forward import rows_forward
 from draftheads.infer.tree import read_tuned_entry, tree_topology, tuned_tree_key
+from draftheads.timing import synchronize
 
 
 def isotonic(values: Sequence[float]) -> list[float]:
@@ -76,12 +77,6 @@ class CostCurve:
         steps, so no head beats max_N N / relative(N) on this machine and dtype."""
         speedup, size = max((size / self.relative(size), -size) for size in self.sizes)  # ties: fewer
         return speedup, -size
-
-
-def synchronize(device: torch.device) -> None:
-    """Wait for the device's queued work, so that a wall-clock time measures it (no-op on CPU)."""
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 @torch.inference_mode()

@@ -13,10 +13,11 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-from draftheads.infer.cost import CostCurve, isotonic, measure_verify_cost, synchronize
 from draftheads.infer.draft import drafter_for
 from draftheads.infer.forward import prefill_forward, prefill_rows
 from draftheads.infer.tree import DynamicTree, StaticTree
+from draftheads.infer.verify_cost import CostCurve, isotonic, measure_verify_cost
+from draftheads.timing import synchronize
 
 __all__ = ["CostCurve", "DecodingBench", "cost_sizes", "isotonic"]
 
