@@ -40,10 +40,9 @@ from draftheads.infer.draft import (
     root_only,
 )
 
-# Positions of padding worth one more catch-up forward: on a 2-core CPU the shipped EAGLE-3 head's
-# catch-up over four rows' few accepted tokens took about 2.4 ms, and one padded to a joining row's
-# prompt about 45 us a padded position, so a forward's own cost is what some 50-60 positions cost
-# (docs/inference.md, "Batches").
+# What one more catch-up forward costs, in padded positions: ``catch_up_groups`` pads rows into a
+# shared forward only while the padding costs less than a forward of their own (the timings this
+# stands for: docs/inference.md, "Batches: one tree per row, one forward").
 CATCH_UP_PADDING_LIMIT = 64
 
 

@@ -186,7 +186,7 @@ class Drafter:
     """
 
     # Default tree per device type: small on CPU, where verifying N tokens grows with N well before
-    # N = 16 (docs/inference.md); the papers' trees on GPU.
+    # N = 16 (docs/inference.md, "Measured facts the code relies on"); the papers' trees on GPU.
     default_trees: ClassVar[dict[str, str]] = {}
     dynamic_trees: ClassVar[bool] = False  # can it draft an EAGLE-2 dynamic tree?
 

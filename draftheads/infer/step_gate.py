@@ -33,22 +33,23 @@ is measured: a few steps of each kind before the gate chooses.
 
 A drafting step that follows plain steps (or the prefill) first lets the head catch up on every
 token it has not seen: the prompt, or the tokens of the plain steps since it last drafted. That
-step costs what switching to drafting costs once, not what steady drafting costs per step (a
-16-row batch's probes after long plain stretches measured 18 tokens/s against 79 for its plain
-steps, docs/benchmarks.md, session 26), so the gate does not measure it: the step after it
-drafts too and is measured in its place. A probe of drafting is therefore two drafting steps,
-and its interval is set for two.
+step costs what switching to drafting costs once, not what steady drafting costs per step (timed,
+it would make drafting look several times slower than plain steps), so the gate does not measure
+it: the step after it drafts too and is measured in its place. A probe of drafting is therefore
+two drafting steps, and its interval is set for two.
 
 Expected tokens are calibrated probabilities, and the trees keep the nodes whose estimates
 came out highest, so they run a little high (a winner's curse): the gate scales a drafting step's
 expected tokens by what recent drafting steps emitted over what they were expected to. Recent,
 and pulled towards 1 by a prior: the calibration it corrects learns within a few dozen steps (its
-first context drafts, priced at the drafter's own score, expected up to 9 tokens from a single
-earlier occurrence and emitted about one), and a ratio summed over every step since the start kept
-those first errors for hundreds of steps, in which the gate stepped plainly on text where drafting
-doubled the rate (docs/benchmarks.md, session 31). Its sums fade with every step, plain ones
+first context drafts are priced at the drafter's own score, before it has learnt anything), and a
+ratio summed over every step since the start would keep those first errors for hundreds of steps
+and hold the gate to plain steps where drafting pays. Its sums fade with every step, plain ones
 included, so evidence that is old weighs as little in the correction as it does in the
 calibration.
+
+The figures behind these choices: docs/inference.md, "Drafting sources: a head, the context, both;
+adaptive drafting".
 """
 
 from __future__ import annotations
@@ -95,12 +96,12 @@ class StepGate:
 
     probe_every: int = 12
     max_probe_every: int = 256
-    # 1%: at 2% the probes of a 16-row batch stepping plainly measured 2.3% of its time (most of it
-    # the head catching up on the skipped tokens), more than the whole gap to batched generate.
+    # The share of the time probes may cost. A drafting probe costs more than it is priced at (the
+    # head catches up on the skipped tokens first), so the budget is kept well below the gap a
+    # gated loop may open over plain batched decoding.
     probe_budget: float = 0.01
-    # 8: one drafting step emits 1 to 9 tokens, and on 3 steps of each kind the choice for the
-    # first MT-bench prompt differed between runs (98 to 128 forwards for 128 tokens; on 8, 78 to
-    # 108), which once cost a 16-prompt bench 0.1x (docs/benchmarks.md, session 30)
+    # Steps of each kind before the first choice: one drafting step emits 1 to 9 tokens, so a
+    # choice made on a few steps varies from run to run on the same prompt.
     warmup_steps: int = 8
     smoothing: float = 0.2
     measured: dict[tuple[int, bool], Throughput] = field(default_factory=dict)  # (batch, drafted) ->

@@ -13,9 +13,10 @@ node has a parent with a smaller index, so one forward can verify all of them (M
   the kept nodes from draft scores.
 - ``tree_attention_mask`` / ``tree_position_ids``: the verification forward's inputs.
 
-Padding: in fp32 on CPU MKL's GEMM with 2-3 rows can be slower than with 4 (docs/inference.md), so a
-topology may carry padding nodes after the real ones. A padding node sees the prefix and itself, has
-no parent and no children, and is in no retrieve path, so it can never be accepted.
+Padding: in fp32 on CPU MKL's GEMM with 2-3 rows can be slower than with 4 (docs/inference.md,
+"Measured facts the code relies on"), so a topology may carry padding nodes after the real ones. A
+padding node sees the prefix and itself, has no parent and no children, and is in no retrieve path,
+so it can never be accepted.
 """
 
 from __future__ import annotations
@@ -333,7 +334,8 @@ EAGLE1_26 = (
 )  # fmt: skip
 
 # Small trees for CPU decoding, where verifying N tokens grows with N well before N = 16
-# (docs/inference.md): most nodes on the top-1 spine, a few second choices near the root.
+# (docs/inference.md, "Measured facts the code relies on"): most nodes on the top-1 spine, a few
+# second choices near the root.
 CPU_8 = ((0,), (1,), (0, 0), (0, 1), (1, 0), (0, 0, 0), (0, 0, 0, 0))
 CPU_16 = (
     (0,), (1,), (2,), (0, 0), (0, 1), (1, 0), (0, 2), (0, 0, 0), (0, 0, 1), (0, 1, 0), (1, 0, 0),
