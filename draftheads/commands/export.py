@@ -5,8 +5,9 @@
 
 Formats (``draftheads.export.FORMAT_REGISTRY``): ``draftheads`` (default; config.json +
 model.safetensors + README.md model card, loadable with ``load_head``), ``eagle3``, ``speculators``,
-``eagle``, ``eagle-sglang``, ``medusa-vllm``, ``mtp-deepseek``. A format that cannot hold the head is
-refused with the list of formats that can. Only safetensors are written. docs/export.md shows how
+``eagle``, ``eagle-sglang``, ``medusa-vllm``, ``mtp-deepseek``, ``dflash``,
+``dflash-speculators``, ``gguf`` (llama.cpp). A format that cannot hold the head is
+refused with the list of formats that can. Tensors go to safetensors (gguf: GGUF). docs/export.md shows how
 each output is served in vLLM and SGLang.
 
 Every export lists its files in ``draftheads-export.json``; ``--overwrite`` replaces such a
@@ -55,6 +56,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="speculators: proposal length",
     )
     parser.add_argument(
+        "--target-gguf",
+        default=ExportOptions.target_gguf,
+        help="gguf: the base's GGUF llama.cpp verifies with (default: an embedded base's own GGUF)",
+    )
+    parser.add_argument(
         "--overwrite",
         action="store_true",
         help="replace a previous export in --out (recognised by its manifest; nothing else is replaced)",
@@ -71,7 +77,9 @@ def run(args: argparse.Namespace) -> int:
     if args.private and not args.push_to_hub:
         print("draftheads export: --private needs --push-to-hub", file=sys.stderr)
         return 2
-    options = ExportOptions(speculative_tokens=args.speculative_tokens, verifier=args.verifier)
+    options = ExportOptions(
+        speculative_tokens=args.speculative_tokens, verifier=args.verifier, target_gguf=args.target_gguf
+    )
     # Errors (a refused --out, a format that cannot hold the head, a full disk, the Hub) end the
     # command as one line on stderr, in draftheads.cli.main.
     files = export_head(args.heads, args.out, args.format, args.base, options, args.overwrite)

@@ -4,7 +4,7 @@
   (``READER_REGISTRY``), ``FormatError``, ``ExportOptions``.
 - one module per format family: ``native`` (our own), ``eagle3`` (eagle3, speculators), ``eagle``
   (eagle, eagle-sglang), ``medusa`` (medusa-vllm), ``mtp`` (mtp-deepseek), ``dflash`` (dflash,
-  dflash-speculators).
+  dflash-speculators), ``gguf`` (gguf: llama.cpp).
 - ``reading``: what every reader shares (``load_head`` reads engine formats through it).
 - ``exporter`` (``export_head``), ``destination`` (the manifest, what ``--overwrite`` may replace,
   the staged write renamed into place), ``model_card``, ``hub`` (``push_to_hub``).
@@ -31,7 +31,7 @@ from draftheads.export.registry import (
 # Importing the families registers their writers and readers, in this order: the order in which
 # ``--format`` and the errors list them.
 # isort: off
-from draftheads.export import native, eagle3, eagle, medusa, mtp, dflash  # noqa: F401
+from draftheads.export import native, eagle3, eagle, medusa, mtp, dflash, gguf  # noqa: F401
 
 # isort: on
 from draftheads.export.checkpoint import DRAFTHEADS_KEY

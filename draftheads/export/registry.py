@@ -33,6 +33,9 @@ class ExportOptions:
     # speculators / model card: the verifier (base model) name engines resolve; default: the name
     # recorded in the head's config.
     verifier: str | None = None
+    # gguf: the base's GGUF (the file llama.cpp verifies with), whose vocabulary the draft copies;
+    # default: the embedded GGUF of an embedded base.
+    target_gguf: str | None = None
 
 
 # ---- writers ----------------------------------------------------------------------------------

@@ -34,6 +34,7 @@ def test_every_format_and_reader_is_registered_in_order():
         "mtp-deepseek",
         "dflash",
         "dflash-speculators",
+        "gguf",
     ]
     assert list(READER_REGISTRY) == [
         "eagle3",
@@ -43,13 +44,14 @@ def test_every_format_and_reader_is_registered_in_order():
         "dflash",
         "dflash-speculators",
     ]
-    assert formats_for("eagle3") == ["draftheads", "eagle3", "speculators"]
+    assert formats_for("eagle3") == ["draftheads", "eagle3", "speculators", "gguf"]
     assert formats_for("dflash") == ["draftheads", "dflash", "dflash-speculators"]
 
 
 def test_format_that_cannot_hold_the_head_is_refused_with_alternatives(tiny_llama, tmp_path):
     head = make_head(tiny_llama, "eagle3")
-    with pytest.raises(FormatError, match="cannot express a eagle3 head.*draftheads, eagle3, speculators"):
+    alternatives = "draftheads, eagle3, speculators, gguf"
+    with pytest.raises(FormatError, match=f"cannot express a eagle3 head.*{alternatives}"):
         write_head(head, tmp_path, "medusa-vllm")
     with pytest.raises(FormatError, match="unknown export format 'onnx'"):
         export_format("onnx", "eagle3")
