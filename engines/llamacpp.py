@@ -1,0 +1,154 @@
+"""Greedy decoding in llama.cpp's own server (``make engines`` builds it into engines/llama.cpp), with
+or without an EAGLE-3 draft, for the engine check. Imports nothing from draftheads.
+
+The server is the program users run; it is driven over HTTP: ``POST /completion`` with the prompt
+as token ids (every engine gets the same ids), ``GET /metrics`` for its speculative-decoding
+counters (tools/server/server-task.cpp: drafts = verification steps, draft tokens, accepted tokens,
+accepted tokens per draft position). The server is stopped on success and on failure.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import socket
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from contextlib import contextmanager
+from pathlib import Path
+
+BIN = Path(__file__).resolve().parent / "llama.cpp" / "build" / "bin"  # made by `make engines`
+SERVER = BIN / "llama-server"
+STARTUP_SECONDS = 120  # a 135M model loads in a second or two; generous for slow disks
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def server_command(target: Path, port: int, draft: Path | None, chain: int) -> list[str]:
+    """``llama-server`` on ``target`` with one slot, f32 KV caches (the dtype the check compares in;
+    llama.cpp's default is f16) and ``--metrics``; with ``draft``, EAGLE-3 drafting of exactly
+    ``chain`` tokens a step (no early stop on low draft probability, no minimum)."""
+    threads = str(len(os.sched_getaffinity(0)))
+    command = [str(SERVER), "-m", str(target), "--host", "127.0.0.1", "--port", str(port)]
+    command += ["-np", "1", "-c", "2048", "-t", threads, "-ctk", "f32", "-ctv", "f32"]
+    command += ["--metrics", "--no-webui", "--no-warmup"]
+    if draft is not None:
+        command += ["-md", str(draft), "--spec-type", "draft-eagle3", "-td", threads]
+        command += ["--spec-draft-n-max", str(chain), "--spec-draft-n-min", "0", "--spec-draft-p-min", "0"]
+        command += ["-ctkd", "f32", "-ctvd", "f32"]
+    return command
+
+
+def request(port: int, path: str, body: dict | None = None, timeout: float = 600) -> bytes:
+    data = None if body is None else json.dumps(body).encode()
+    headers = {"Content-Type": "application/json"} if data else {}
+    call = urllib.request.Request(f"http://127.0.0.1:{port}{path}", data=data, headers=headers)
+    with urllib.request.urlopen(call, timeout=timeout) as response:
+        return response.read()
+
+
+@contextmanager
+def running_server(command: list[str], port: int, log_path: Path):
+    """Start the server, wait until ``/health`` answers, yield; always stop it (SIGTERM, then kill)."""
+    with open(log_path, "w") as log:
+        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
+        try:
+            deadline = time.monotonic() + STARTUP_SECONDS
+            while True:
+                if process.poll() is not None:
+                    raise RuntimeError(f"llama-server exited {process.returncode} at start (log: {log_path})")
+                try:
+                    request(port, "/health", timeout=5)
+                    break
+                except (urllib.error.URLError, ConnectionError, TimeoutError):
+                    if time.monotonic() > deadline:
+                        raise RuntimeError(
+                            f"llama-server not ready after {STARTUP_SECONDS} s (log: {log_path})"
+                        )
+                    time.sleep(0.2)
+            yield process
+        finally:
+            process.terminate()
+            try:
+                process.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+
+
+def complete(port: int, ids: list[int], max_new_tokens: int) -> list[int]:
+    """The new token ids of one greedy completion (stops at the model's end-of-generation tokens,
+    as vLLM's reference does)."""
+    body = {
+        "prompt": ids,
+        "n_predict": max_new_tokens,
+        "temperature": 0.0,
+        "top_k": 1,
+        "seed": 0,
+        "cache_prompt": False,
+        "return_tokens": True,
+    }
+    return list(json.loads(request(port, "/completion", body))["tokens"])
+
+
+METRIC = re.compile(r'^llamacpp:(\w+)(?:\{position="(\d+)"\})?\s+(\S+)$')
+
+
+def spec_counts(metrics: str) -> dict | None:
+    """The server's speculative-decoding counters (Prometheus text) in the engine check's terms;
+    None when it drafted nothing."""
+    values: dict[str, float] = {}
+    per_position: dict[int, int] = {}
+    for line in metrics.splitlines():
+        match = METRIC.match(line.strip())
+        if not match:
+            continue
+        name, position, value = match.groups()
+        if position is not None:
+            per_position[int(position)] = int(float(value))
+        else:
+            values[name] = float(value)
+    if not values.get("spec_decode_num_drafts_total"):
+        return None
+    return {
+        "drafts": int(values["spec_decode_num_drafts_total"]),
+        "draft_tokens": int(values["spec_decode_num_draft_tokens_total"]),
+        "accepted_tokens": int(values["spec_decode_num_accepted_tokens_total"]),
+        "accepted_per_position": [per_position[i] for i in sorted(per_position)],
+    }
+
+
+def decode(target: Path, prompts: list[list[int]], max_new_tokens: int, log_path: Path, **draft) -> dict:
+    """Greedy outputs of every prompt in one server (``draft``: ``draft=Path, chain=int``), its
+    counters and its wall time; on any failure ``{"error": ...}`` with the log's tail."""
+    if not SERVER.is_file():
+        return {"error": f"{SERVER} is missing; build it with `make engines`"}
+    port = free_port()
+    command = server_command(target, port, draft.get("draft"), draft.get("chain", 0))
+    started = time.perf_counter()
+    try:
+        with running_server(command, port, log_path):
+            outputs = [complete(port, ids, max_new_tokens) for ids in prompts]
+            counts = spec_counts(request(port, "/metrics").decode())
+    except (RuntimeError, OSError, KeyError, ValueError) as err:
+        tail = log_path.read_text()[-2000:] if log_path.is_file() else ""
+        return {"error": f"{type(err).__name__}: {err}\n{tail}"}
+    return {
+        "outputs": outputs,
+        "spec_decode": counts,
+        "command": command,
+        "seconds": round(time.perf_counter() - started, 1),
+    }
+
+
+def version() -> str:
+    """What ``llama-server --version`` says (build number and commit)."""
+    completed = subprocess.run([str(SERVER), "--version"], capture_output=True, text=True, check=False)
+    return " ".join((completed.stdout + completed.stderr).split())

@@ -1,0 +1,107 @@
+"""The llama.cpp side of the engine check (engines/llamacpp.py and its verdicts in engines/check.py),
+without llama.cpp: the server command, the counters read from its /metrics text, the acceptance gap.
+
+The metric names are those llama-server prints with ``--metrics`` (ggml-org/llama.cpp
+tools/server/server-task.cpp: ``llamacpp:spec_decode_num_drafts_total`` (verification steps),
+``..._num_draft_tokens_total``, ``..._num_accepted_tokens_total`` and
+``..._num_accepted_tokens_per_pos_total{position="i"}``).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def load(name: str, path: Path):
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses resolve their annotations through it
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def llamacpp():
+    yield load("llamacpp", ROOT / "engines" / "llamacpp.py")
+    del sys.modules["llamacpp"]
+
+
+@pytest.fixture(scope="module")
+def check():
+    yield load("engine_check_gguf", ROOT / "engines" / "check.py")
+    del sys.modules["engine_check_gguf"]
+
+
+METRICS = """# HELP llamacpp:prompt_tokens_total Number of prompt tokens processed.
+# TYPE llamacpp:prompt_tokens_total counter
+llamacpp:prompt_tokens_total 120
+llamacpp:spec_decode_num_draft_tokens_total 90
+llamacpp:spec_decode_num_accepted_tokens_total 41
+llamacpp:spec_decode_num_drafts_total 30
+# TYPE llamacpp:spec_decode_num_accepted_tokens_per_pos_total counter
+llamacpp:spec_decode_num_accepted_tokens_per_pos_total{position="1"} 13
+llamacpp:spec_decode_num_accepted_tokens_per_pos_total{position="0"} 20
+llamacpp:spec_decode_num_accepted_tokens_per_pos_total{position="2"} 8
+"""
+
+
+def test_counters_are_read_from_the_server_metrics(llamacpp):
+    assert llamacpp.spec_counts(METRICS) == {
+        "drafts": 30,
+        "draft_tokens": 90,
+        "accepted_tokens": 41,
+        "accepted_per_position": [20, 13, 8],
+    }
+    without_draft = "llamacpp:prompt_tokens_total 120\nllamacpp:spec_decode_num_drafts_total 0\n"
+    assert llamacpp.spec_counts(without_draft) is None
+
+
+def test_server_drafts_exactly_the_chain_only_when_given_a_draft(llamacpp, tmp_path):
+    plain = llamacpp.server_command(tmp_path / "base.gguf", 8080, None, 0)
+    assert "-md" not in plain and "--spec-type" not in plain and "--metrics" in plain
+    assert plain[plain.index("-ctk") + 1] == "f32" and plain[plain.index("-ctv") + 1] == "f32"
+    drafted = llamacpp.server_command(tmp_path / "base.gguf", 8080, tmp_path / "d.gguf", 3)
+
+    def value(flag):
+        return drafted[drafted.index(flag) + 1]
+
+    assert value("-md") == str(tmp_path / "d.gguf") and value("--spec-type") == "draft-eagle3"
+    assert value("--spec-draft-n-max") == "3" and value("--spec-draft-p-min") == "0"
+    assert value("--spec-draft-n-min") == "0" and value("-ctkd") == "f32"
+    assert drafted[: len(plain)] == plain
+
+
+def test_a_missing_server_is_reported_not_raised(llamacpp, tmp_path, monkeypatch):
+    monkeypatch.setattr(llamacpp, "SERVER", tmp_path / "absent" / "llama-server")
+    result = llamacpp.decode(tmp_path / "base.gguf", [[1, 2]], 4, tmp_path / "log")
+    assert "make engines" in result["error"]
+
+
+def test_acceptance_gap_is_relative_to_ours(check):
+    ours = {"drafts": 10, "accepted_per_position": [6, 4, 2]}  # 1.2 per draft
+    assert check.acceptance_gap(ours, {"drafts": 10, "accepted_per_position": [6, 4, 2]}) == 0
+    assert check.acceptance_gap(ours, {"drafts": 20, "accepted_per_position": [12, 9, 6]}) == pytest.approx(
+        0.125
+    )
+    assert check.acceptance_gap(ours, {"drafts": 0, "accepted_per_position": []}) is None
+
+
+def test_the_gguf_export_is_checked_in_llama_cpp(check):
+    assert "gguf" in check.LLAMACPP_FORMATS and "gguf" not in check.VLLM_METHODS
+    assert "gguf" not in check.NO_ENGINE_HERE
+
+
+def test_a_run_can_be_limited_to_llama_cpp(check):
+    assert check.engine_formats("eagle3", ("llama.cpp",)) == ["gguf"]
+    assert check.engine_formats("eagle3", ("vllm",)) == ["eagle3", "speculators"]
+    assert check.engine_formats("eagle3", check.ENGINE_NAMES) == ["eagle3", "speculators", "gguf"]
+    assert check.engine_formats("eagle", ("llama.cpp",)) == []
+    # formats no engine here serves are reported with vLLM's runs, not with llama.cpp's
+    assert [row.format for row in check.uncovered_formats([], ("llama.cpp",))] == ["gguf"]
+    assert "eagle-sglang" in [row.format for row in check.uncovered_formats([], ("vllm",))]
