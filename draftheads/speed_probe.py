@@ -18,6 +18,8 @@ from dataclasses import dataclass
 
 import torch
 
+from draftheads.timing import synchronize
+
 QUIET_MARGIN = 0.05  # a repeat is quiet when its probe took at most 5% over the run's fastest
 PROBE_RUNS = 3  # forwards per probe; the fastest counts (one hiccup is not a slow spell)
 # The machine was busy while probes were taken when their median is this much over the fastest, or
@@ -32,14 +34,13 @@ def forward_seconds(model: torch.nn.Module, ids: torch.Tensor, runs: int = PROBE
     if runs < 1:
         raise ValueError(f"runs must be >= 1, got {runs}")
     ids = ids.to(model.device)
-    synchronize = torch.cuda.synchronize if ids.device.type == "cuda" else lambda: None
     fastest = float("inf")
     with torch.inference_mode():
         for _ in range(runs):
-            synchronize()
+            synchronize(ids.device)
             started = time.perf_counter()
             model(input_ids=ids, use_cache=False)
-            synchronize()  # a GPU runs the forward after the call returns
+            synchronize(ids.device)  # a GPU runs the forward after the call returns
             fastest = min(fastest, time.perf_counter() - started)
     return fastest
 

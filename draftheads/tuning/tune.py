@@ -31,8 +31,8 @@ from draftheads.tuning.step_cost import DecodingBench, cost_sizes
 # slows some forwards more than others and skews the curve, and the tree chosen on it costs more
 # than it predicts (docs/inference.md, "Measured facts the code relies on"). So the one-token
 # verification is timed again after everything else; if the two medians differ by more than this
-# fraction, the record says so and the report warns. On quiet cores here the two were 5.6% apart. It
-# catches a disturbance that covers one of the two timings; one that slows the whole tuning passes it.
+# fraction, the record says so and the report warns. It catches a disturbance that covers one of the
+# two timings; one that slows the whole tuning passes it.
 TIMING_DRIFT_TOLERANCE = 0.10
 
 
