@@ -443,6 +443,32 @@ def llamacpp_base(base_name: str, prompts: list[list[int]], settings: CheckSetti
     }
 
 
+# What must be empty for our gguf export to be the converter's (``llamacpp.gguf_differences``).
+CONVERTER_FIELDS = (
+    "only_ours",
+    "only_converted",
+    "differing",
+    "keys_only_ours",
+    "keys_only_converted",
+    "key_differences",
+)
+
+
+def converter_differences(head_dir: Path, ours: Path, run: BaseRun, chain: int, work: Path) -> dict:
+    """llama.cpp's converter on our ``eagle3`` export of the head (with the base's HF directory as
+    its target), compared with our ``gguf`` export; or the error that stopped it."""
+    import llamacpp
+
+    checkpoint = work / f"{head_dir.name}.eagle3-for-converter"
+    refusal = export(head_dir, "eagle3", checkpoint, run.base_path, chain)
+    if refusal:
+        return {"error": f"eagle3 export: {refusal}"}
+    converted = work / f"{head_dir.name}.converted.gguf"
+    log = work / f"{head_dir.name}.converter.log"
+    error = llamacpp.convert(checkpoint, Path(run.base_path), converted, log)
+    return {"error": error} if error else llamacpp.gguf_differences(ours, converted)
+
+
 def check_llamacpp(
     head_dir: Path, format_name: str, run: BaseRun, ours: dict, chain: int, settings, work: Path
 ) -> tuple[Outcome, Path | None]:
@@ -463,6 +489,7 @@ def check_llamacpp(
     if "error" in reference:
         outcome.status, outcome.error = "engine-error", f"llama.cpp without a draft: {reference['error']}"
         return outcome, export_dir
+    converted = converter_differences(head_dir, export_dir / GGUF_NAME, run, chain, work)
     log = work / f"{head_dir.name}.{format_name}.log"
     draft = export_dir / GGUF_NAME
     result = llamacpp.decode(
@@ -477,6 +504,7 @@ def check_llamacpp(
     outcome.checks = {
         "output_equals_engine_without_draft": difference is None,
         "acceptance_near_ours": gap is not None and gap <= LLAMACPP_ACCEPTANCE_TOLERANCE,
+        "converter_agrees": "error" not in converted and not any(converted[k] for k in CONVERTER_FIELDS),
     }
     outcome.details = {
         "llamacpp_version": llamacpp.version(),
@@ -490,6 +518,7 @@ def check_llamacpp(
         "engine_seconds": result["seconds"],
         "engine_seconds_without_draft": reference["seconds"],
         "server_command": result["command"],
+        "converter": converted,
     }
     return outcome, export_dir
 

@@ -5,6 +5,9 @@ The server is the program users run; it is driven over HTTP: ``POST /completion`
 as token ids (every engine gets the same ids), ``GET /metrics`` for its speculative-decoding
 counters (tools/server/server-task.cpp: drafts = verification steps, draft tokens, accepted tokens,
 accepted tokens per draft position). The server is stopped on success and on failure.
+
+llama.cpp's own converter (convert_hf_to_gguf.py with ``--target-model-dir``) turns our ``eagle3``
+export into a GGUF too; ``gguf_differences`` compares it with our ``gguf`` export.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ import os
 import re
 import socket
 import subprocess
+import sys
 import time
 import urllib.error
 import urllib.request
@@ -22,6 +26,7 @@ from pathlib import Path
 
 BIN = Path(__file__).resolve().parent / "llama.cpp" / "build" / "bin"  # made by `make engines`
 SERVER = BIN / "llama-server"
+SOURCE = BIN.parent.parent / "src"  # the vendored tree: convert_hf_to_gguf.py, gguf-py
 STARTUP_SECONDS = 120  # a 135M model loads in a second or two; generous for slow disks
 
 
@@ -152,3 +157,54 @@ def version() -> str:
     """What ``llama-server --version`` says (build number and commit)."""
     completed = subprocess.run([str(SERVER), "--version"], capture_output=True, text=True, check=False)
     return " ".join((completed.stdout + completed.stderr).split())
+
+
+def convert(checkpoint: Path, target_dir: Path, out: Path, log_path: Path) -> str | None:
+    """llama.cpp's converter on an EAGLE-3 checkpoint, in f32, run by this Python with the
+    converter's own gguf-py first on the path; None, or its error."""
+    script = SOURCE / "convert_hf_to_gguf.py"
+    if not script.is_file():
+        return f"{script} is missing; build llama.cpp with `make engines`"
+    command = [sys.executable, str(script), str(checkpoint), "--target-model-dir", str(target_dir)]
+    command += ["--outfile", str(out), "--outtype", "f32"]
+    env = {**os.environ, "PYTHONPATH": str(SOURCE / "gguf-py")}
+    with open(log_path, "w") as log:
+        completed = subprocess.run(command, stdout=log, stderr=subprocess.STDOUT, env=env, check=False)
+    if completed.returncode != 0:
+        return f"convert_hf_to_gguf.py exited {completed.returncode}: {log_path.read_text()[-2000:]}"
+    return None
+
+
+def gguf_differences(ours: Path, converted: Path) -> dict:
+    """What differs between two GGUF files of one drafter: tensors (names, types, values) and the
+    architecture's own keys. The tokenizer and ``general.*`` fields are left out: the converter
+    reads the HF tokenizer and the checkpoint's name, our writer copies the target GGUF's fields."""
+    import numpy as np
+    from gguf import GGUFReader
+
+    readers = GGUFReader(ours), GGUFReader(converted)
+    tensors = [{t.name: t for t in reader.tensors} for reader in readers]
+    architecture = readers[0].fields["general.architecture"].contents()
+    keys = [
+        {f.name: f.contents() for f in reader.fields.values() if f.name.startswith(f"{architecture}.")}
+        for reader in readers
+    ]
+    shared = set(tensors[0]) & set(tensors[1])
+    return {
+        "architecture": [architecture, readers[1].fields["general.architecture"].contents()],
+        "only_ours": sorted(set(tensors[0]) - set(tensors[1])),
+        "only_converted": sorted(set(tensors[1]) - set(tensors[0])),
+        "differing": sorted(
+            name
+            for name in shared
+            if tensors[0][name].tensor_type != tensors[1][name].tensor_type
+            or not np.array_equal(tensors[0][name].data, tensors[1][name].data)
+        ),
+        "keys_only_ours": sorted(set(keys[0]) - set(keys[1])),
+        "keys_only_converted": sorted(set(keys[1]) - set(keys[0])),
+        "key_differences": {
+            key: [keys[0][key], keys[1][key]]
+            for key in set(keys[0]) & set(keys[1])
+            if keys[0][key] != keys[1][key]
+        },
+    }

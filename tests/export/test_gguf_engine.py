@@ -105,3 +105,30 @@ def test_a_run_can_be_limited_to_llama_cpp(check):
     # formats no engine here serves are reported with vLLM's runs, not with llama.cpp's
     assert [row.format for row in check.uncovered_formats([], ("llama.cpp",))] == ["gguf"]
     assert "eagle-sglang" in [row.format for row in check.uncovered_formats([], ("vllm",))]
+
+
+def test_gguf_differences_name_tensors_and_keys_that_differ(llamacpp, tmp_path):
+    import numpy as np
+    from gguf import GGUFValueType
+
+    from draftheads.export.gguf import write_gguf_file
+
+    def write(path, layers, tensors):
+        fields = [
+            ("eagle3.target_layers", layers, GGUFValueType.ARRAY, GGUFValueType.INT32),
+            ("general.name", path.stem, GGUFValueType.STRING, None),  # names may differ
+        ]
+        write_gguf_file(path, "eagle3", fields, tensors)
+        return path
+
+    fc = np.arange(6, dtype=np.float32).reshape(2, 3)
+    ours = write(tmp_path / "ours.gguf", [2, 15, 27], {"fc.weight": fc, "d2t": np.arange(4)})
+    same = write(tmp_path / "same.gguf", [2, 15, 27], {"fc.weight": fc.copy(), "d2t": np.arange(4)})
+    assert not any(
+        llamacpp.gguf_differences(ours, same)[k] for k in ("only_ours", "differing", "key_differences")
+    )
+    other = write(tmp_path / "other.gguf", [1, 15, 27], {"fc.weight": fc + 1, "output.weight": fc})
+    differences = llamacpp.gguf_differences(ours, other)
+    assert differences["differing"] == ["fc.weight"]
+    assert differences["only_ours"] == ["d2t"] and differences["only_converted"] == ["output.weight"]
+    assert differences["key_differences"] == {"eagle3.target_layers": [[2, 15, 27], [1, 15, 27]]}
