@@ -517,6 +517,9 @@ def check_llamacpp(
         "ours_equal_engine_without_draft": first_difference(reference["outputs"], ours["outputs"]) is None,
         "engine_seconds": result["seconds"],
         "engine_seconds_without_draft": reference["seconds"],
+        # the server's decode rate over every prompt (prompt processing excluded), with and without
+        "decode_tokens_per_second": result["decode_tokens_per_second"],
+        "decode_tokens_per_second_without_draft": reference["decode_tokens_per_second"],
         "server_command": result["command"],
         "converter": converted,
     }

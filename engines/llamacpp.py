@@ -88,9 +88,9 @@ def running_server(command: list[str], port: int, log_path: Path):
                 process.wait()
 
 
-def complete(port: int, ids: list[int], max_new_tokens: int) -> list[int]:
-    """The new token ids of one greedy completion (stops at the model's end-of-generation tokens,
-    as vLLM's reference does)."""
+def complete(port: int, ids: list[int], max_new_tokens: int) -> dict:
+    """One greedy completion: its new token ids (it stops at the model's end-of-generation tokens, as
+    vLLM's reference does) and the server's timings (``predicted_n``, ``predicted_ms``, ...)."""
     body = {
         "prompt": ids,
         "n_predict": max_new_tokens,
@@ -100,7 +100,8 @@ def complete(port: int, ids: list[int], max_new_tokens: int) -> list[int]:
         "cache_prompt": False,
         "return_tokens": True,
     }
-    return list(json.loads(request(port, "/completion", body))["tokens"])
+    response = json.loads(request(port, "/completion", body))
+    return {"tokens": list(response["tokens"]), "timings": response["timings"]}
 
 
 METRIC = re.compile(r'^llamacpp:(\w+)(?:\{position="(\d+)"\})?\s+(\S+)$')
@@ -140,14 +141,17 @@ def decode(target: Path, prompts: list[list[int]], max_new_tokens: int, log_path
     started = time.perf_counter()
     try:
         with running_server(command, port, log_path):
-            outputs = [complete(port, ids, max_new_tokens) for ids in prompts]
+            completions = [complete(port, ids, max_new_tokens) for ids in prompts]
             counts = spec_counts(request(port, "/metrics").decode())
     except (RuntimeError, OSError, KeyError, ValueError) as err:
         tail = log_path.read_text()[-2000:] if log_path.is_file() else ""
         return {"error": f"{type(err).__name__}: {err}\n{tail}"}
+    generated = sum(c["timings"]["predicted_n"] for c in completions)
+    generating_seconds = sum(c["timings"]["predicted_ms"] for c in completions) / 1000
     return {
-        "outputs": outputs,
+        "outputs": [c["tokens"] for c in completions],
         "spec_decode": counts,
+        "decode_tokens_per_second": round(generated / generating_seconds, 1) if generating_seconds else None,
         "command": command,
         "seconds": round(time.perf_counter() - started, 1),
     }
