@@ -19,7 +19,7 @@ def test_data_inspect_prints_the_report(tmp_path, tiny_base_dir, capsys):
         f"  cache_dir: {tmp_path / 'cache'}\n"
     )
     # 2 of 14 records dropped (14.3%) is more than the default data.max_drop_fraction
-    assert main(["data", "inspect", "--config", str(config), "data.max_length=256"]) == 1
+    assert main(["data", "inspect", "--config", str(config), "data.max_length=256"]) == 3  # bad input
     assert "chats.jsonl: 2 of 14 records dropped (14.3%)" in capsys.readouterr().err
     config.write_text(config.read_text() + "  max_drop_fraction: 0.2\n")
     assert main(["data", "inspect", "--config", str(config), "data.max_length=256"]) == 0
