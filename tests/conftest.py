@@ -36,9 +36,9 @@ def make_tiny_llama(seed: int = 0, **overrides):
 
 @pytest.fixture
 def single_thread():
-    """One intra-op thread for tiny models: they are dominated by per-op overhead, and on a shared
-    2-core machine two spinning OpenMP threads make each tiny forward ~10x slower. Modules opt in
-    with ``pytestmark = pytest.mark.usefixtures("single_thread")``."""
+    """One intra-op thread around a test, whatever an earlier test left set (every test starts with
+    one already: see ``pytest_configure``). Modules opt in with
+    ``pytestmark = pytest.mark.usefixtures("single_thread")``."""
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     yield
@@ -70,4 +70,8 @@ def pytest_configure(config):
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("WANDB_MODE", "offline")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    torch.set_num_threads(max(1, min(2, torch.get_num_threads())))
+    # One intra-op thread in this process and in the processes tests launch: tiny models are
+    # dominated by per-op overhead, and on a shared 2-core machine two spinning OpenMP threads make
+    # a test ~10x slower (the suite's model tests take seconds, not minutes, with one).
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    torch.set_num_threads(1)
