@@ -46,6 +46,7 @@ def test_cache_dir_env(monkeypatch, tmp_path):
 
 
 @pytest.mark.integration
+@pytest.mark.slow
 def test_smollm2_fast_reload_matches_gguf(smollm2):
     """After the one-time conversion, loads take < 3 s and greedy output equals the GGUF model's."""
     from transformers import AutoModelForCausalLM

@@ -86,10 +86,15 @@ def check_kind(
 
 
 pytestmark = pytest.mark.usefixtures("single_thread")
+# ``make test`` keeps one SmolLM2 check of each kind of drafting (parallel heads, an autoregressive
+# head on a dynamic tree); the tiny-model tests cover every head kind, ``make test-all`` runs these.
+SLOW_KINDS = ("eagle", "mtp")
 
 
 @pytest.mark.integration
-@pytest.mark.parametrize("kind", list(HEAD_CONFIGS))
+@pytest.mark.parametrize(
+    "kind", [pytest.param(k, marks=pytest.mark.slow if k in SLOW_KINDS else ()) for k in HEAD_CONFIGS]
+)
 def test_smollm2_greedy_matches_generate(smollm2, kind):
     model, tokenizer = smollm2
     assert all(check_kind(model, tokenizer, kind, prompts=2, tokens=32))
@@ -107,7 +112,7 @@ def packed_smollm2(smollm2):
 
 
 @pytest.mark.integration
-@pytest.mark.parametrize("kind", ["eagle3", "medusa"])
+@pytest.mark.parametrize("kind", ["eagle3", pytest.param("medusa", marks=pytest.mark.slow)])
 def test_smollm2_packed_greedy_matches_unpacked_generate(smollm2, packed_smollm2, kind):
     model, tokenizer = smollm2
     assert all(check_kind(model, tokenizer, kind, prompts=2, tokens=32, decoding_model=packed_smollm2))
@@ -135,7 +140,12 @@ def test_generate_command_streams(smollm2, tmp_path, capsys):
 
 @pytest.mark.integration
 @pytest.mark.parametrize(
-    "kind,context,batch_size", [("eagle3", True, None), ("mtp", False, None), ("eagle3", True, 2)]
+    "kind,context,batch_size",
+    [
+        pytest.param("eagle3", True, None, marks=pytest.mark.slow),
+        pytest.param("mtp", False, None, marks=pytest.mark.slow),
+        ("eagle3", True, 2),
+    ],
 )
 def test_smollm2_batch_rows_match_generate(smollm2, kind, context, batch_size):
     """Chat prompts of different lengths in one batch (or two rows at a time, the third taking the
@@ -154,7 +164,7 @@ def test_smollm2_batch_rows_match_generate(smollm2, kind, context, batch_size):
 
 
 @pytest.mark.integration
-@pytest.mark.parametrize("batch_size", [[], ["--batch-size", "1"]])
+@pytest.mark.parametrize("batch_size", [[], pytest.param(["--batch-size", "1"], marks=pytest.mark.slow)])
 def test_generate_command_decodes_a_batch(smollm2, tmp_path, capsys, batch_size):
     from draftheads.cli import main
 

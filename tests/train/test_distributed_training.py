@@ -8,7 +8,7 @@ resume with 2 ranks to the uninterrupted run's weights; another world size is re
 
 Each launch costs ~30 s of process start-up on a shared 2-core CPU; the smoke selection
 (``-m "not integration"``) keeps EAGLE-3 under ZeRO-2 and ZeRO-3 and the ZeRO-3 resume, the rest
-is marked integration.
+is marked integration and slow (``make test`` skips it).
 """
 
 from __future__ import annotations
@@ -66,7 +66,7 @@ KINDS = ("medusa", "eagle", "eagle3", "mtp", "medusa2")
 def _matrix():
     for kind in KINDS:
         for zero in (0, 2, 3):
-            marks = () if (kind, zero) in SMOKE else (pytest.mark.integration,)
+            marks = () if (kind, zero) in SMOKE else (pytest.mark.integration, pytest.mark.slow)
             yield pytest.param(kind, zero, marks=marks, id=f"{kind}-zero{zero}")
 
 
@@ -130,7 +130,7 @@ def test_two_ranks_train_what_one_rank_trains_with_accumulation(workspace, kind,
 
 @pytest.mark.parametrize(
     "zero",
-    [pytest.param(0, marks=pytest.mark.integration), pytest.param(2, marks=pytest.mark.integration), 3],
+    [pytest.param(zero, marks=[pytest.mark.integration, pytest.mark.slow]) for zero in (0, 2)] + [3],
 )
 def test_a_two_rank_checkpoint_resumes_with_two_ranks_to_the_same_weights(workspace, zero):
     whole = workspace.two_ranks("eagle3", zero)
@@ -157,6 +157,7 @@ def test_resuming_with_another_world_size_is_refused(workspace):
 
 
 @pytest.mark.integration
+@pytest.mark.slow
 def test_medusa2_adapter_gradients_are_averaged_across_ranks(workspace):
     """After training, both ranks hold the same adapter and heads, equal to one rank trained on
     the same global batch (were the adapter's gradients not averaged, each rank's adapter would
@@ -190,6 +191,7 @@ HUNG_RANK_TIMEOUT_SECONDS = 20  # the collective timeout in the hung-rank case
 
 
 @pytest.mark.integration
+@pytest.mark.slow
 @pytest.mark.parametrize("how", ["killed", "hung"])
 def test_a_rank_that_dies_or_hangs_makes_the_other_exit_with_an_error(workspace, how):
     """No launcher to clean up: two plain ``draftheads train`` processes joined by environment
@@ -243,6 +245,7 @@ def test_two_ranks_write_one_head_and_one_set_of_checkpoints(workspace):
 
 
 @pytest.mark.integration
+@pytest.mark.slow
 def test_two_ranks_take_the_decode_eval_in_step_under_zero3(workspace):
     """Rank 0 generates the continuations and sends them; both ranks measure the same head on
     them (under ZeRO-3 each module gathers its parameters as it runs, the same calls on both), so
