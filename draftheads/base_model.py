@@ -122,9 +122,20 @@ def _convert_gguf(gguf: Path, target: Path) -> None:
         model.save_pretrained(tmp, safe_serialization=True)
         tokenizer.save_pretrained(tmp)
         (tmp / "SOURCE").write_text(f"{gguf}\n")
-        os.replace(tmp, target)
+        move_into_place(tmp, target)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def move_into_place(converted: Path, target: Path) -> None:
+    """Rename the finished conversion ``converted`` to ``target``. Two processes converting the same
+    file at once (two commands, or test workers, on a cold cache) both reach this: the second finds
+    ``target`` complete and keeps it, its own copy being removed by the caller."""
+    try:
+        os.replace(converted, target)
+    except OSError:
+        if not (target / "config.json").is_file():
+            raise
 
 
 def resolve_base_path(name_or_path: str, convert: bool = True) -> str:
