@@ -13,10 +13,11 @@ from __future__ import annotations
 
 import os
 import sys
-import tempfile
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
+
+from draftheads.storage import write_text_atomically
 
 RESULT_STEM = "bench"
 RESULT_FILES = (f"{RESULT_STEM}.json", f"{RESULT_STEM}.md")  # what a run writes besides its charts
@@ -113,13 +114,6 @@ class ResultFiles:
             with os.fdopen(handle, "w") as file:
                 file.write(text)
         else:
-            handle, temporary = tempfile.mkstemp(dir=self.out, prefix=f".{path.name}.tmp-")
-            try:
-                with os.fdopen(handle, "w") as file:
-                    file.write(text)
-                os.replace(temporary, path)
-            finally:
-                if os.path.exists(temporary):
-                    os.unlink(temporary)
+            write_text_atomically(path, text)
         self._written[path.name] = file_signature(path)
         return True

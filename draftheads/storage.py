@@ -13,6 +13,7 @@ import errno
 import hashlib
 import os
 import shutil
+import tempfile
 from pathlib import Path
 
 _UNITS = ("B", "KiB", "MiB", "GiB", "TiB", "PiB")
@@ -81,3 +82,18 @@ def apply_default_mode(path: str | Path) -> None:
     """Give a file written through a private temporary file (mode 0600, as safetensors' ``save_file``
     leaves it) the mode a plain ``open()`` would have: 0666 less the umask."""
     os.chmod(path, 0o666 & ~current_umask())
+
+
+def write_text_atomically(path: str | Path, text: str) -> None:
+    """Replace ``path`` with ``text`` so that a reader sees the old file or the whole new one: written
+    to a unique temporary file beside it (removed on failure), given a plain file's mode, renamed."""
+    path = Path(path)
+    handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.tmp-")
+    try:
+        with os.fdopen(handle, "w", encoding="utf-8") as file:
+            file.write(text)
+        apply_default_mode(temporary)
+        os.replace(temporary, path)
+    finally:
+        if os.path.exists(temporary):
+            os.unlink(temporary)

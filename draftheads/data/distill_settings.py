@@ -13,11 +13,11 @@ so none are claimed for it. The corpus mode keeps the same settings in its manif
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
 from draftheads.data.sources import DataError
+from draftheads.storage import write_text_atomically
 
 SETTINGS_SUFFIX = ".settings.json"
 
@@ -65,9 +65,7 @@ def read_settings(path: Path) -> dict | None:
 def write_settings(path: Path, settings: DistillSettings) -> None:
     """Write ``settings`` atomically: a crash leaves no file or the whole one."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    temporary = path.with_name(path.name + ".tmp")
-    temporary.write_text(json.dumps(asdict(settings), indent=2) + "\n", encoding="utf-8")
-    os.replace(temporary, path)
+    write_text_atomically(path, json.dumps(asdict(settings), indent=2) + "\n")
 
 
 def check_or_record(out: Path, settings: DistillSettings, has_records: bool) -> str | None:

@@ -18,8 +18,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -35,6 +33,7 @@ from draftheads.infer.packed import (
     packing_supported,
 )
 from draftheads.speed_probe import forward_seconds, machine_busy
+from draftheads.storage import write_text_atomically
 
 PACK_CHOICES = ("auto", True, False)  # ``pack``: measure, always pack, never pack
 DEFAULT_PACK = "auto"
@@ -117,14 +116,7 @@ def read_cache(path: Path) -> dict:
 def write_cache(path: Path, entries: dict) -> None:
     """Replace the cache file atomically (a reader never sees half of it)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".tmp-")
-    try:
-        with os.fdopen(handle, "w") as file:
-            file.write(json.dumps(entries, indent=2, sort_keys=True) + "\n")
-        os.replace(temporary, path)
-    finally:
-        if os.path.exists(temporary):
-            os.unlink(temporary)
+    write_text_atomically(path, json.dumps(entries, indent=2, sort_keys=True) + "\n")
 
 
 def time_forwards(model, rounds: int = MEASURE_ROUNDS) -> Timings:
