@@ -90,7 +90,7 @@ ERROR_KINDS: tuple[ErrorKind, ...] = (
             ("draftheads.device", "DeviceError"),
             ("draftheads.storage", "InsufficientSpaceError"),
             ("draftheads.export.hub", "HubError"),
-            ("draftheads.data.vllm_server", "ServerError"),
+            ("draftheads.serving.vllm", "ServerError"),
         ),
         errnos=("ENOSPC", "EDQUOT", "EACCES", "EPERM", "EROFS"),
     ),

@@ -5,7 +5,8 @@ is loaded by the engine that serves that format and decoded greedily in fp32.
 
 Run with the project's own virtualenv; the engines run in theirs (``make engines`` builds them), as
 subprocesses that import nothing from draftheads (``vllm_decode.py``, ``speculators_check.py``);
-llama.cpp runs as its own server, driven over HTTP (``llamacpp.py``). ``--engines`` limits a run.
+llama.cpp runs as its own server, driven over HTTP (``draftheads.serving.llamacpp``). ``--engines``
+limits a run.
 For each (head, format) it checks:
 
 (a) the engine's output with the draft equals the engine's output without one, token for token;
@@ -35,6 +36,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from draftheads.serving import llamacpp
 from draftheads.shipped import SHIPPED_HEADS
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -58,8 +60,8 @@ VLLM_METHODS = {
     "dflash": "dflash",
     "dflash-speculators": None,
 }
-# Formats llama.cpp loads (engines/llamacpp.py): the gguf export drafts for the base's GGUF, dequantised
-# to f32 (the dtype whose greedy output is llama.cpp's reference for its own speculation).
+# Formats llama.cpp loads (draftheads.serving.llamacpp): the gguf export drafts for the base's GGUF,
+# dequantised to f32 (the dtype whose greedy output is llama.cpp's reference for its own speculation).
 LLAMACPP_FORMATS = ("gguf",)
 # The engines a run may be limited to (``--engines``): vLLM (with the speculators package check) and
 # llama.cpp. Formats no engine here serves are reported in runs that include vLLM, as before llama.cpp.
@@ -430,8 +432,6 @@ def check_format(
 def llamacpp_base(base_name: str, prompts: list[list[int]], settings: CheckSettings, work: Path) -> dict:
     """The base as llama.cpp runs it here: its embedded GGUF dequantised to f32 (the weights our
     fp32 copy holds), and llama.cpp's greedy outputs without a draft."""
-    import llamacpp  # engines/llamacpp.py (this script's directory is on sys.path)
-
     from draftheads.base_model import ALIASES, locate_embedded
     from draftheads.export.gguf import write_dequantized_gguf
 
@@ -460,8 +460,6 @@ CONVERTER_FIELDS = (
 def converter_differences(head_dir: Path, ours: Path, run: BaseRun, chain: int, work: Path) -> dict:
     """llama.cpp's converter on our ``eagle3`` export of the head (with the base's HF directory as
     its target), compared with our ``gguf`` export; or the error that stopped it."""
-    import llamacpp
-
     checkpoint = work / f"{head_dir.name}.eagle3-for-converter"
     refusal = export(head_dir, "eagle3", checkpoint, run.base_path, chain)
     if refusal:
@@ -477,8 +475,6 @@ def check_llamacpp(
 ) -> tuple[Outcome, Path | None]:
     """(a) in llama.cpp's server: its output with our GGUF drafting ``chain`` tokens a step equals its
     output without a draft; its acceptance counts next to ours (``LLAMACPP_ACCEPTANCE_TOLERANCE``)."""
-    import llamacpp
-
     from draftheads.export.gguf import GGUF_NAME
 
     outcome = Outcome(head_dir.name, head_kind(head_dir), format_name, "llama.cpp", status="pass")

@@ -2,7 +2,7 @@
 so a head learns the base model's own text (``draftheads.data.distill``). Two engines: ``hf`` decodes
 in this process with continuous batching (``draftheads.data.distill_hf``); ``vllm`` sends the turns
 to vLLM's OpenAI-compatible server, a running one (``--server``) or one started from its own
-virtualenv (``--vllm-venv``; ``draftheads.data.distill_vllm``, ``draftheads.data.vllm_server``)."""
+virtualenv (``--vllm-venv``; ``draftheads.data.distill_vllm``, ``draftheads.serving.vllm``)."""
 
 from __future__ import annotations
 
@@ -109,7 +109,7 @@ def run_vllm(
 ) -> DistillCounts:
     from draftheads.base_model import resolve_base_path
     from draftheads.data.distill_vllm import ServerEngine, check_server
-    from draftheads.data.vllm_server import MAX_MODEL_LEN, vllm_server
+    from draftheads.serving.vllm import MAX_MODEL_LEN, vllm_server
 
     base_path = resolve_base_path(args.base)
     context = context_limit(model_config, args.max_length)
@@ -205,7 +205,7 @@ def run(args: argparse.Namespace) -> int:
 
         model_config = AutoConfig.from_pretrained(resolve_base_path(args.base))
         dtype = decoded_dtype(args)
-        from draftheads.data.vllm_server import ServerError
+        from draftheads.serving.vllm import ServerError
 
         try:
             tokenizer = load_tokenizer(args.base)

@@ -99,7 +99,7 @@ def run(args: argparse.Namespace) -> int:
         from transformers import AutoConfig
 
         from draftheads.data.distill_vllm import check_server
-        from draftheads.data.vllm_server import ServerError, vllm_server
+        from draftheads.serving.vllm import ServerError, vllm_server
 
         base_path = resolve_base_path(args.base)
         tokenizer = load_tokenizer(args.base)

@@ -21,7 +21,7 @@ from pathlib import Path
 
 from draftheads.config import DistillConfig
 from draftheads.data.distill import Turn, TurnQueue
-from draftheads.data.vllm_server import ServerError
+from draftheads.serving.vllm import ServerError
 from draftheads.settings import ConfigError
 
 PROBE = [

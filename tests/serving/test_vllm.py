@@ -11,7 +11,7 @@ import urllib.request
 
 import pytest
 
-from draftheads.data.vllm_server import ServerError, serve_command, vllm_environment, vllm_server
+from draftheads.serving.vllm import ServerError, serve_command, vllm_environment, vllm_server
 
 STAND_IN = """
 import json, os, sys

@@ -1,5 +1,6 @@
-"""Greedy decoding in llama.cpp's own server (``make engines`` builds it into engines/llama.cpp), with
-or without an EAGLE-3 draft, for the engine check. Imports nothing from draftheads.
+"""Greedy decoding in llama.cpp's own server (``make engines`` builds it into engines/llama.cpp of a
+checkout; ``root`` names another build), with or without an EAGLE-3 draft: the engine check and
+``draftheads bench --engine llamacpp``.
 
 The server is the program users run; it is driven over HTTP: ``POST /completion`` with the prompt
 as token ids (every engine gets the same ids), ``GET /metrics`` for its speculative-decoding
@@ -15,7 +16,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import socket
 import subprocess
 import sys
 import time
@@ -24,24 +24,32 @@ import urllib.request
 from contextlib import contextmanager
 from pathlib import Path
 
-BIN = Path(__file__).resolve().parent / "llama.cpp" / "build" / "bin"  # made by `make engines`
-SERVER = BIN / "llama-server"
-SOURCE = BIN.parent.parent / "src"  # the vendored tree: convert_hf_to_gguf.py, gguf-py
+from draftheads.distributed import free_port
+from draftheads.shipped import CHECKOUT
+
+# made by `make engines`: src/ (the vendored tree: convert_hf_to_gguf.py, gguf-py), build/bin/
+LLAMACPP_DIR = CHECKOUT / "engines" / "llama.cpp"
+
+
+def server_path(root: Path = LLAMACPP_DIR) -> Path:
+    return root / "build" / "bin" / "llama-server"
+
+
+def source_path(root: Path = LLAMACPP_DIR) -> Path:
+    return root / "src"
+
+
 STARTUP_SECONDS = 120  # a 135M model loads in a second or two; generous for slow disks
 
 
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
-def server_command(target: Path, port: int, draft: Path | None, chain: int) -> list[str]:
+def server_command(
+    target: Path, port: int, draft: Path | None, chain: int, root: Path = LLAMACPP_DIR
+) -> list[str]:
     """``llama-server`` on ``target`` with one slot, f32 KV caches (the dtype the check compares in;
     llama.cpp's default is f16) and ``--metrics``; with ``draft``, EAGLE-3 drafting of exactly
     ``chain`` tokens a step (no early stop on low draft probability, no minimum)."""
     threads = str(len(os.sched_getaffinity(0)))
-    command = [str(SERVER), "-m", str(target), "--host", "127.0.0.1", "--port", str(port)]
+    command = [str(server_path(root)), "-m", str(target), "--host", "127.0.0.1", "--port", str(port)]
     command += ["-np", "1", "-c", "2048", "-t", threads, "-ctk", "f32", "-ctv", "f32"]
     command += ["--metrics", "--no-webui", "--no-warmup"]
     if draft is not None:
@@ -131,13 +139,21 @@ def spec_counts(metrics: str) -> dict | None:
     }
 
 
-def decode(target: Path, prompts: list[list[int]], max_new_tokens: int, log_path: Path, **draft) -> dict:
-    """Greedy outputs of every prompt in one server (``draft``: ``draft=Path, chain=int``), its
-    counters and its wall time; on any failure ``{"error": ...}`` with the log's tail."""
-    if not SERVER.is_file():
-        return {"error": f"{SERVER} is missing; build it with `make engines`"}
+def decode(
+    target: Path,
+    prompts: list[list[int]],
+    max_new_tokens: int,
+    log_path: Path,
+    draft: Path | None = None,
+    chain: int = 0,
+    root: Path = LLAMACPP_DIR,
+) -> dict:
+    """Greedy outputs of every prompt in one server (with ``draft`` drafting ``chain`` tokens a
+    step), its counters and its wall time; on any failure ``{"error": ...}`` with the log's tail."""
+    if not server_path(root).is_file():
+        return {"error": f"{server_path(root)} is missing; build it with `make engines`"}
     port = free_port()
-    command = server_command(target, port, draft.get("draft"), draft.get("chain", 0))
+    command = server_command(target, port, draft, chain, root)
     started = time.perf_counter()
     try:
         with running_server(command, port, log_path):
@@ -157,21 +173,25 @@ def decode(target: Path, prompts: list[list[int]], max_new_tokens: int, log_path
     }
 
 
-def version() -> str:
+def version(root: Path = LLAMACPP_DIR) -> str:
     """What ``llama-server --version`` says (build number and commit)."""
-    completed = subprocess.run([str(SERVER), "--version"], capture_output=True, text=True, check=False)
+    completed = subprocess.run(
+        [str(server_path(root)), "--version"], capture_output=True, text=True, check=False
+    )
     return " ".join((completed.stdout + completed.stderr).split())
 
 
-def convert(checkpoint: Path, target_dir: Path, out: Path, log_path: Path) -> str | None:
+def convert(
+    checkpoint: Path, target_dir: Path, out: Path, log_path: Path, root: Path = LLAMACPP_DIR
+) -> str | None:
     """llama.cpp's converter on an EAGLE-3 checkpoint, in f32, run by this Python with the
     converter's own gguf-py first on the path; None, or its error."""
-    script = SOURCE / "convert_hf_to_gguf.py"
+    script = source_path(root) / "convert_hf_to_gguf.py"
     if not script.is_file():
         return f"{script} is missing; build llama.cpp with `make engines`"
     command = [sys.executable, str(script), str(checkpoint), "--target-model-dir", str(target_dir)]
     command += ["--outfile", str(out), "--outtype", "f32"]
-    env = {**os.environ, "PYTHONPATH": str(SOURCE / "gguf-py")}
+    env = {**os.environ, "PYTHONPATH": str(source_path(root) / "gguf-py")}
     with open(log_path, "w") as log:
         completed = subprocess.run(command, stdout=log, stderr=subprocess.STDOUT, env=env, check=False)
     if completed.returncode != 0:
