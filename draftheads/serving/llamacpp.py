@@ -232,3 +232,37 @@ def gguf_differences(ours: Path, converted: Path) -> dict:
             if keys[0][key] != keys[1][key]
         },
     }
+
+
+def parallel_server_command(
+    target: Path, port: int, slots: int, context: int, speculative: list[str], root: Path = LLAMACPP_DIR
+) -> list[str]:
+    """``llama-server`` on ``target`` set up as ``server_command`` sets it up (f32 KV caches,
+    ``--metrics``, every core this process may use), with ``slots`` parallel slots of ``context``
+    tokens each (llama-server splits ``-c`` among its slots unless ``--kv-unified``) and the
+    drafting flags ``speculative`` (``eagle3_flags``, ``ngram_flags``; none: no draft)."""
+    threads = str(len(os.sched_getaffinity(0)))
+    command = [str(server_path(root)), "-m", str(target), "--host", "127.0.0.1", "--port", str(port)]
+    command += ["-np", str(slots), "-c", str(context * slots), "-t", threads, "-ctk", "f32", "-ctv", "f32"]
+    return command + ["--metrics", "--no-webui", "--no-warmup", *speculative]
+
+
+def eagle3_flags(draft: Path, chain: int) -> list[str]:
+    """EAGLE-3 drafting with ``draft`` of exactly ``chain`` tokens a step, as ``server_command``."""
+    threads = str(len(os.sched_getaffinity(0)))
+    flags = ["-md", str(draft), "--spec-type", "draft-eagle3", "-td", threads]
+    flags += ["--spec-draft-n-max", str(chain), "--spec-draft-n-min", "0", "--spec-draft-p-min", "0"]
+    return flags + ["-ctkd", "f32", "-ctvd", "f32"]
+
+
+def ngram_flags(lookup: int, draft_tokens: int) -> list[str]:
+    """llama.cpp's own prompt-lookup drafting (``ngram-simple``, docs/speculative.md of its source):
+    the ``draft_tokens`` that followed the last earlier occurrence of the newest ``lookup`` tokens."""
+    return [
+        "--spec-type",
+        "ngram-simple",
+        "--spec-ngram-simple-size-n",
+        str(lookup),
+        "--spec-ngram-simple-size-m",
+        str(draft_tokens),
+    ]
