@@ -34,6 +34,7 @@ from collections import defaultdict
 from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -52,6 +53,9 @@ from draftheads.speed_probe import (
     quiet_limit,
     summarize_probes,
 )
+
+if TYPE_CHECKING:
+    from draftheads.bench_engines import EngineSettings
 
 TAU_CONVENTION = (
     "tokens per base-model forward, counting the token the base model produces itself (plain decoding = 1)"
@@ -336,7 +340,8 @@ def run_bench(
     run and after every run. A repeat of a batch (every method's run of it, back to back) is one
     unit: its samples keep the slowest probe around its runs, and units within ``QUIET_MARGIN`` of
     the fastest unit are flagged quiet. ``after_batch``: called with the samples so far after every
-    batch (to save partial results)."""
+    batch (to save partial results). Greedy agreement is with the first method's output, or with
+    that of the earlier method a method names in its ``agrees_with``."""
     from tqdm.auto import tqdm
 
     if continuous and batch_size > 1:
@@ -371,14 +376,15 @@ def run_bench(
             last_probe = around[-1]
             if probe:
                 unit_probes.append(max(around))
-        reference = None
-        for method_runs in runs:
+        by_method: dict[str, list[Sample]] = {}
+        for method, method_runs in zip(methods, runs):
             batch_samples = _median(method_runs)
             for sample in batch_samples:  # the batch size asked for (the last batch may be smaller)
                 sample.batch_size = batch_size
                 sample.repeat_probe_seconds = list(unit_probes)
-            if reference is None:
-                reference = batch_samples
+            by_method[method.name] = batch_samples
+            # against the first method, or the earlier method it names (an engine's own plain run)
+            reference = by_method[getattr(method, "agrees_with", None) or methods[0].name]
             if temperature <= 0:
                 for sample, expected in zip(batch_samples, reference):
                     sample.agrees = sample.tokens == expected.tokens
@@ -680,6 +686,10 @@ def results_markdown(samples, summaries, info: dict, settings: dict, partial: bo
             "so the first figure can lie outside that range.\n\n"
         )
     header += probe_note(samples)
+    if settings.get("engine"):
+        from draftheads.bench_engines import engine_note
+
+        header += engine_note(settings["engine"])
     if settings.get("continuous") and any(s.batch_size > 1 for s in summaries):
         header += (
             "batch B > 1: the draftheads methods decode every prompt in one run, at most B at once, "
@@ -969,14 +979,22 @@ def build_methods(settings: BenchSettings, model, tokenizer) -> tuple[list, str]
     return methods + heads, kernels.describe()
 
 
-def bench(settings: BenchSettings, progress: bool = True) -> tuple[list[Summary], list[Path]]:
+def bench(
+    settings: BenchSettings, progress: bool = True, engine: EngineSettings | None = None
+) -> tuple[list[Summary], list[Path]]:
     """Run every method on the same prompts, interleaved, at each of ``settings.batch_sizes``; write
     bench.json and bench.md to ``settings.out`` after every batch (``"partial": true`` until the
-    last) and the charts at the end; return the summaries and the files written."""
+    last) and the charts at the end; return the summaries and the files written. ``engine``: also
+    the engine's rows (``draftheads.bench_engines``), its servers up for the run."""
     from draftheads.base_model import load_base, resolve_dtype
     from draftheads.heads import resolve_base_model
 
     check_settings(settings)
+    if engine is not None:
+        from draftheads.bench_engines import check_engine, engine_methods, with_engine_defaults
+
+        check_engine(engine, settings)
+        settings = with_engine_defaults(settings)
     base_name = resolve_base_model(settings.heads[0], settings.base) if settings.heads else settings.base
     model, tokenizer = load_base(base_name, dtype=settings.dtype, device=settings.device)
     methods, kernels = build_methods(settings, model, tokenizer)
@@ -984,14 +1002,33 @@ def bench(settings: BenchSettings, progress: bool = True) -> tuple[list[Summary]
     record = {**asdict(settings), "base": base_name, "kernels": kernels}
     info = machine_info(resolve_dtype(settings.dtype, settings.device), settings.device)
     files = claim_out(Path(settings.out), settings.overwrite, info, record)
-    if progress:
-        print(
-            f"bench: {len(prompts)} prompts x {len(methods)} methods, "
-            f"max_new_tokens={settings.max_new_tokens}, "
-            f"T={settings.temperature}, {settings.dtype} on {settings.device}; drafting methods' linear "
-            f"kernels: {kernels}"
-            + (f", batch sizes {list(settings.batch_sizes)}" if settings.batch_sizes != (1,) else "")
-        )
+    with contextlib.ExitStack() as servers:  # an engine's servers stop however the run ends
+        if engine is not None:
+            logs = files.out / "engine-logs"
+            engine_rows, record["engine"] = servers.enter_context(
+                engine_methods(engine, settings, base_name, logs)
+            )
+            methods = methods + engine_rows
+        if progress:
+            print(
+                f"bench: {len(prompts)} prompts x {len(methods)} methods, "
+                f"max_new_tokens={settings.max_new_tokens}, "
+                f"T={settings.temperature}, {settings.dtype} on {settings.device}; drafting methods' linear "
+                f"kernels: {kernels}"
+                + (f", batch sizes {list(settings.batch_sizes)}" if settings.batch_sizes != (1,) else "")
+            )
+        samples, summaries = run_batch_sizes(settings, methods, prompts, model, info, record, files, progress)
+    paths = write_results(samples, summaries, info, record, files.out, files)
+    if settings.overwrite:
+        files.remove_stale_charts(paths)
+    return summaries, paths
+
+
+def run_batch_sizes(
+    settings: BenchSettings, methods, prompts, model, info: dict, record: dict, files, progress: bool
+) -> tuple[list[Sample], list[Summary]]:
+    """``run_bench`` at each of ``settings.batch_sizes``, saving partial results after every
+    batch; every sample and every batch size's summaries."""
     samples, summaries = [], []
     reference = methods[0].name
 
@@ -1023,10 +1060,7 @@ def bench(settings: BenchSettings, progress: bool = True) -> tuple[list[Summary]
             )
         samples += batch_samples
         summaries += summarize(batch_samples, reference_method=reference)
-    paths = write_results(samples, summaries, info, record, files.out, files)
-    if settings.overwrite:
-        files.remove_stale_charts(paths)
-    return summaries, paths
+    return samples, summaries
 
 
 def claim_out(out: Path, overwrite: bool, info: dict, record: dict) -> ResultFiles:

