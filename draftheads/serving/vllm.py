@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import signal
 import subprocess
 import time
@@ -161,3 +162,74 @@ def vllm_server(
         yield url
     finally:
         stop(process)
+
+
+# vLLM's speculative-decoding counters in its Prometheus text (vllm/v1/spec_decode/metrics.py):
+# drafts (verification steps that drafted), draft tokens, accepted tokens, and accepted tokens per
+# draft position (label ``position``); counters end in ``_total``, and every line has a model label.
+SPEC_METRIC = re.compile(r"^vllm:spec_decode_(\w+?)_total(?:\{([^}]*)\})?\s+(\S+)$")
+POSITION_LABEL = re.compile(r'position="(\d+)"')
+
+
+def spec_counts(metrics: str) -> dict | None:
+    """The server's speculative-decoding counters from ``GET /metrics``: drafts, draft_tokens,
+    accepted_tokens, accepted_per_position; None when the server drafts nothing."""
+    values: dict[str, float] = {}
+    per_position: dict[int, int] = {}
+    for line in metrics.splitlines():
+        match = SPEC_METRIC.match(line.strip())
+        if not match:
+            continue
+        name, labels, value = match.groups()
+        position = POSITION_LABEL.search(labels or "")
+        if name == "num_accepted_tokens_per_pos" and position:
+            per_position[int(position.group(1))] = int(float(value))
+        elif name in ("num_drafts", "num_draft_tokens", "num_accepted_tokens"):
+            values[name] = values.get(name, 0.0) + float(value)
+    if "num_drafts" not in values:
+        return None
+    return {
+        "drafts": int(values["num_drafts"]),
+        "draft_tokens": int(values.get("num_draft_tokens", 0)),
+        "accepted_tokens": int(values.get("num_accepted_tokens", 0)),
+        "accepted_per_position": [per_position[i] for i in sorted(per_position)],
+    }
+
+
+def get_text(url: str, path: str, timeout: float = 60.0) -> str:
+    with urllib.request.urlopen(f"{url}{path}", timeout=timeout) as response:
+        return response.read().decode()
+
+
+def post_json(url: str, path: str, body: dict, timeout: float = 600.0) -> dict:
+    request = urllib.request.Request(
+        f"{url}{path}", data=json.dumps(body).encode(), headers={"Content-Type": "application/json"}
+    )
+    with urllib.request.urlopen(request, timeout=timeout) as response:
+        return json.load(response)
+
+
+def served_model(url: str) -> str:
+    """The id the server serves its model under (``/v1/models``), which requests must name."""
+    return json.loads(get_text(url, "/v1/models"))["data"][0]["id"]
+
+
+def chat(url: str, model: str, content: str, max_tokens: int) -> dict:
+    """One greedy one-turn chat through ``/v1/chat/completions``: the answer's text, its token ids
+    and the prompt's token ids (``return_token_ids``), and why it finished."""
+    body = {
+        "model": model,
+        "messages": [{"role": "user", "content": content}],
+        "temperature": 0.0,
+        "max_tokens": max_tokens,
+        "seed": 0,
+        "return_token_ids": True,
+    }
+    answer = post_json(url, "/v1/chat/completions", body)
+    choice = answer["choices"][0]
+    return {
+        "text": choice["message"]["content"],
+        "token_ids": list(choice.get("token_ids") or []),
+        "prompt_token_ids": list(answer.get("prompt_token_ids") or []),
+        "finish_reason": choice.get("finish_reason"),
+    }

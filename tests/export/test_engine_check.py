@@ -172,3 +172,77 @@ def test_every_engine_format_no_head_reached_is_reported(check):
     expected = {name for name in FORMAT_REGISTRY if name not in ("draftheads", "eagle3")}
     assert {row.format for row in rows} == expected
     assert all(row.status == "no-head" and row.error for row in rows)
+
+
+class WordTokenizer:
+    """Decodes ids as words, dropping the end-of-turn id 2 as a special token."""
+
+    def decode(self, ids, skip_special_tokens=False):
+        return " ".join(f"w{i}" for i in ids if not (skip_special_tokens and i == 2))
+
+
+def http_run(check, reference):
+    request = {"base": "/base", "prompts": [[1, 5], [1, 6]]}
+    return check.BaseRun(None, WordTokenizer(), "/base", request, {"outputs": reference}, {})
+
+
+def answers(outputs, prompts=([1, 5], [1, 6])):
+    return [
+        {
+            "text": WordTokenizer().decode(ids, skip_special_tokens=True),
+            "token_ids": ids,
+            "prompt_token_ids": list(p),
+            "finish_reason": "stop",
+        }
+        for ids, p in zip(outputs, prompts)
+    ]
+
+
+@pytest.mark.parametrize(
+    "served, failing",
+    [
+        ({"answers": answers([[7, 8, 2], [9, 2]])}, set()),
+        ({"answers": answers([[7, 8, 2], [9, 4]])}, {"output_equals_offline", "text_equals_offline"}),
+        ({"answers": answers([[7, 8, 2], [9, 2]], prompts=([1, 5], [1, 7]))}, {"prompt_ids_equal_ours"}),
+        ({"answers": answers([[7, 8, 2], [9, 2]]), "counts": [4, 1]}, {"acceptance_equals_offline"}),
+    ],
+)
+def test_the_http_check_fails_on_any_difference_from_the_offline_run(
+    check, tmp_path, monkeypatch, served, failing
+):
+    offline_counts = {"drafts": 5, "accepted_per_position": [4, 2]}
+    counts = {"drafts": 5, "accepted_per_position": served.get("counts", [4, 2])}
+    result = {"answers": served["answers"], "spec_decode": counts, "seconds": 1.0}
+    monkeypatch.setattr(check, "decode_over_http", lambda *args: result)
+    offline = check.Outcome(
+        "h", "eagle3", "eagle3", "vllm", "pass", details={"engine_acceptance": offline_counts}
+    )
+    run = http_run(check, [[7, 8, 2], [9, 2]])
+    outcome = check.check_vllm_http(
+        Path("h"), "eagle3", offline, tmp_path, run, 3, check.CheckSettings(), tmp_path
+    )
+    assert outcome.engine == "vllm-http"
+    assert {name for name, ok in outcome.checks.items() if not ok} == failing
+
+
+def test_a_server_that_cannot_start_is_an_engine_error(check, tmp_path, monkeypatch):
+    monkeypatch.setattr(check, "decode_over_http", lambda *args: {"error": "ServerError: exited 1"})
+    offline = check.Outcome("h", "eagle3", "speculators", "vllm", "pass")
+    run = http_run(check, [[7, 2], [9, 2]])
+    outcome = check.check_vllm_http(
+        Path("h"), "speculators", offline, tmp_path, run, 3, check.CheckSettings(), tmp_path
+    )
+    assert outcome.status == "engine-error" and "exited 1" in outcome.error
+
+
+def test_the_speculators_export_is_served_as_the_model_with_the_base_tokenizer(check, tmp_path):
+    run = check.BaseRun(None, None, "/base", {"base": "/base", "prompts": [[1]]}, {}, {})
+    assert check.http_server_settings(run, "speculators", tmp_path, 3) == {
+        "model": str(tmp_path),
+        "tokenizer": "/base",
+        "speculative_config": None,
+    }
+    eagle3 = check.http_server_settings(run, "eagle3", tmp_path, 3)
+    assert eagle3["model"] == "/base" and eagle3["tokenizer"] is None
+    assert eagle3["speculative_config"]["method"] == "eagle3"
+    assert check.HTTP_FORMATS == ("eagle3", "speculators")
