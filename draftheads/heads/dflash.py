@@ -33,7 +33,16 @@ from transformers import DynamicCache
 
 from draftheads.compat import cache_kwargs
 from draftheads.heads.base import DraftHead, HeadConfig, register_head
-from draftheads.heads.layers import additive_mask, build_decoder_layer, build_rms_norm, build_rotary_embedding
+from draftheads.heads.layers import (
+    add_attention,
+    add_feed_forward,
+    additive_mask,
+    architecture,
+    build_decoder_layer,
+    build_rms_norm,
+    build_rotary_embedding,
+    norm_weight_for,
+)
 from draftheads.settings import ConfigError
 
 
@@ -116,9 +125,22 @@ def resolve_feature_layers(config: DFlashConfig, num_hidden_layers: int) -> tupl
     return tuple(layers)
 
 
-def layer_config(base_config, architecture: str | None):
+def _activation(base_config) -> str:
+    """The MLP activation's name (Gemma configs call the field ``hidden_activation``)."""
+    return getattr(base_config, "hidden_act", None) or base_config.hidden_activation
+
+
+def _draft_rope(base_config) -> dict:
+    """The base's rope parameters; for an architecture with one set per attention type (Gemma 3),
+    the set of the type its draft layers are built as."""
+    arch = architecture(base_config.model_type)
+    rope = dict(base_config.rope_parameters)
+    return dict(rope[arch.draft_layer_type]) if arch.typed_rotary else rope
+
+
+def layer_config(base_config, layer_architecture: str | None):
     """The config the draft layers are built from: the base's, or a Qwen3 config of its geometry."""
-    if architecture is None or architecture == base_config.model_type:
+    if layer_architecture is None or layer_architecture == base_config.model_type:
         return base_config
     from transformers import Qwen3Config
 
@@ -131,10 +153,10 @@ def layer_config(base_config, architecture: str | None):
         num_key_value_heads=base_config.num_key_value_heads,
         head_dim=getattr(base_config, "head_dim", None)
         or base_config.hidden_size // base_config.num_attention_heads,
-        hidden_act=base_config.hidden_act,
+        hidden_act=_activation(base_config),
         max_position_embeddings=base_config.max_position_embeddings,
         rms_norm_eps=base_config.rms_norm_eps,
-        rope_parameters=dict(base_config.rope_parameters),
+        rope_parameters=_draft_rope(base_config),
         attention_bias=False,
         tie_word_embeddings=False,
     )
@@ -247,7 +269,8 @@ class DFlashHead(DraftHead):
         final_norm = getattr(base_model.base_model, "norm", None)
         if final_norm is not None and final_norm.weight.shape == self.norm.weight.shape:
             with torch.no_grad():
-                self.norm.weight.copy_(final_norm.weight)
+                base_type, layer_type = base_model.config.model_type, self.layer_config.model_type
+                self.norm.weight.copy_(norm_weight_for(final_norm.weight, base_type, layer_type))
 
     @property
     def block_size(self) -> int:
@@ -301,6 +324,7 @@ class DFlashHead(DraftHead):
         hidden = block.to(context.dtype)
         position_embeddings = self.rotary_emb(hidden, position_ids)
         width = context.shape[1]
+        model_type = self.layer_config.model_type
         for layer in self.layers:
             attention_input = torch.cat([context, layer.input_layernorm(hidden)], dim=1)  # (B, C + Q, h)
             attended, _ = layer.self_attn(
@@ -310,8 +334,8 @@ class DFlashHead(DraftHead):
                 **cache_kwargs(cache),
                 position_embeddings=position_embeddings,
             )  # (B, C + Q, h)
-            hidden = hidden + attended[:, width:]
-            hidden = hidden + layer.mlp(layer.post_attention_layernorm(hidden))  # (B, Q, h)
+            hidden = add_attention(layer, model_type, hidden, attended[:, width:])
+            hidden = add_feed_forward(layer, model_type, hidden)  # (B, Q, h)
         return self.norm(hidden)
 
     def logits(self, states: torch.Tensor) -> torch.Tensor:

@@ -39,6 +39,8 @@ from transformers import DynamicCache
 from draftheads.compat import cache_kwargs
 from draftheads.heads.base import GROWABLE, INIT_ONLY, TRAINING_ONLY, DraftHead, HeadConfig, register_head
 from draftheads.heads.layers import (
+    add_attention,
+    add_feed_forward,
     additive_mask,
     build_decoder_layer,
     build_rms_norm,
@@ -416,8 +418,9 @@ class Eagle3Head(DraftHead):
             **cache_kwargs(cache),
             position_embeddings=position_embeddings,
         )  # (B, T, h)
-        hidden = hidden + attended
-        hidden = hidden + layer.mlp(layer.post_attention_layernorm(hidden))  # (B, T, h)
+        model_type = self.base_config.model_type
+        hidden = add_attention(layer, model_type, hidden, attended)
+        hidden = add_feed_forward(layer, model_type, hidden)  # (B, T, h)
         for later in self.layers:
             hidden = later(
                 hidden,

@@ -6,7 +6,13 @@ fork breaks with every transformers release, as SafeAILab/EAGLE issue #278 shows
 is listed here once its decoder layer has been checked to take ``(hidden_states, attention_mask,
 position_ids, the KV cache (``draftheads.compat.cache_kwargs``), use_cache,
 position_embeddings=(cos, sin))`` and to update a ``DynamicCache`` through
-``cache.update(keys, values, layer_idx)`` (transformers 5.23 and 5.24).
+``cache.update(keys, values, layer_idx)`` (transformers 5.23 and 5.24). Heads that run a layer's
+parts one by one (EAGLE-3's midlayer, DFlash) combine them with ``add_attention`` and
+``add_feed_forward``, which follow the architecture's norm layout.
+
+Draft layers are full-attention layers: the masks the heads build see the whole prefix, with no
+sliding window (Gemma 3 interleaves sliding-window and full layers; ``Architecture.draft_layer_type``
+pins the type its draft layers are built as).
 
 Masks are additive float tensors (0 = attend, dtype-min = masked) of shape (B, 1, Q, K), the form
 ``sdpa`` and ``eager`` attention take and tree verification uses too (``draftheads.infer.tree``).
@@ -33,6 +39,18 @@ class Architecture:
 
     module: str  # the modeling module, imported lazily
     prefix: str  # class-name prefix: {prefix}DecoderLayer, {prefix}RotaryEmbedding, {prefix}RMSNorm
+    # Gemma 2/3 layers norm each sublayer's output as well as its input ("sandwich" norms:
+    # post_attention_layernorm on the attention output, pre_/post_feedforward_layernorm around the
+    # MLP); in Llama-style layers post_attention_layernorm is the MLP's input norm.
+    sandwich_norms: bool = False
+    # Its RMSNorm scales by norm_offset + weight (Gemma: 1 + weight, the weight initialised to 0).
+    norm_offset: float = 0.0
+    # The attention type draft layers are built as (every entry of their config's layer_types);
+    # None: the config's types as they are.
+    draft_layer_type: str | None = None
+    # Its rotary embedding holds one table per attention type and is called with the type (Gemma 3:
+    # rope_theta 1e6 for full attention, 1e4 for sliding); draft layers use draft_layer_type's.
+    typed_rotary: bool = False
 
     def component(self, suffix: str) -> type[nn.Module]:
         return getattr(importlib.import_module(self.module), f"{self.prefix}{suffix}")
@@ -43,6 +61,17 @@ ARCHITECTURES: dict[str, Architecture] = {
     "mistral": Architecture("transformers.models.mistral.modeling_mistral", "Mistral"),
     "qwen2": Architecture("transformers.models.qwen2.modeling_qwen2", "Qwen2"),
     "qwen3": Architecture("transformers.models.qwen3.modeling_qwen3", "Qwen3"),
+    # Gemma 3 text models (model_type gemma3_text, Gemma3ForCausalLM): q/k norms inside the attention,
+    # scores scaled by query_pre_attn_scalar**-0.5, embeddings by sqrt(hidden_size) inside the
+    # embedding module (Gemma3TextScaledWordEmbedding, so a head reusing it gets the same scale).
+    "gemma3_text": Architecture(
+        "transformers.models.gemma3.modeling_gemma3",
+        "Gemma3",
+        sandwich_norms=True,
+        norm_offset=1.0,
+        draft_layer_type="full_attention",
+        typed_rotary=True,
+    ),
 }
 
 
@@ -60,6 +89,9 @@ def draft_layer_config(base_config, **overrides):
     with ``overrides`` (e.g. ``intermediate_size``) set on it."""
     config = copy.deepcopy(base_config)
     config._attn_implementation = DRAFT_ATTENTION
+    layer_type = architecture(config.model_type).draft_layer_type
+    if layer_type is not None and getattr(config, "layer_types", None) is not None:
+        config.layer_types = [layer_type] * len(config.layer_types)
     for name, value in overrides.items():
         if not hasattr(config, name):
             raise ValueError(f"draft layer override '{name}': the base config has no such field")
@@ -74,16 +106,56 @@ def build_decoder_layer(base_config, layer_idx: int = 0, **overrides) -> nn.Modu
     return architecture(config.model_type).component("DecoderLayer")(config, layer_idx)
 
 
+class TypedRotary(nn.Module):
+    """A rotary embedding that takes an attention type (``Architecture.typed_rotary``), called with
+    the draft layers' one: ``rotary(x, position_ids) -> (cos, sin)`` like the others. Its tables
+    are the wrapped module's (non-persistent) buffers."""
+
+    def __init__(self, rotary: nn.Module, layer_type: str):
+        super().__init__()
+        self.rotary = rotary
+        self.layer_type = layer_type
+
+    def forward(self, x: torch.Tensor, position_ids: torch.Tensor):
+        return self.rotary(x, position_ids, self.layer_type)
+
+
 def build_rotary_embedding(base_config) -> nn.Module:
     """The base architecture's rotary embedding: ``rotary(x, position_ids) -> (cos, sin)``."""
     config = draft_layer_config(base_config)
-    return architecture(config.model_type).component("RotaryEmbedding")(config)
+    arch = architecture(config.model_type)
+    rotary = arch.component("RotaryEmbedding")(config)
+    return TypedRotary(rotary, arch.draft_layer_type) if arch.typed_rotary else rotary
 
 
 def build_rms_norm(base_config, size: int | None = None) -> nn.Module:
     """The base architecture's RMSNorm over ``size`` (default hidden_size) features."""
     norm_class = architecture(base_config.model_type).component("RMSNorm")
     return norm_class(size or base_config.hidden_size, eps=base_config.rms_norm_eps)
+
+
+def norm_weight_for(weight: torch.Tensor, source_type: str, target_type: str) -> torch.Tensor:
+    """An RMSNorm weight of architecture ``source_type`` as the weight that scales the same in a
+    norm of ``target_type`` (a Gemma norm's w is a Llama-style norm's 1 + w)."""
+    offset = architecture(source_type).norm_offset - architecture(target_type).norm_offset
+    return weight + offset if offset else weight
+
+
+def add_attention(
+    layer: nn.Module, model_type: str, hidden: torch.Tensor, attended: torch.Tensor
+) -> torch.Tensor:
+    """The residual after a decoder layer's attention: (B, T, h) ``hidden`` + its (B, T, h)
+    attention output ``attended``, normed first where the architecture norms sublayer outputs."""
+    if architecture(model_type).sandwich_norms:
+        attended = layer.post_attention_layernorm(attended)
+    return hidden + attended
+
+
+def add_feed_forward(layer: nn.Module, model_type: str, hidden: torch.Tensor) -> torch.Tensor:
+    """The residual after a decoder layer's MLP, (B, T, h) -> (B, T, h), with the architecture's norms."""
+    if architecture(model_type).sandwich_norms:
+        return hidden + layer.post_feedforward_layernorm(layer.mlp(layer.pre_feedforward_layernorm(hidden)))
+    return hidden + layer.mlp(layer.post_attention_layernorm(hidden))
 
 
 def replace_linear_input(linear: nn.Linear, in_features: int) -> nn.Linear:
