@@ -1,4 +1,5 @@
-"""Shared fixtures: a tiny random Llama for unit tests, the real SmolLM2 for integration tests."""
+"""Shared fixtures: a tiny random Llama (and Gemma 3) for unit tests, the real SmolLM2 for
+integration tests."""
 
 from __future__ import annotations
 
@@ -30,6 +31,40 @@ def make_tiny_llama(seed: int = 0, **overrides):
     torch.manual_seed(seed)
     config = LlamaConfig(**{**TINY_LLAMA, **overrides}, attn_implementation="sdpa")
     model = LlamaForCausalLM(config).eval()
+    model.requires_grad_(False)
+    return model
+
+
+# Gemma 3's geometry in small: grouped queries, head_dim apart from hidden / heads, scores scaled by
+# query_pre_attn_scalar (not head_dim), tied embeddings, and sliding-window layers (a window of 8,
+# shorter than the test prompts) beside a full-attention one.
+TINY_GEMMA3 = {
+    "vocab_size": 256,
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_hidden_layers": 4,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 24,
+    "query_pre_attn_scalar": 12,
+    "sliding_window": 8,
+    "layer_types": ["sliding_attention", "sliding_attention", "full_attention", "sliding_attention"],
+    "max_position_embeddings": 512,
+    "rms_norm_eps": 1e-6,
+    "tie_word_embeddings": True,
+    "bos_token_id": 1,
+    "eos_token_id": 2,
+    "pad_token_id": 0,
+}
+
+
+def make_tiny_gemma3(seed: int = 0, **overrides):
+    """A 4-layer random Gemma 3 text model (fp32, sdpa, eval mode, frozen)."""
+    from transformers import Gemma3ForCausalLM, Gemma3TextConfig
+
+    torch.manual_seed(seed)
+    config = Gemma3TextConfig(**{**TINY_GEMMA3, **overrides}, attn_implementation="sdpa")
+    model = Gemma3ForCausalLM(config).eval()
     model.requires_grad_(False)
     return model
 

@@ -21,7 +21,7 @@ from collections.abc import Sequence
 
 import torch
 from transformers import DynamicCache
-from transformers.cache_utils import DynamicLayer
+from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer
 
 
 class BufferedLayer(DynamicLayer):
@@ -74,10 +74,13 @@ class BufferedLayer(DynamicLayer):
 
 
 def new_cache(model) -> DynamicCache:
-    """An empty cache laid out for ``model``: one ``BufferedLayer`` per full-attention decoder
-    layer (any other kind of layer as transformers lays it out; ``_layers`` refuses those)."""
+    """An empty cache laid out for ``model``: one ``BufferedLayer`` per full-attention or
+    sliding-window decoder layer (a sliding layer keeps every entry: its window is applied by the
+    masks, ``draftheads.infer.window``), any other kind of layer as transformers lays it out
+    (``_layers`` refuses those)."""
     cache = DynamicCache(config=model.config)
-    cache.layers = [BufferedLayer() if type(layer) is DynamicLayer else layer for layer in cache.layers]
+    kept_whole = (DynamicLayer, DynamicSlidingWindowLayer)
+    cache.layers = [BufferedLayer() if type(layer) in kept_whole else layer for layer in cache.layers]
     return cache
 
 

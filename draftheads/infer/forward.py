@@ -1,6 +1,7 @@
 """The verification forward: every node of a candidate tree through the unmodified Hugging Face
-model in one call, with a 4D additive attention mask and explicit positions (``tree.py``), and the
-checks that refuse inputs transformers would silently misread."""
+model in one call, with a 4D additive attention mask (one per attention type when sliding-window
+and full layers mix: ``window.py``) and explicit positions (``tree.py``), and the checks that
+refuse inputs transformers would silently misread."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from draftheads.base_model import SUPPORTED_ATTENTION
 from draftheads.compat import cache_kwargs
 from draftheads.infer.cache import new_cache
 from draftheads.infer.tree import TreeTopology, rows_attention_mask, rows_position_ids
+from draftheads.infer.window import layer_masks, layer_types
 
 __all__ = [
     "SUPPORTED_ATTENTION",
@@ -31,13 +33,32 @@ class TreeInputError(ValueError):
 def check_tree_inputs(model, input_ids, attention_mask, position_ids, past_length: int) -> None:
     """Refuse the inputs that transformers 5.x accepts but silently misreads: a 2D mask
     (taken as padding), a bool mask (misread by eager attention), missing position_ids (positions
-    then run past the tree's depth), and attention kernels that ignore or reject a 4D mask."""
+    then run past the tree's depth), and attention kernels that ignore or reject a 4D mask.
+    ``attention_mask`` is a 4D tensor, or {layer type: 4D tensor} (``window.layer_masks``)."""
     implementation = getattr(model.config, "_attn_implementation", None)
     if implementation not in SUPPORTED_ATTENTION:
         raise TreeInputError(
             f"attn_implementation '{implementation}' cannot verify a tree (it needs a 4D float mask); "
             f"load the base model with attn_implementation in {SUPPORTED_ATTENTION}"
         )
+    if isinstance(attention_mask, dict):
+        expected_types = set(layer_types(model.config))
+        if set(attention_mask) != expected_types:
+            raise TreeInputError(
+                f"attention_mask has masks for {sorted(attention_mask)}, "
+                f"the layers are {sorted(expected_types)}"
+            )
+        for mask in attention_mask.values():
+            _check_mask(model, input_ids, mask, past_length)
+    else:
+        _check_mask(model, input_ids, attention_mask, past_length)
+    batch, length = input_ids.shape
+    if position_ids is None or tuple(position_ids.shape) != (batch, length):
+        shape = None if position_ids is None else tuple(position_ids.shape)
+        raise TreeInputError(f"position_ids must be given with shape {(batch, length)}, got {shape}")
+
+
+def _check_mask(model, input_ids, attention_mask, past_length: int) -> None:
     if not isinstance(attention_mask, torch.Tensor) or attention_mask.dim() != 4:
         shape = getattr(attention_mask, "shape", None)
         raise TreeInputError(f"attention_mask must be a 4D tensor (B, 1, N, past + N), got shape {shape}")
@@ -53,9 +74,6 @@ def check_tree_inputs(model, input_ids, attention_mask, position_ids, past_lengt
     masked = torch.finfo(model.dtype).min
     if not bool(((attention_mask == 0) | (attention_mask == masked)).all()):
         raise TreeInputError("attention_mask values must be 0 (attend) or finfo(dtype).min (masked)")
-    if position_ids is None or tuple(position_ids.shape) != (batch, length):
-        shape = None if position_ids is None else tuple(position_ids.shape)
-        raise TreeInputError(f"position_ids must be given with shape {(batch, length)}, got {shape}")
 
 
 def tree_forward(model, cache, tokens: torch.Tensor, topology: TreeTopology, hidden_layers: Sequence[int]):
@@ -99,9 +117,11 @@ def rows_forward(
     device = model.device
     size = max(t.size for t in topologies)
     input_ids = torch.stack([torch.cat([t, t[:1].expand(size - t.numel())]) for t in tokens]).to(device)
-    attention_mask = rows_attention_mask(topologies, slots, size, model.dtype, device)
+    tree_mask = rows_attention_mask(topologies, slots, size, model.dtype, device)
     lengths = slots.sum(dim=1).tolist()  # each row's entries: its root's position
     position_ids = rows_position_ids(topologies, lengths, size, device)  # (B, N)
+    # sliding-window layers see the tree mask with their window applied (``window.py``)
+    attention_mask = layer_masks(model.config, tree_mask, slots, position_ids)
     check_tree_inputs(model, input_ids, attention_mask, position_ids, cache_length)
     with mask_repeats_shared():  # every layer gets this mask: a folded model repeats it once
         return model(
