@@ -472,40 +472,29 @@ def converter_differences(head_dir: Path, ours: Path, run: BaseRun, chain: int, 
     return {"error": error} if error else llamacpp.gguf_differences(ours, converted)
 
 
-def check_llamacpp(
-    head_dir: Path, format_name: str, run: BaseRun, ours: dict, chain: int, settings, work: Path
-) -> tuple[Outcome, Path | None]:
-    """(a) in llama.cpp's server: its output with our GGUF drafting ``chain`` tokens a step equals its
-    output without a draft; its acceptance counts next to ours (``LLAMACPP_ACCEPTANCE_TOLERANCE``)."""
-    from draftheads.export.gguf import GGUF_NAME
-
-    outcome = Outcome(head_dir.name, head_kind(head_dir), format_name, "llama.cpp", status="pass")
-    base = run.llamacpp
-    export_dir = work / f"{head_dir.name}.{format_name}"
-    refusal = export(head_dir, format_name, export_dir, run.base_path, chain, base.get("target"))
-    if refusal:
-        outcome.status, outcome.error = "refused", refusal
-        return outcome, None
-    reference = base.get("reference") or base
+def decode_in_llamacpp(
+    outcome: Outcome, draft: Path, spec_type: str, run: BaseRun, ours: dict, chain: int, settings, log: Path
+) -> dict:
+    """Decode with ``draft`` in llama.cpp's server and set (a) and (b) on ``outcome``; the server's
+    result (``{"error": ...}``, the outcome marked as an engine error, when it failed)."""
+    reference = run.llamacpp.get("reference") or run.llamacpp
     if "error" in reference:
         outcome.status, outcome.error = "engine-error", f"llama.cpp without a draft: {reference['error']}"
-        return outcome, export_dir
-    converted = converter_differences(head_dir, export_dir / GGUF_NAME, run, chain, work)
-    log = work / f"{head_dir.name}.{format_name}.log"
-    draft = export_dir / GGUF_NAME
+        return reference
+    target = Path(run.llamacpp["target"])
+    prompts = run.request["prompts"]
     result = llamacpp.decode(
-        Path(base["target"]), run.request["prompts"], settings.max_new_tokens, log, draft=draft, chain=chain
+        target, prompts, settings.max_new_tokens, log, draft=draft, chain=chain, spec_type=spec_type
     )
     if "error" in result:
         outcome.status, outcome.error = "engine-error", result["error"]
-        return outcome, export_dir
+        return result
     engine_counts = result["spec_decode"] or {"drafts": 0, "accepted_per_position": []}
     difference = first_difference(reference["outputs"], result["outputs"])
     gap = acceptance_gap(ours, engine_counts)
     outcome.checks = {
         "output_equals_engine_without_draft": difference is None,
         "acceptance_near_ours": gap is not None and gap <= LLAMACPP_ACCEPTANCE_TOLERANCE,
-        "converter_agrees": "error" not in converted and not any(converted[k] for k in CONVERTER_FIELDS),
     }
     outcome.details = {
         "llamacpp_version": llamacpp.version(),
@@ -522,9 +511,71 @@ def check_llamacpp(
         "decode_tokens_per_second": result["decode_tokens_per_second"],
         "decode_tokens_per_second_without_draft": reference["decode_tokens_per_second"],
         "server_command": result["command"],
-        "converter": converted,
     }
+    return result
+
+
+def check_llamacpp(
+    head_dir: Path, format_name: str, run: BaseRun, ours: dict, chain: int, settings, work: Path
+) -> tuple[Outcome, Path | None]:
+    """(a) in llama.cpp's server: its output with our GGUF drafting ``chain`` tokens a step equals its
+    output without a draft; its acceptance counts next to ours (``LLAMACPP_ACCEPTANCE_TOLERANCE``);
+    and llama.cpp's converter writes what our writer does (``converter_agrees``)."""
+    from draftheads.export.gguf import GGUF_NAME
+
+    outcome = Outcome(head_dir.name, head_kind(head_dir), format_name, "llama.cpp", status="pass")
+    export_dir = work / f"{head_dir.name}.{format_name}"
+    refusal = export(head_dir, format_name, export_dir, run.base_path, chain, run.llamacpp.get("target"))
+    if refusal:
+        outcome.status, outcome.error = "refused", refusal
+        return outcome, None
+    log = work / f"{head_dir.name}.{format_name}.log"
+    result = decode_in_llamacpp(
+        outcome, export_dir / GGUF_NAME, "draft-eagle3", run, ours, chain, settings, log
+    )
+    if "error" not in result:
+        converted = converter_differences(head_dir, export_dir / GGUF_NAME, run, chain, work)
+        outcome.checks["converter_agrees"] = "error" not in converted and not any(
+            converted[k] for k in CONVERTER_FIELDS
+        )
+        outcome.details["converter"] = converted
     return outcome, export_dir
+
+
+# Release formats llama.cpp drafts with once its own converter (convert_hf_to_gguf.py,
+# ``--target-model-dir``) has turned them into a GGUF: format -> llama-server's ``--spec-type``.
+# DFlash: llama.cpp's DFlashModel reads the z-lab layout our ``dflash`` export writes.
+LLAMACPP_CONVERTED = {"dflash": "draft-dflash"}
+
+
+def check_llamacpp_converted(
+    head_dir: Path, format_name: str, run: BaseRun, ours: dict, chain: int, settings, work: Path
+) -> Outcome:
+    """(a) and (b) in llama.cpp for a release format its converter reads (``LLAMACPP_CONVERTED``)."""
+    outcome = Outcome(head_dir.name, head_kind(head_dir), format_name, "llama.cpp", status="pass")
+    export_dir = work / f"{head_dir.name}.{format_name}.for-llamacpp"
+    refusal = export(head_dir, format_name, export_dir, run.base_path, chain)
+    if refusal:
+        outcome.status, outcome.error = "refused", refusal
+        return outcome
+    converted = work / f"{head_dir.name}.{format_name}.converted.gguf"
+    error = llamacpp.convert(export_dir, Path(run.base_path), converted, work / f"{converted.name}.log")
+    if error:
+        outcome.status, outcome.error = "engine-error", error
+        return outcome
+    spec_type = LLAMACPP_CONVERTED[format_name]
+    log = work / f"{head_dir.name}.{format_name}.llamacpp.log"
+    decode_in_llamacpp(outcome, converted, spec_type, run, ours, chain, settings, log)
+    return outcome
+
+
+def converted_formats(kind: str, engines: tuple[str, ...]) -> list[str]:
+    """The release formats of a ``kind`` head that llama.cpp drafts with after its converter."""
+    from draftheads.export import formats_for
+
+    if "llama.cpp" not in engines:
+        return []
+    return [name for name in formats_for(kind) if name in LLAMACPP_CONVERTED]
 
 
 # ---- vLLM over HTTP -------------------------------------------------------------------------------
@@ -645,10 +696,11 @@ def check_head(head_dir: Path, run: BaseRun, settings: CheckSettings, work: Path
     from draftheads.heads import load_head
 
     formats = engine_formats(head_kind(head_dir), settings.engines)
+    converted = converted_formats(head_kind(head_dir), settings.engines)
     head = load_head(head_dir, run.base_model)
     chain = engine_chain(head, settings.chain)
     ours = None
-    if any(name in VLLM_METHODS or name in LLAMACPP_FORMATS for name in formats):
+    if converted or any(name in VLLM_METHODS or name in LLAMACPP_FORMATS for name in formats):
         ours = decode_ours(
             run.base_model, run.tokenizer, head, run.request["prompts"], chain, settings.max_new_tokens
         )
@@ -665,6 +717,8 @@ def check_head(head_dir: Path, run: BaseRun, settings: CheckSettings, work: Path
     for algorithm, pair in SPECULATORS_PAIRS.items():
         if set(pair) <= set(exports):
             outcomes.append(check_speculators(head_dir, algorithm, exports, run, settings, work))
+    for format_name in converted:
+        outcomes.append(check_llamacpp_converted(head_dir, format_name, run, ours, chain, settings, work))
     return outcomes
 
 
@@ -694,7 +748,10 @@ def check_base(base_name: str, head_dirs: list[Path], settings: CheckSettings, w
         )
     llamacpp_run = {}
     if any(
-        name in LLAMACPP_FORMATS for d in head_dirs for name in engine_formats(head_kind(d), settings.engines)
+        name in LLAMACPP_FORMATS or name in LLAMACPP_CONVERTED
+        for d in head_dirs
+        for name in engine_formats(head_kind(d), settings.engines)
+        + converted_formats(head_kind(d), settings.engines)
     ):
         llamacpp_run = llamacpp_base(base_name, request["prompts"], settings, work)
     run = BaseRun(base_model, tokenizer, request["base"], request, reference, env, llamacpp_run)

@@ -43,17 +43,23 @@ STARTUP_SECONDS = 120  # a 135M model loads in a second or two; generous for slo
 
 
 def server_command(
-    target: Path, port: int, draft: Path | None, chain: int, root: Path = LLAMACPP_DIR
+    target: Path,
+    port: int,
+    draft: Path | None,
+    chain: int,
+    root: Path = LLAMACPP_DIR,
+    spec_type: str = "draft-eagle3",
 ) -> list[str]:
     """``llama-server`` on ``target`` with one slot, f32 KV caches (the dtype the check compares in;
-    llama.cpp's default is f16) and ``--metrics``; with ``draft``, EAGLE-3 drafting of exactly
-    ``chain`` tokens a step (no early stop on low draft probability, no minimum)."""
+    llama.cpp's default is f16) and ``--metrics``; with ``draft``, drafting of ``spec_type``
+    (``draft-eagle3``, ``draft-dflash``) of exactly ``chain`` tokens a step (no early stop on low
+    draft probability, no minimum)."""
     threads = str(len(os.sched_getaffinity(0)))
     command = [str(server_path(root)), "-m", str(target), "--host", "127.0.0.1", "--port", str(port)]
     command += ["-np", "1", "-c", "2048", "-t", threads, "-ctk", "f32", "-ctv", "f32"]
     command += ["--metrics", "--no-webui", "--no-warmup"]
     if draft is not None:
-        command += ["-md", str(draft), "--spec-type", "draft-eagle3", "-td", threads]
+        command += ["-md", str(draft), "--spec-type", spec_type, "-td", threads]
         command += ["--spec-draft-n-max", str(chain), "--spec-draft-n-min", "0", "--spec-draft-p-min", "0"]
         command += ["-ctkd", "f32", "-ctvd", "f32"]
     return command
@@ -147,13 +153,14 @@ def decode(
     draft: Path | None = None,
     chain: int = 0,
     root: Path = LLAMACPP_DIR,
+    spec_type: str = "draft-eagle3",
 ) -> dict:
     """Greedy outputs of every prompt in one server (with ``draft`` drafting ``chain`` tokens a
     step), its counters and its wall time; on any failure ``{"error": ...}`` with the log's tail."""
     if not server_path(root).is_file():
         return {"error": f"{server_path(root)} is missing; build it with `make engines`"}
     port = free_port()
-    command = server_command(target, port, draft, chain, root)
+    command = server_command(target, port, draft, chain, root, spec_type)
     started = time.perf_counter()
     try:
         with running_server(command, port, log_path):

@@ -127,3 +127,84 @@ def test_gguf_differences_name_tensors_and_keys_that_differ(tmp_path):
     assert differences["differing"] == ["fc.weight"]
     assert differences["only_ours"] == ["d2t"] and differences["only_converted"] == ["output.weight"]
     assert differences["key_differences"] == {"eagle3.target_layers": [[2, 15, 27], [1, 15, 27]]}
+
+
+def test_dflash_is_checked_in_llama_cpp_through_its_converter(check):
+    assert check.converted_formats("dflash", ("llama.cpp",)) == ["dflash"]
+    assert check.converted_formats("dflash", ("vllm",)) == []
+    assert check.converted_formats("eagle3", check.ENGINE_NAMES) == []
+    assert check.LLAMACPP_CONVERTED["dflash"] == "draft-dflash"
+
+
+def test_the_server_drafts_with_the_spec_type_it_is_given(tmp_path):
+    command = llamacpp.server_command(
+        tmp_path / "base.gguf", 8080, tmp_path / "d.gguf", 7, spec_type="draft-dflash"
+    )
+    assert command[command.index("--spec-type") + 1] == "draft-dflash"
+    assert command[command.index("--spec-draft-n-max") + 1] == "7"
+
+
+def converted_run(check, tmp_path):
+    request = {"base": str(tmp_path / "hf"), "prompts": [[1, 5], [1, 6]]}
+    reference = {"outputs": [[7, 2], [8, 2]], "seconds": 1.0, "decode_tokens_per_second": 50.0}
+    llamacpp_run = {"target": str(tmp_path / "base.gguf"), "reference": reference}
+    return check.BaseRun(None, None, str(tmp_path / "hf"), request, {}, {}, llamacpp_run)
+
+
+@pytest.mark.parametrize(
+    "outputs, accepted, failing",
+    [
+        ([[7, 2], [8, 2]], [3, 1], set()),
+        ([[7, 2], [8, 4]], [3, 1], {"output_equals_engine_without_draft"}),
+        ([[7, 2], [8, 2]], [1, 0], {"acceptance_near_ours"}),
+    ],
+)
+def test_a_converted_dflash_draft_is_held_to_the_same_verdicts(
+    check, tmp_path, monkeypatch, outputs, accepted, failing
+):
+    calls = {}
+    monkeypatch.setattr(check, "export", lambda *args, **kwargs: None)
+
+    def convert(checkpoint, target_dir, out, log):
+        calls["convert"] = (checkpoint.name, target_dir, out.name)
+
+    def decode(target, prompts, max_new_tokens, log, draft=None, chain=0, spec_type=None):
+        calls["decode"] = (draft.name, chain, spec_type)
+        counts = {
+            "drafts": 4,
+            "draft_tokens": 28,
+            "accepted_tokens": sum(accepted),
+            "accepted_per_position": accepted,
+        }
+        return {
+            "outputs": outputs,
+            "spec_decode": counts,
+            "seconds": 1.0,
+            "decode_tokens_per_second": 60.0,
+            "command": ["llama-server"],
+        }
+
+    monkeypatch.setattr(check.llamacpp, "convert", convert)
+    monkeypatch.setattr(check.llamacpp, "decode", decode)
+    monkeypatch.setattr(check.llamacpp, "version", lambda: "test")
+    monkeypatch.setattr(check, "head_kind", lambda head_dir: "dflash")
+    ours = {"outputs": [[7, 2], [8, 2]], "drafts": 4, "accepted_per_position": [3, 1]}
+    run = converted_run(check, tmp_path)
+    outcome = check.check_llamacpp_converted(
+        tmp_path / "head", "dflash", run, ours, 7, check.CheckSettings(), tmp_path
+    )
+    assert calls["convert"] == ("head.dflash.for-llamacpp", tmp_path / "hf", "head.dflash.converted.gguf")
+    assert calls["decode"] == ("head.dflash.converted.gguf", 7, "draft-dflash")
+    assert (outcome.engine, outcome.format) == ("llama.cpp", "dflash")
+    assert {name for name, ok in outcome.checks.items() if not ok} == failing
+
+
+def test_a_converter_error_is_an_engine_error(check, tmp_path, monkeypatch):
+    monkeypatch.setattr(check, "export", lambda *args, **kwargs: None)
+    monkeypatch.setattr(check.llamacpp, "convert", lambda *args: "convert_hf_to_gguf.py exited 1: KeyError")
+    monkeypatch.setattr(check, "head_kind", lambda head_dir: "dflash")
+    run = converted_run(check, tmp_path)
+    outcome = check.check_llamacpp_converted(
+        tmp_path / "head", "dflash", run, {}, 7, check.CheckSettings(), tmp_path
+    )
+    assert outcome.status == "engine-error" and "KeyError" in outcome.error
