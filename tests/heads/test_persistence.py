@@ -97,7 +97,8 @@ def test_loading_on_a_mismatched_base_is_refused(kind, field, value, tiny_llama,
 def test_unknown_base_architecture_is_a_clear_error(kind):
     from transformers import GPT2Config
 
-    with pytest.raises(ValueError, match="model_type 'gpt2'.*supported: llama, mistral, qwen2, qwen3"):
+    supported = "gemma3_text, llama, mistral, qwen2, qwen3"
+    with pytest.raises(ValueError, match=f"model_type 'gpt2'.*supported: {supported}"):
         head_class(kind)(HEAD_CONFIGS[kind], GPT2Config(n_layer=4, n_embd=32, n_head=2, vocab_size=64))
 
 
