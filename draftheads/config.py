@@ -24,6 +24,10 @@ PRECISIONS = ("auto", "fp32", "bf16")  # train.precision
 AUTOCASTS = ("none", "bf16")  # train.autocast
 REPORT_TARGETS = ("none", "wandb")  # train.report_to
 DISTILL_ENGINES = ("auto", "hf", "vllm")  # distill.engine
+# data.template: how conversations become text (draftheads.data.rendering). chat: the tokenizer's
+# chat template; plain: "User: ...\n\nAssistant: ..." text (draftheads.data.plain_text), for a
+# pretrained base without a template; auto: chat where the tokenizer has a template, else plain.
+DATA_TEMPLATES = ("auto", "chat", "plain")
 
 # ----------------------------------------------------------------------------------------------
 # sections
@@ -49,6 +53,7 @@ class DataConfig:
     split: str = "train"  # split name for Hub datasets
     limit: int | None = None  # keep the first N usable conversations (None: all)
     max_length: int = 1024  # tokens per example; longer examples are truncated
+    template: str = "auto"  # auto | chat | plain (DATA_TEMPLATES)
     validation_size: int = 64  # held-out conversations for evaluation
     seed: int = 0  # the train/validation split is a deterministic function of this
     cache_dir: str | None = None  # datasets cache; default under DRAFTHEADS_CACHE
@@ -66,6 +71,8 @@ class DataConfig:
             raise ConfigError(f"data.limit must be >= 1 (or null for every conversation), got {self.limit}")
         if self.max_length < 2:
             raise ConfigError(f"data.max_length must be >= 2, got {self.max_length}")
+        if self.template not in DATA_TEMPLATES:
+            raise ConfigError(f"data.template must be one of {DATA_TEMPLATES}, got '{self.template}'")
         if self.validation_size < 1:
             # Training evaluates the head on the validation split, at the end of a run at least.
             raise ConfigError(

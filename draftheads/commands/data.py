@@ -66,7 +66,8 @@ def format_report(report: DataReport) -> str:
     )
     methods = ", ".join(f"{name} {count:,}" for name, count in report.mask_methods.items())
     lines.append(
-        f"loss mask: assistant content + {report.template_end_of_turn!r}; method: {methods}; "
+        f"loss mask ({report.template} rendering): assistant content + {report.template_end_of_turn!r}; "
+        f"method: {methods}; "
         f"tokens straddling a mask edge: {report.boundary_tokens}"
     )
     lines.append("length histogram (tokens per example):")

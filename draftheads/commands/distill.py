@@ -18,11 +18,11 @@ from draftheads.arguments import (
     non_negative_float,
     positive_int,
 )
-from draftheads.config import DISTILL_ENGINES, DataConfig, DistillConfig, ModelConfig
+from draftheads.config import DATA_TEMPLATES, DISTILL_ENGINES, DataConfig, DistillConfig, ModelConfig
 from draftheads.data.distill import DistillCounts, context_limit, distill, written_ids
 from draftheads.data.distill_settings import DistillSettings, check_or_record
+from draftheads.data.rendering import resolve_rendering
 from draftheads.data.sources import SourceReport, read_conversations
-from draftheads.data.template import require_chat_template
 from draftheads.settings import ConfigError
 
 DEFAULT_CHUNK = 1000  # source conversations per corpus chunk: about 10 minutes with vLLM on 2 cores
@@ -43,6 +43,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "({id, turns}; `draftheads synth-prompts` writes one), mt-bench or humaneval",
     )
     parser.add_argument("--split", default=data.split, help="split name for datasets")
+    parser.add_argument(
+        "--template",
+        choices=DATA_TEMPLATES,
+        default=data.template,
+        help="render turns with the chat template (chat) or as 'User: ...' / 'Assistant: ...' text "
+        "(plain, for a pretrained base; answers cut where the next 'User:' begins); as data.template",
+    )
     parser.add_argument(
         "--limit", type=positive_int, default=data.limit, help="regenerate the first N usable conversations"
     )
@@ -175,6 +182,7 @@ def run(args: argparse.Namespace) -> int:
                 "draftheads distill: --limit does not apply to --corpus (its chunks say which to answer)"
             )
         corpus = open_corpus(args, config)
+        rendering = chosen_rendering(args, config)
         first, last = corpus.chunk_range(args.chunk)
         conversations, source_report = read_source(args, last)
         conversations = conversations[first:]
@@ -192,13 +200,14 @@ def run(args: argparse.Namespace) -> int:
         done = written_ids(out)
         conversations, source_report = read_source(args, args.limit)
         note = check_or_record(out, output_settings(args, config), has_records=bool(done))
+        rendering = chosen_rendering(args, config)
         if note:
             print(f"[distill] {note}")
     print(
         f"[distill] {source_report.conversations} conversations from {source_report.source} "
         f"(dropped: {source_report.dropped or 'none'})"
     )
-    require_chat_template(load_tokenizer(args.base), args.base, "distill")
+    print(f"[distill] turns rendered as {rendering.name} text (--template {args.template})")
     torch.manual_seed(args.seed)
     if config.resolved_engine() == "vllm":
         from transformers import AutoConfig
@@ -220,7 +229,16 @@ def run(args: argparse.Namespace) -> int:
         if not args.no_pack:
             pack_linears(model)
         engine = ContinuousBatcher(model, tokenizer, config, seed=args.seed)
-        counts = distill(model, tokenizer, conversations, out, config, args.max_length, engine=engine.run)
+        counts = distill(
+            model,
+            tokenizer,
+            conversations,
+            out,
+            config,
+            args.max_length,
+            engine=engine.run,
+            rendering=rendering,
+        )
     print(report(counts, out) + f" ({time.perf_counter() - start:.1f} s in all)")
     if corpus is not None:
         corpus.add_seconds(counts.seconds, config.resolved_engine())
@@ -230,6 +248,18 @@ def run(args: argparse.Namespace) -> int:
             f"{chunk.answers} answers, {chunk.answer_tokens} answer tokens; {corpus.summary()}"
         )
     return 0
+
+
+def chosen_rendering(args, config: DistillConfig):
+    """The rendering ``--template`` names for the base's tokenizer (TemplateError: ``chat`` without a
+    chat template); plain text runs in process only."""
+    from draftheads.base_model import load_tokenizer
+
+    rendering = resolve_rendering(args.template, load_tokenizer(args.base), "--template")
+    if rendering.name != "chat" and config.resolved_engine() == "vllm":
+        # check_server compares the server's chat template with ours; plain prompts have none
+        raise SystemExit(f"draftheads distill: --template {rendering.name} runs with --engine hf only")
+    return rendering
 
 
 def read_source(args, limit: int | None) -> tuple[list, SourceReport]:
@@ -280,6 +310,7 @@ def output_settings(args, config: DistillConfig) -> DistillSettings:
         max_length=args.max_length,
         dtype=decoded_dtype(args),
         seed=args.seed if config.temperature > 0 else None,
+        template=args.template,
     )
 
 
@@ -307,5 +338,6 @@ def open_corpus(args, config: DistillConfig):
         temperature=config.temperature,
         dtype=decoded_dtype(args),
         seed=args.seed if config.temperature > 0 else None,
+        template=args.template,
     )
     return Corpus.open_or_create(args.corpus, settings)

@@ -66,6 +66,9 @@ class CorpusSettings:
     # The sampling seed (answers at temperature > 0 are a function of it); None when greedy.
     # Manifests written before it was recorded are greedy, and read as None.
     seed: int | None = None
+    # --template as given (auto | chat | plain); manifests written before it was recorded required
+    # a chat template and used it, which auto resolves to for their base.
+    template: str = "auto"
 
 
 @dataclass(frozen=True)

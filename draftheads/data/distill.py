@@ -22,9 +22,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from draftheads.config import DistillConfig
+from draftheads.config import DataConfig, DistillConfig
 from draftheads.data.output_records import read_output_records
 from draftheads.data.prompts import Prompt
+from draftheads.data.rendering import Rendering, resolve_rendering
 from draftheads.data.sources import Conversation
 
 SHAREGPT_SPEAKERS = {"user": "human", "assistant": "gpt", "system": "system"}
@@ -92,8 +93,8 @@ def written_ids(path: Path) -> set[str]:
 
 @dataclass(frozen=True)
 class Turn:
-    """One assistant turn to generate: ``prompt_ids`` is the conversation so far, chat-templated
-    with the generation prompt; ``key`` names it when its answer comes back."""
+    """One assistant turn to generate: ``prompt_ids`` is the conversation so far, rendered with
+    the generation prompt (``draftheads.data.rendering``); ``key`` names it when its answer comes back."""
 
     key: int
     prompt_ids: list[int]
@@ -128,6 +129,7 @@ class TurnQueue:
 
     A turn whose prompt + ``max_new_tokens`` would exceed ``context`` ends its conversation there
     (training truncates examples at ``max_length``, so later turns would never be trained on).
+    ``rendering`` makes a turn's prompt text and cuts its answer (plain text: at the next turn).
     """
 
     def __init__(
@@ -139,8 +141,10 @@ class TurnQueue:
         context: int | None,
         counts: DistillCounts,
         on_answer: Callable[[int, int], None] = lambda turns, tokens: None,
+        rendering: Rendering | None = None,
     ):
         self.tokenizer = tokenizer
+        self.rendering = rendering or resolve_rendering(DataConfig().template, tokenizer)
         self.stream = stream
         self.max_new_tokens = max_new_tokens
         self.context = context
@@ -170,7 +174,7 @@ class TurnQueue:
         state = self.open[key]
         prompt = state.next_prompt()
         if prompt is not None:
-            text = self.tokenizer.apply_chat_template(prompt, tokenize=False, add_generation_prompt=True)
+            text = self.rendering.prompt_text(self.tokenizer, prompt)
             ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
             if self.context is None or len(ids) + self.max_new_tokens <= self.context:
                 self.counts.prompt_tokens += len(ids)
@@ -185,7 +189,7 @@ class TurnQueue:
         return None
 
     def give(self, key: int, new_ids: list[int]) -> None:
-        text = self.tokenizer.decode(new_ids, skip_special_tokens=True).strip()
+        text = self.rendering.answer_text(self.tokenizer.decode(new_ids, skip_special_tokens=True))
         self.open[key].answer(text)
         self.ready.append(key)
         self.counts.answers += 1
@@ -209,13 +213,15 @@ def distill(
     progress: bool = True,
     engine: Callable[[TurnQueue], None] | None = None,
     model_config=None,
+    rendering: Rendering | None = None,
 ) -> DistillCounts:
     """Regenerate and append ``conversations`` not yet in ``out``; returns what it did.
 
     ``engine`` drains the queue (default: ``draftheads.data.distill_hf.ContinuousBatcher`` on
     ``model``); a server engine needs no in-process ``model``, then ``model_config`` (the base's HF
     config) gives the context length. A conversation stops at the first turn whose prompt +
-    ``max_new_tokens`` exceeds ``max_length`` or the model's context.
+    ``max_new_tokens`` exceeds ``max_length`` or the model's context. ``rendering`` renders the
+    turns (None: ``data.template``'s default, resolved for ``tokenizer``).
     """
     from tqdm import tqdm
 
@@ -239,7 +245,9 @@ def distill(
             bar.set_postfix(written=counts.written, tokens_per_s=f"{rate:.0f}", refresh=False)
 
     with open(out, "a", encoding="utf-8") as stream:
-        queue = TurnQueue(pending, tokenizer, stream, config.max_new_tokens, context, counts, on_answer)
+        queue = TurnQueue(
+            pending, tokenizer, stream, config.max_new_tokens, context, counts, on_answer, rendering
+        )
         engine(queue)
     counts.seconds = time.perf_counter() - started
     bar.close()

@@ -13,7 +13,7 @@ so none are claimed for it. The corpus mode keeps the same settings in its manif
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, fields
+from dataclasses import MISSING, asdict, dataclass, fields
 from pathlib import Path
 
 from draftheads.data.sources import DataError
@@ -39,6 +39,10 @@ class DistillSettings:
     max_length: int | None
     dtype: str  # as decoded: greedy answers differ between float32 and bfloat16
     seed: int | None  # the sampling seed; None when greedy (the answers do not depend on it)
+    # --template as given (auto | chat | plain; with the base fixed, auto always resolves alike).
+    # Fields added after the first ones carry a default that describes every output written before
+    # them: those runs required a chat template and used it, which is what auto resolves to there.
+    template: str = "auto"
 
 
 def settings_path(out: Path) -> Path:
@@ -84,7 +88,8 @@ def check_or_record(out: Path, settings: DistillSettings, has_records: bool) -> 
         return f"{out} records no settings (written before distill recorded them): resuming it unchecked"
     for field in fields(DistillSettings):
         value = getattr(settings, field.name)
-        if field.name not in recorded or recorded[field.name] != value:
+        before_value = recorded.get(field.name, field.default)  # a later field: its default
+        if before_value is MISSING or before_value != value:
             before = repr(recorded[field.name]) if field.name in recorded else "absent"
             raise SettingsMismatchError(
                 f"{out}: field '{field.name}' is {before} in {path.name}, this run's {value!r}; "

@@ -1,7 +1,8 @@
 """Conversations -> tokenised training examples: ``build_datasets(data, tokenizer, base_name)``.
 
-source -> normalised conversations (sources.py) -> chat template + assistant-only loss mask
-(template.py) -> ``max_length`` truncation -> drop examples with no supervised token -> a
+source -> normalised conversations (sources.py) -> text with an assistant-only loss mask, by the
+tokenizer's chat template or as plain text (``data.template``: rendering.py) ->
+``max_length`` truncation -> drop examples with no supervised token -> a
 deterministic train/validation split -> saved with ``datasets`` under a key of everything that
 shapes the result (source file identity, tokenizer and chat template, every DataConfig field), so
 a second build with the same inputs only memory-maps the saved arrow files.
@@ -25,8 +26,9 @@ from pathlib import Path
 
 from draftheads.config import DataConfig
 from draftheads.data.hub_dataset import pinned_source
+from draftheads.data.rendering import Rendering, resolve_rendering
 from draftheads.data.sources import DataError, SourceReport, TruncatedTail, read_conversations, resolve_source
-from draftheads.data.template import EncodeFailure, chat_template, encode_conversations, probe_template
+from draftheads.data.template import EncodeFailure, chat_template
 
 PIPELINE_VERSION = 2  # part of the cache key: bump whenever the produced rows change
 ENCODE_BATCH = 256
@@ -53,7 +55,7 @@ class DataReport:
     truncated_examples: int  # examples longer than max_length, cut to it
     tokens: int  # tokens in kept examples (after truncation)
     assistant_tokens: int  # of those, under the loss mask
-    mask_methods: dict[str, int]  # generation | prefix | search -> examples
+    mask_methods: dict[str, int]  # generation | prefix | search | plain -> examples
     boundary_tokens: int  # tokens straddling a mask edge (expected 0)
     length_histogram: list[tuple[int, int, int]]  # (low, high, examples with low <= length < high)
     max_length: int
@@ -61,6 +63,7 @@ class DataReport:
     cache_hit: bool = False
     cache_path: str = ""
     template_end_of_turn: str = ""
+    template: str = "chat"  # the rendering used (data.template resolved): chat | plain
     # data.extra_sources, each as {source, conversations_read, examples, tokens, assistant_tokens,
     # dropped}: their examples and tokens are counted in examples, train_examples, tokens and
     # assistant_tokens above; the other fields describe data.source alone
@@ -104,15 +107,15 @@ def source_identity(source: str, split: str) -> str:
 
 
 def tokenizer_identity(tokenizer) -> str:
-    """Hash of the vocabulary, normaliser, special tokens and chat template."""
+    """Hash of the vocabulary, normaliser, special tokens and chat template (none: "")."""
     digest = hashlib.sha256()
     digest.update(tokenizer.backend_tokenizer.to_str().encode())
-    digest.update(chat_template(tokenizer).encode())
+    digest.update((chat_template(tokenizer) if tokenizer.chat_template else "").encode())
     digest.update(json.dumps(tokenizer.special_tokens_map, sort_keys=True, default=str).encode())
     return digest.hexdigest()
 
 
-def cache_key(data: DataConfig, tokenizer) -> str:
+def cache_key(data: DataConfig, tokenizer, rendering: Rendering) -> str:
     # Where caches live, and how many drops are tolerated, do not shape the rows.
     fields = {
         name: value
@@ -123,6 +126,7 @@ def cache_key(data: DataConfig, tokenizer) -> str:
         "version": PIPELINE_VERSION,
         "source": source_identity(data.source, data.split),
         "tokenizer": tokenizer_identity(tokenizer),
+        "rendering": rendering.name,  # data.template "auto" resolves by the tokenizer
         "data": fields,
     }
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:20]
@@ -212,8 +216,8 @@ def _features():
     )
 
 
-def _encode_batch(batch: dict, tokenizer, max_length: int, info) -> dict:
-    results = encode_conversations(tokenizer, batch["messages"], max_length, info)
+def _encode_batch(batch: dict, tokenizer, max_length: int, rendering: Rendering, info) -> dict:
+    results = rendering.encode(tokenizer, batch["messages"], max_length, info)
     columns: dict[str, list] = {name: [] for name in _features()}
     for identifier, result in zip(batch["id"], results):
         failed = isinstance(result, EncodeFailure)
@@ -229,11 +233,13 @@ def _encode_batch(batch: dict, tokenizer, max_length: int, info) -> dict:
     return columns
 
 
-def _encode(data: DataConfig, tokenizer, key: str, source_report: SourceReport, conversations):
+def _encode(
+    data: DataConfig, tokenizer, rendering: Rendering, key: str, source_report: SourceReport, conversations
+):
     """Tokenise with ``datasets.map``; returns (kept dataset, partial report fields)."""
     import datasets
 
-    info = probe_template(tokenizer)
+    info = rendering.probe(tokenizer)
     table = datasets.Dataset.from_dict(
         {"id": [c.id for c in conversations], "messages": [c.messages for c in conversations]}
     )
@@ -243,7 +249,12 @@ def _encode(data: DataConfig, tokenizer, key: str, source_report: SourceReport, 
         batch_size=ENCODE_BATCH,
         remove_columns=["messages"],
         features=_features(),
-        fn_kwargs={"tokenizer": tokenizer, "max_length": data.max_length, "info": info},
+        fn_kwargs={
+            "tokenizer": tokenizer,
+            "max_length": data.max_length,
+            "rendering": rendering,
+            "info": info,
+        },
         new_fingerprint=f"{key}-encode",  # hashing a tokenizer for datasets' fingerprint is slow
         desc="tokenising",
     )
@@ -274,7 +285,8 @@ def _encode(data: DataConfig, tokenizer, key: str, source_report: SourceReport, 
         "mask_methods": methods,
         "boundary_tokens": sum(columns["boundary"][i] for i in kept),
         "length_histogram": length_histogram(lengths, data.max_length),
-        "template_end_of_turn": info.end_of_turn,
+        "template_end_of_turn": info.end_of_turn if info is not None else "",
+        "template": rendering.name,
     }
     result = encoded.select(kept).select_columns(["input_ids", "loss_mask", "length", "id"])
     return result, stats
@@ -356,7 +368,8 @@ def build_datasets(data: DataConfig, tokenizer, base_name: str):
         data: source, split, limit (first N usable conversations), max_length, validation_size, seed,
             cache_dir, max_drop_fraction (more records dropped than this share: ``DataError``),
             extra_sources (every kept example of each joins the training split, after the source's).
-        tokenizer: the base model's fast tokenizer; its chat template formats the conversations.
+        tokenizer: the base model's fast tokenizer; its chat template formats the conversations,
+            or plain text does (``data.template``, ``draftheads.data.rendering``).
         base_name: the base model reference, used to name the cache entry.
 
     Returns:
@@ -364,7 +377,8 @@ def build_datasets(data: DataConfig, tokenizer, base_name: str):
         length, id; and a ``DataReport``.
     """
     data.validate()
-    train, validation, report = _build_source(data, tokenizer, base_name, held_out=True)
+    rendering = resolve_rendering(data.template, tokenizer)
+    train, validation, report = _build_source(data, tokenizer, rendering, base_name, held_out=True)
     if not data.extra_sources:
         return train, validation, report
     import datasets
@@ -375,7 +389,7 @@ def build_datasets(data: DataConfig, tokenizer, base_name: str):
         # Every conversation of an extra source, in source order, encoded as data.source's are.
         extra = dataclasses.replace(data, source=source, limit=None, extra_sources=())
         try:
-            rows, _, extra_report = _build_source(extra, tokenizer, base_name, held_out=False)
+            rows, _, extra_report = _build_source(extra, tokenizer, rendering, base_name, held_out=False)
         except DataError as error:
             raise DataError(f"data.extra_sources[{index}]: {error}") from None
         dropped = dict(extra_report.dropped)
@@ -407,13 +421,13 @@ def build_datasets(data: DataConfig, tokenizer, base_name: str):
     return train, validation, report
 
 
-def _build_source(data: DataConfig, tokenizer, base_name: str, held_out: bool):
+def _build_source(data: DataConfig, tokenizer, rendering: Rendering, base_name: str, held_out: bool):
     """``build_datasets`` for ``data.source`` alone; with ``held_out`` False, every kept example
     goes to the training split (an extra source)."""
     start = time.perf_counter()
     # A Hub dataset is keyed by, and read at, the commit its revision names now.
     data = dataclasses.replace(data, source=pinned_source(data.source))
-    key = cache_key(data, tokenizer) + ("" if held_out else "-all")
+    key = cache_key(data, tokenizer, rendering) + ("" if held_out else "-all")
     label = re.sub(r"[^A-Za-z0-9._-]+", "_", f"{Path(base_name).name}-{Path(data.source).name}")[:60]
     path = dataset_cache_root(data) / f"{label}-{key}"
     cached = load_cache_entry(path)
@@ -442,7 +456,7 @@ def _build_source(data: DataConfig, tokenizer, base_name: str, held_out: bool):
         raise DataError(
             f"data source '{data.source}' gave no usable conversation; dropped: {source_report.dropped}"
         )
-    examples, stats = _encode(data, tokenizer, key, source_report, conversations)
+    examples, stats = _encode(data, tokenizer, rendering, key, source_report, conversations)
     if len(examples) == 0:
         raise DataError(f"no example kept from '{data.source}'; dropped: {source_report.dropped}")
     train, validation = _split(examples, data, held_out)

@@ -222,7 +222,7 @@ def assistant_spans(
 # characters -> tokens
 
 
-def _encode_texts(tokenizer, texts: list[str], max_length: int) -> list[tuple[list[int], np.ndarray, bool]]:
+def encode_texts(tokenizer, texts: list[str], max_length: int) -> list[tuple[list[int], np.ndarray, bool]]:
     """First ``max_length`` token ids and (start, end) character offsets of each text, + truncated."""
     budget = (max_length + TOKEN_MARGIN) * CHARS_PER_TOKEN
     encode = {"add_special_tokens": False, "return_offsets_mapping": True}
@@ -277,7 +277,7 @@ def encode_conversations(
     info = info or probe_template(tokenizer)
     rendered = [assistant_spans(tokenizer, messages, info) for messages in conversations]
     texts = [item[0] for item in rendered if not isinstance(item, EncodeFailure)]
-    encoded = iter(_encode_texts(tokenizer, texts, max_length) if texts else [])
+    encoded = iter(encode_texts(tokenizer, texts, max_length) if texts else [])
     results: list[EncodedConversation | EncodeFailure] = []
     for item in rendered:
         if isinstance(item, EncodeFailure):

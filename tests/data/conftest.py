@@ -1,5 +1,5 @@
-"""Data-test fixtures: the byte tokenizer, a tiny base model directory using it, and the Llama-3
-chat template on SmolLM2's vocabulary (see data_fixtures.py)."""
+"""Data-test fixtures: the byte tokenizer, a tiny base model directory using it, the Llama-3
+chat template on SmolLM2's vocabulary (see data_fixtures.py), and Gemma 3's tokenizer."""
 
 from __future__ import annotations
 
@@ -18,6 +18,14 @@ def byte_tokenizer():
 def tiny_base_dir(tmp_path_factory):
     """A directory holding the tiny random Llama and the byte tokenizer: a valid ``--base``."""
     return save_tiny_base(tmp_path_factory.mktemp("tiny_base"))
+
+
+@pytest.fixture(scope="session")
+def gemma3_tokenizer():
+    """The embedded Gemma 3 270M tokenizer (a pretrained base: no chat template)."""
+    from draftheads.base_model import load_tokenizer
+
+    return load_tokenizer("gemma3-270m")
 
 
 @pytest.fixture(scope="session")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import gzip
 import json
+from pathlib import Path
 
 import pytest
 
@@ -321,17 +322,35 @@ def base_without_template(tmp_path_factory):
 def test_a_base_without_a_chat_template_is_one_line_naming_it(
     tmp_path, base_without_template, command, capsys
 ):
+    """synth-prompts always needs a template; distill when asked for one (--template chat)."""
     options = ["--base", str(base_without_template), "--out", str(tmp_path / "out.jsonl")]
     if command == "distill":
-        options += ["--data", str(write_jsonl(tmp_path / "chats.jsonl", records(2)))]
+        options += ["--data", str(write_jsonl(tmp_path / "chats.jsonl", records(2))), "--template", "chat"]
+        start = "draftheads distill: --template=chat, but the tokenizer of"
     else:
         options += ["--count", "2", "--max-new-tokens", "4"]
+        start = f"draftheads {command}: base model {base_without_template} has no chat template"
     assert main([command, *options]) == 3
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "Traceback" not in err, err
-    assert err.startswith(f"draftheads {command}: base model {base_without_template} has no chat template")
-    assert "chat_template.jinja" in err
+    assert err.startswith(start) and "chat_template.jinja" in err, err
     assert not (tmp_path / "out.jsonl").exists()
+
+
+def test_distill_renders_plain_text_for_a_base_without_a_chat_template(
+    tmp_path, base_without_template, capsys
+):
+    """--template auto (the default) is plain for such a base: answers are written, the settings
+    record the choice, and continuing the output with another one is refused."""
+    out = tmp_path / "out.jsonl"
+    options = ["--base", str(base_without_template), "--out", str(out), "--max-new-tokens", "4"]
+    options += ["--data", str(write_jsonl(tmp_path / "chats.jsonl", records(2)))]
+    assert main(["distill", *options]) == 0
+    assert len(out.read_text().splitlines()) == 2
+    assert json.loads(Path(f"{out}.settings.json").read_text())["template"] == "auto"
+    capsys.readouterr()
+    assert main(["distill", *options, "--template", "chat"]) != 0
+    assert "field 'template' is 'auto'" in capsys.readouterr().err
 
 
 # ---- a malformed line in a directory of files, or in one file -----------------------------------
