@@ -12,6 +12,9 @@ a short prompt does not pad to a long one's length.
 
 Greedy answers are the base model's greedy answers: each row sees exactly its own prompt and
 tokens at their own positions (``tests/data/test_distill_hf.py`` compares with ``model.generate``).
+A 4D mask reaches every layer unchanged, so for a base with sliding-window layers (Gemma 3) the
+forwards pass {layer type: mask}, the sliding one also blocking keys ``sliding_window`` or more
+positions behind their query (``draftheads.infer.window``, where verification does the same).
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from transformers.cache_utils import Cache, CacheLayerMixin
 from draftheads.compat import cache_kwargs
 from draftheads.config import DistillConfig
 from draftheads.data.distill import Turn, TurnQueue
+from draftheads.infer.window import FULL, SLIDING, layer_types
 
 CAPACITY_STEP = 64  # slot capacity grows in steps of this many entries (rarely: turns come shortest first)
 # What one more prefill forward costs beyond its tokens, in prompt tokens: a forward streams every
@@ -164,6 +168,24 @@ class ContinuousBatcher:
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
         self.generator = torch.Generator().manual_seed(seed)
         self.masked = torch.finfo(model.dtype).min
+        self.layer_types = frozenset(layer_types(model.config))
+        self.window = getattr(model.config, "sliding_window", None)
+
+    def _masks(self, visible: torch.Tensor, query_positions: torch.Tensor):
+        """(k, Q, K) bool "may attend" over cache entries 0..K-1 (an entry's index is its position),
+        queries at (k, Q) ``query_positions`` -> the ``attention_mask`` a forward takes: one additive
+        (k, 1, Q, K) mask, or {layer type: mask} where sliding and full layers mix."""
+
+        def additive(allowed: torch.Tensor) -> torch.Tensor:
+            mask = torch.zeros(allowed.shape, dtype=self.model.dtype).masked_fill_(~allowed, self.masked)
+            return mask[:, None].to(self.model.device)  # (k, 1, Q, K)
+
+        if SLIDING not in self.layer_types:
+            return additive(visible)
+        keys = torch.arange(visible.shape[-1])
+        near = query_positions[:, :, None] - keys[None, None, :] < self.window  # (k, Q, K)
+        windowed = additive(visible & near)
+        return windowed if self.layer_types == {SLIDING} else {FULL: additive(visible), SLIDING: windowed}
 
     def _next_tokens(self, logits: torch.Tensor) -> list[int]:
         """(k, V) logits -> one token per row."""
@@ -192,7 +214,7 @@ class ContinuousBatcher:
         visible = (positions[None, :] <= positions[:, None])[None] & (
             positions[None, None, :] < lengths[:, None, None]
         )
-        mask = torch.zeros(visible.shape, dtype=self.model.dtype).masked_fill_(~visible, self.masked)
+        mask = self._masks(visible, positions.expand(len(turns), -1))
         last = lengths - 1
         keep = torch.unique(last)  # ascending: the positions whose logits are needed
         cache.write = Write(
@@ -201,7 +223,7 @@ class ContinuousBatcher:
         device = self.model.device
         output = self.model(
             input_ids=input_ids.to(device),
-            attention_mask=mask[:, None].to(device),  # (k, 1, T, T)
+            attention_mask=mask,  # (k, 1, T, T), or one per layer type
             position_ids=positions.expand(len(turns), -1).to(device),
             **cache_kwargs(cache),
             use_cache=True,
@@ -218,12 +240,12 @@ class ContinuousBatcher:
         last = [rows[s].new_ids[-1] if rows[s] is not None else self.pad_id for s in slots]
         width = int(lengths.max()) + 1
         visible = torch.arange(width)[None, :] <= lengths[:, None]  # (k, width): own entries + the new one
-        mask = torch.zeros(visible.shape, dtype=self.model.dtype).masked_fill_(~visible, self.masked)
+        mask = self._masks(visible[:, None], lengths[:, None])
         cache.write = Write(None if every_slot else torch.tensor(list(slots)), lengths, width)
         device = self.model.device
         output = self.model(
             input_ids=torch.tensor(last)[:, None].to(device),
-            attention_mask=mask[:, None, None].to(device),  # (k, 1, 1, width)
+            attention_mask=mask,  # (k, 1, 1, width), or one per layer type
             position_ids=lengths[:, None].to(device),
             **cache_kwargs(cache),
             use_cache=True,

@@ -7,10 +7,12 @@ import json
 
 import pytest
 import torch
+from data_fixtures import load_root_conftest, make_byte_tokenizer
 
 from draftheads.base_model import load_base
 from draftheads.config import DistillConfig
 from draftheads.data.distill import DistillState, distill
+from draftheads.data.distill_hf import ContinuousBatcher
 from draftheads.data.sources import Conversation
 
 
@@ -144,3 +146,28 @@ def test_prefill_groups_split_far_apart_lengths_and_keep_equal_ones_together():
     assert prefill_groups([300, 20, 22, 310]) == [[1, 2], [0, 3]]
     assert prefill_groups([50] * 5) == [[0, 1, 2, 3, 4]]
     assert prefill_groups([40, 400], forward_tokens=10_000) == [[0, 1]]  # a forward dearer than padding
+
+
+def test_greedy_distill_on_a_sliding_window_base_equals_generate(tmp_path):
+    """Gemma 3's sliding layers (window 8) see only the last 8 positions; the prompts here are
+    longer, so a batcher that gave them the full prefix would answer otherwise than generate."""
+    tokenizer = make_byte_tokenizer()
+    # untied, larger weights: a tied random Gemma repeats one token whatever it attends to
+    model = load_root_conftest().make_tiny_gemma3(vocab_size=len(tokenizer), tie_word_embeddings=False)
+    generator = torch.Generator().manual_seed(0)
+    for parameter in model.parameters():
+        if parameter.dim() == 2:
+            parameter.copy_(torch.randn(parameter.shape, generator=generator) * 0.1)
+    model.generation_config.eos_token_id = tokenizer.eos_token_id
+    chats = [
+        Conversation(f"c{i}", [{"role": "user", "content": text}, {"role": "assistant", "content": ""}])
+        for i, text in enumerate(["hi", "hello there, how are you", "tell me about sliding windows"])
+    ]
+    config = DistillConfig(max_new_tokens=10, batch_size=2)
+    expected = {chat.id: greedy_alone(model, tokenizer, chat, max_new_tokens=10) for chat in chats}
+    out = tmp_path / "out.jsonl"
+    engine = ContinuousBatcher(model, tokenizer, config)
+    distill(model, tokenizer, chats, out, config, progress=False, engine=engine.run)
+    written = {record["id"]: record for record in map(json.loads, out.read_text().splitlines())}
+    assert written == expected
+    assert all(len(record["conversations"][1]["value"]) > 3 for record in written.values())
