@@ -37,10 +37,11 @@ from draftheads.heads.layers import (
     add_attention,
     add_feed_forward,
     additive_mask,
-    architecture,
     build_decoder_layer,
     build_rms_norm,
     build_rotary_embedding,
+    layout_config,
+    mlp_activation,
     norm_weight_for,
 )
 from draftheads.settings import ConfigError
@@ -125,41 +126,12 @@ def resolve_feature_layers(config: DFlashConfig, num_hidden_layers: int) -> tupl
     return tuple(layers)
 
 
-def _activation(base_config) -> str:
-    """The MLP activation's name (Gemma configs call the field ``hidden_activation``)."""
-    return getattr(base_config, "hidden_act", None) or base_config.hidden_activation
-
-
-def _draft_rope(base_config) -> dict:
-    """The base's rope parameters; for an architecture with one set per attention type (Gemma 3),
-    the set of the type its draft layers are built as."""
-    arch = architecture(base_config.model_type)
-    rope = dict(base_config.rope_parameters)
-    return dict(rope[arch.draft_layer_type]) if arch.typed_rotary else rope
-
-
 def layer_config(base_config, layer_architecture: str | None):
-    """The config the draft layers are built from: the base's, or a Qwen3 config of its geometry."""
+    """The config the draft layers are built from: the base's, or a Qwen3 config of its geometry
+    (with the base's MLP activation)."""
     if layer_architecture is None or layer_architecture == base_config.model_type:
         return base_config
-    from transformers import Qwen3Config
-
-    return Qwen3Config(
-        vocab_size=base_config.vocab_size,
-        hidden_size=base_config.hidden_size,
-        intermediate_size=base_config.intermediate_size,
-        num_hidden_layers=base_config.num_hidden_layers,
-        num_attention_heads=base_config.num_attention_heads,
-        num_key_value_heads=base_config.num_key_value_heads,
-        head_dim=getattr(base_config, "head_dim", None)
-        or base_config.hidden_size // base_config.num_attention_heads,
-        hidden_act=_activation(base_config),
-        max_position_embeddings=base_config.max_position_embeddings,
-        rms_norm_eps=base_config.rms_norm_eps,
-        rope_parameters=_draft_rope(base_config),
-        attention_bias=False,
-        tie_word_embeddings=False,
-    )
+    return layout_config(base_config, layer_architecture, mlp_activation(base_config))
 
 
 def block_position_weights(block_size: int, decay: float | None) -> torch.Tensor:

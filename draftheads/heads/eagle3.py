@@ -3,9 +3,10 @@ training-time test.
 
 Drafter row i consumes g_i = fc(concat(hs[a]_i, hs[b]_i, hs[c]_i)) (3h -> h, no bias) for the
 configured ``feature_layers`` (a, b, c) of the HF ``hidden_states`` tuple, and the token t_{i+1}.
-The draft layer ("midlayer") is the base architecture's decoder layer with two changes, as in the
-EAGLE-3 reference (``traineagle3/cnets.py``, ``LlamaDecoderLayeremb``) and the SGLang/SafeAILab
-checkpoint format:
+The draft layer ("midlayer") is the base architecture's decoder layer (or, with
+``layer_architecture: llama``, a Llama layer of the base's geometry, the layout the engines build)
+with two changes, as in the EAGLE-3 reference (``traineagle3/cnets.py``, ``LlamaDecoderLayeremb``)
+and the SGLang/SafeAILab checkpoint format:
 - attention reads ``concat(input_layernorm(emb(t_{i+1})), hidden_norm(g_i))`` (embedding first),
   so q/k/v take 2h inputs: the base layer is built as is and its q/k/v projections are replaced by
   2h-input ones (a config with hidden_size 2h would also widen o_proj and the MLP, which is wrong);
@@ -45,6 +46,7 @@ from draftheads.heads.layers import (
     build_decoder_layer,
     build_rms_norm,
     build_rotary_embedding,
+    layout_config,
     padded_causal_mask,
     prefix_causal_mask,
     replace_linear_input,
@@ -62,6 +64,8 @@ DEFAULT_DRAFT_VOCAB_CAP = 32000
 # Gram matrix. On SmolLM2's 8,192-id heads, fitted on three quarters of the ids and scored on the
 # rest, 0.1 explained the most variance (R^2 0.28; 0.27 unregularised, 0.24 at 1.0).
 GROWTH_RIDGE = 0.1
+EAGLE3_LAYOUTS = (None, "llama")  # head.layer_architecture
+ENGINE_ACTIVATION = "silu"  # the engines' Llama MLP (vLLM llama.py LlamaMLP refuses any other)
 
 
 @dataclass
@@ -99,6 +103,13 @@ class Eagle3Config(HeadConfig):
     # forward per layer. A run continuing a saved head with fewer layers grows it (``load_saved``).
     # Measured in docs/training.md, "Settings that matter".
     num_layers: int = field(default=1, metadata={GROWABLE: True})
+    # Whose decoder layer the draft layers are: None, the base architecture's own; "llama", a Llama
+    # layer of the base's geometry with a SiLU MLP, the one layout the engines' EAGLE-3 drafters
+    # have whatever the target (vLLM llama_eagle3.py, llama.cpp src/models/eagle3.cpp; both MLPs are
+    # SiLU only). The engine formats need it on a base that is not a Llama (Gemma 3). The head embeds
+    # through the base's module (Gemma: rows x sqrt(hidden_size)), the engines take the raw rows of
+    # the target's table; input_layernorm makes the two agree up to its epsilon.
+    layer_architecture: str | None = None
 
     def __post_init__(self):
         if self.feature_layers is not None:
@@ -116,6 +127,18 @@ class Eagle3Config(HeadConfig):
             raise ValueError(f"hard_target_weight must be in [0, 1], got {self.hard_target_weight}")
         if self.num_layers < 1:
             raise ValueError(f"num_layers must be >= 1, got {self.num_layers}")
+        if self.layer_architecture not in EAGLE3_LAYOUTS:
+            raise ValueError(
+                f"layer_architecture must be null or one of {EAGLE3_LAYOUTS[1:]}, "
+                f"got {self.layer_architecture!r}"
+            )
+
+
+def draft_layer_base(base_config, layer_architecture: str | None):
+    """The config the draft layers are built from: the base's, or a Llama one of its geometry."""
+    if layer_architecture is None or layer_architecture == base_config.model_type:
+        return base_config
+    return layout_config(base_config, layer_architecture, ENGINE_ACTIVATION)
 
 
 def default_feature_layers(num_hidden_layers: int) -> tuple[int, int, int]:
@@ -243,21 +266,24 @@ class Eagle3Head(DraftHead):
 
         self.fc = nn.Linear(len(self._feature_layers) * hidden_size, hidden_size, bias=False)
         width = {"intermediate_size": config.intermediate_size} if config.intermediate_size else {}
-        self.midlayer = build_decoder_layer(base_config, layer_idx=0, **width)  # checks the architecture
+        self.layer_config = draft_layer_base(base_config, config.layer_architecture)
+        self.midlayer = build_decoder_layer(
+            self.layer_config, layer_idx=0, **width
+        )  # checks the architecture
         self.intermediate_size = config.intermediate_size or base_config.intermediate_size
         attention = self.midlayer.self_attn
         attention.q_proj = replace_linear_input(attention.q_proj, 2 * hidden_size)
         attention.k_proj = replace_linear_input(attention.k_proj, 2 * hidden_size)
         attention.v_proj = replace_linear_input(attention.v_proj, 2 * hidden_size)
-        self.midlayer.hidden_norm = build_rms_norm(base_config)  # registered once, here (export name)
+        self.midlayer.hidden_norm = build_rms_norm(self.layer_config)  # registered once, here (export name)
         # Layers after the midlayer (none by default, so one-layer heads keep the release's names).
         self.layers = nn.ModuleList(
-            build_decoder_layer(base_config, layer_idx=index, **width)
+            build_decoder_layer(self.layer_config, layer_idx=index, **width)
             for index in range(1, config.num_layers)
         )
-        self.norm = build_rms_norm(base_config)
+        self.norm = build_rms_norm(self.layer_config)
         self.lm_head = nn.Linear(hidden_size, self.draft_vocab_size, bias=False)
-        self.rotary_emb = build_rotary_embedding(base_config)  # buffers only, not saved
+        self.rotary_emb = build_rotary_embedding(self.layer_config)  # buffers only, not saved
 
         # Until init_from_data sets them: the draft vocabulary is the first N target ids.
         self.register_buffer("d2t", torch.zeros(self.draft_vocab_size, dtype=torch.long))
@@ -280,6 +306,12 @@ class Eagle3Head(DraftHead):
         known, lm_head) start as the base's; without it, nothing is copied."""
         if not self.config.init_from_base:
             return
+        if self.layer_config.model_type != base_model.config.model_type:
+            raise ConfigError(
+                "head.init_from_base copies the base's last decoder layer "
+                f"({base_model.config.model_type}); head.layer_architecture="
+                f"{self.config.layer_architecture} builds another layout (drop one of the two)"
+            )
         if self.intermediate_size != base_model.config.intermediate_size:
             base_width = base_model.config.intermediate_size
             raise ConfigError(
@@ -418,7 +450,7 @@ class Eagle3Head(DraftHead):
             **cache_kwargs(cache),
             position_embeddings=position_embeddings,
         )  # (B, T, h)
-        model_type = self.base_config.model_type
+        model_type = self.layer_config.model_type
         hidden = add_attention(layer, model_type, hidden, attended)
         hidden = add_feed_forward(layer, model_type, hidden)  # (B, T, h)
         for later in self.layers:

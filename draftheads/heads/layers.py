@@ -99,6 +99,50 @@ def draft_layer_config(base_config, **overrides):
     return config
 
 
+def mlp_activation(base_config) -> str:
+    """The MLP activation's name (Gemma configs call the field ``hidden_activation``)."""
+    return getattr(base_config, "hidden_act", None) or base_config.hidden_activation
+
+
+def draft_rope(base_config) -> dict:
+    """The base's rope parameters; for an architecture with one set per attention type (Gemma 3),
+    the set of the type its draft layers are built as."""
+    arch = architecture(base_config.model_type)
+    rope = dict(base_config.rope_parameters)
+    return dict(rope[arch.draft_layer_type]) if arch.typed_rotary else rope
+
+
+# Layouts a head may build its draft layers as instead of the base's own (``layer_architecture``),
+# because engines build their drafters so whatever the target: vLLM llama_eagle3.py and llama.cpp
+# src/models/eagle3.cpp EAGLE-3 drafters as Llama layers, the DFlash releases, speculators and
+# vLLM qwen3_dflash.py DFlash drafters as Qwen3 layers.
+LAYOUT_CONFIGS = {"llama": "LlamaConfig", "qwen3": "Qwen3Config"}
+
+
+def layout_config(base_config, layout: str, hidden_act: str):
+    """A ``layout`` (``LAYOUT_CONFIGS``) config of the base's geometry: its width, heads, head_dim,
+    vocabulary, norm epsilon and (draft-layer type's) rope, with ``hidden_act`` in the MLP."""
+    import transformers
+
+    config_class = getattr(transformers, LAYOUT_CONFIGS[layout])
+    return config_class(
+        vocab_size=base_config.vocab_size,
+        hidden_size=base_config.hidden_size,
+        intermediate_size=base_config.intermediate_size,
+        num_hidden_layers=base_config.num_hidden_layers,
+        num_attention_heads=base_config.num_attention_heads,
+        num_key_value_heads=base_config.num_key_value_heads,
+        head_dim=getattr(base_config, "head_dim", None)
+        or base_config.hidden_size // base_config.num_attention_heads,
+        hidden_act=hidden_act,
+        max_position_embeddings=base_config.max_position_embeddings,
+        rms_norm_eps=base_config.rms_norm_eps,
+        rope_parameters=draft_rope(base_config),
+        attention_bias=False,
+        tie_word_embeddings=False,
+    )
+
+
 def build_decoder_layer(base_config, layer_idx: int = 0, **overrides) -> nn.Module:
     """One decoder layer of the base architecture, its config changed by ``overrides``;
     ``layer_idx`` is its slot in the draft cache."""

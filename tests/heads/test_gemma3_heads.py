@@ -27,6 +27,9 @@ pytestmark = pytest.mark.usefixtures("single_thread")
 CONFIGS = {
     **HEAD_CONFIGS,
     "eagle3-from-base": Eagle3Config(feature_layers=(1, 2, 3), draft_vocab_size=64, init_from_base=True),
+    "eagle3-llama-layer": Eagle3Config(
+        feature_layers=(1, 2, 3), draft_vocab_size=64, layer_architecture="llama"
+    ),
     "dflash": DFlashConfig(num_layers=2, block_size=4, feature_layers=(1, 2, 3)),
     "dflash-qwen3-layers": DFlashConfig(
         num_layers=1, block_size=4, feature_layers=(1, 2, 3), layer_architecture="qwen3"

@@ -34,6 +34,10 @@ HEADS = {
         Eagle3Config(feature_layers=(1, 2, 3), draft_vocab_size=64, num_layers=2),
         "chain-4",
     ),
+    "eagle3-llama-layer": (
+        Eagle3Config(feature_layers=(1, 2, 3), draft_vocab_size=64, layer_architecture="llama"),
+        "dynamic-cpu",
+    ),
     "mtp": (MtpConfig(num_modules=3), "cpu-8"),
     "dflash": (DFlashConfig(num_layers=2, block_size=5, feature_layers=(1, 2, 3)), "cpu-8"),
     "dflash-qwen3-layers": (
