@@ -77,11 +77,12 @@ def engine_layer_config(config, head: DraftHead, architecture: str, **fields) ->
     return out
 
 
-def draft_layer_config(head: DraftHead, architecture: str) -> dict[str, Any]:
-    """The base Llama config with one decoder layer: the geometry engines build the drafter from."""
-    return engine_layer_config(
-        head.base_config, head, architecture, model_type=head.base_config.model_type, num_hidden_layers=1
-    )
+def draft_layer_config(head: DraftHead, architecture: str, layer_config=None) -> dict[str, Any]:
+    """The Llama config of the draft layer with one decoder layer: the geometry engines build the
+    drafter from. ``layer_config``: the transformers config the head built its layer from (None:
+    the base's)."""
+    config = head.base_config if layer_config is None else layer_config
+    return engine_layer_config(config, head, architecture, model_type=config.model_type, num_hidden_layers=1)
 
 
 def require_llama(head: DraftHead, format_name: str) -> None:
@@ -90,6 +91,17 @@ def require_llama(head: DraftHead, format_name: str) -> None:
             f"format '{format_name}' builds the drafter as a Llama decoder layer; this head's base "
             f"model_type is '{head.base_config.model_type}' (only 'llama' is accepted by the engines' "
             f"LlamaForCausalLMEagle* loaders)"
+        )
+
+
+def require_llama_layer(layer_config, format_name: str) -> None:
+    """Refuse a draft layer that is not a Llama layer (``layer_config``: the config it was built
+    from): the engines would load its weights into a Llama layer, or not at all."""
+    if layer_config.model_type != "llama":
+        raise FormatError(
+            f"format '{format_name}' holds the drafter as a Llama decoder layer; this head's layer is "
+            f"'{layer_config.model_type}' (train it with head.layer_architecture: llama, or use "
+            "--format draftheads)"
         )
 
 

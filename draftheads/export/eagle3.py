@@ -30,7 +30,7 @@ from draftheads.export.draft_layer import (
     draft_layer_config,
     release_fc_inputs,
     require_engine_features,
-    require_llama,
+    require_llama_layer,
 )
 from draftheads.export.registry import (
     EngineReader,
@@ -71,7 +71,7 @@ def layer_id_fields(head: DraftHead) -> dict[str, Any]:
 def eagle3_layer_config(head: DraftHead, architecture: str) -> dict[str, Any]:
     """The draft layer's config as engines build it, its MLP as wide as the head's (engines read
     ``intermediate_size`` from the drafter's own config, not the base's)."""
-    config = draft_layer_config(head, architecture)
+    config = draft_layer_config(head, architecture, head.layer_config)
     config["intermediate_size"] = head.intermediate_size
     return config
 
@@ -120,7 +120,7 @@ def eagle3_tensors(head: DraftHead, layer_prefix: str) -> dict[str, torch.Tensor
 
 @register_writer("eagle3", ("eagle3",), "SGLang, vLLM, SafeAILab EAGLE (LlamaForCausalLMEagle3)")
 def write_eagle3(head: DraftHead, directory: Path, options: ExportOptions) -> dict[str, Any]:
-    require_llama(head, "eagle3")
+    require_llama_layer(head.layer_config, "eagle3")
     require_engine_features(head, "eagle3")
     tensors = eagle3_tensors(head, "midlayer.")
     config = eagle3_layer_config(head, "LlamaForCausalLMEagle3")
@@ -134,7 +134,7 @@ def write_eagle3(head: DraftHead, directory: Path, options: ExportOptions) -> di
 
 @register_writer("speculators", ("eagle3",), "vLLM (`vllm serve DIR`, speculators eagle3)")
 def write_speculators(head: DraftHead, directory: Path, options: ExportOptions) -> dict[str, Any]:
-    require_llama(head, "speculators")
+    require_llama_layer(head.layer_config, "speculators")
     require_engine_features(head, "speculators")
     # speculators' own Eagle3DraftModel names the layer ``layers.0.``; vLLM's loader prefixes
     # "model." and reads it directly (llama_eagle3.py load_weights).
