@@ -19,7 +19,11 @@ from draftheads.train.recipe import recipe_for
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 YAMLS = sorted(CONFIGS.glob("*.yaml"))
 DEEPSPEED = sorted((CONFIGS / "deepspeed").glob("*.json"))
-BASES = {"smollm2": "smollm2-135m-instruct", "llama3-8b": "meta-llama/Llama-3.1-8B-Instruct"}
+BASES = {
+    "smollm2": "smollm2-135m-instruct",
+    "gemma3-270m": "gemma3-270m",
+    "llama3-8b": "meta-llama/Llama-3.1-8B-Instruct",
+}
 LAUNCH, OVERRIDE = "# To launch", "# Any field can be overridden with dotted key=value pairs"
 # The chain that trains the shipped EAGLE-3 head, in order: each step starts from the last one's head.
 SHIPPED_EAGLE3_CHAIN = ("greedy", "sampled", "both")
