@@ -41,7 +41,6 @@ from draftheads.heads.layers import (
     build_rms_norm,
     build_rotary_embedding,
     layout_config,
-    mlp_activation,
     norm_weight_for,
 )
 from draftheads.settings import ConfigError
@@ -52,9 +51,9 @@ class DFlashConfig(HeadConfig):
     kind: ClassVar[str] = "dflash"
     # Draft decoder layers. The DFlash releases use 5 on 8B targets; one keeps a CPU drafter cheap.
     num_layers: int = 1
-    # Whose decoder layer: None, the base architecture's own; "qwen3", Qwen3 layers (q/k norms) with
-    # the base's geometry, the layer the DFlash releases, speculators and vLLM build for any target
-    # (needed by the engine formats, ``draftheads.export.dflash``).
+    # Whose decoder layer: None, the base architecture's own; "qwen3", Qwen3 layers (q/k norms, a
+    # SiLU MLP) with the base's geometry, the layer the DFlash releases, speculators and vLLM build
+    # for any target (needed by the engine formats, ``draftheads.export.dflash``).
     layer_architecture: str | None = None
     # Tokens per block, the root included: one forward drafts block_size - 1 depths (paper: 16).
     block_size: int = 16
@@ -127,11 +126,10 @@ def resolve_feature_layers(config: DFlashConfig, num_hidden_layers: int) -> tupl
 
 
 def layer_config(base_config, layer_architecture: str | None):
-    """The config the draft layers are built from: the base's, or a Qwen3 config of its geometry
-    (with the base's MLP activation)."""
+    """The config the draft layers are built from: the base's, or a Qwen3 config of its geometry."""
     if layer_architecture is None or layer_architecture == base_config.model_type:
         return base_config
-    return layout_config(base_config, layer_architecture, mlp_activation(base_config))
+    return layout_config(base_config, layer_architecture)
 
 
 def block_position_weights(block_size: int, decay: float | None) -> torch.Tensor:

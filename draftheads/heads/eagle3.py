@@ -65,7 +65,6 @@ DEFAULT_DRAFT_VOCAB_CAP = 32000
 # rest, 0.1 explained the most variance (R^2 0.28; 0.27 unregularised, 0.24 at 1.0).
 GROWTH_RIDGE = 0.1
 EAGLE3_LAYOUTS = (None, "llama")  # head.layer_architecture
-ENGINE_ACTIVATION = "silu"  # the engines' Llama MLP (vLLM llama.py LlamaMLP refuses any other)
 
 
 @dataclass
@@ -138,7 +137,7 @@ def draft_layer_base(base_config, layer_architecture: str | None):
     """The config the draft layers are built from: the base's, or a Llama one of its geometry."""
     if layer_architecture is None or layer_architecture == base_config.model_type:
         return base_config
-    return layout_config(base_config, layer_architecture, ENGINE_ACTIVATION)
+    return layout_config(base_config, layer_architecture)
 
 
 def default_feature_layers(num_hidden_layers: int) -> tuple[int, int, int]:

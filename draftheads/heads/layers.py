@@ -99,11 +99,6 @@ def draft_layer_config(base_config, **overrides):
     return config
 
 
-def mlp_activation(base_config) -> str:
-    """The MLP activation's name (Gemma configs call the field ``hidden_activation``)."""
-    return getattr(base_config, "hidden_act", None) or base_config.hidden_activation
-
-
 def draft_rope(base_config) -> dict:
     """The base's rope parameters; for an architecture with one set per attention type (Gemma 3),
     the set of the type its draft layers are built as."""
@@ -115,13 +110,16 @@ def draft_rope(base_config) -> dict:
 # Layouts a head may build its draft layers as instead of the base's own (``layer_architecture``),
 # because engines build their drafters so whatever the target: vLLM llama_eagle3.py and llama.cpp
 # src/models/eagle3.cpp EAGLE-3 drafters as Llama layers, the DFlash releases, speculators and
-# vLLM qwen3_dflash.py DFlash drafters as Qwen3 layers.
+# vLLM qwen3_dflash.py DFlash drafters as Qwen3 layers. Their MLPs are SiLU only (vLLM llama.py
+# LlamaMLP and qwen2.py Qwen2MLP, which qwen3_dflash.py uses, refuse any other activation; llama.cpp
+# eagle3.cpp builds LLM_FFN_SILU), so a layout's MLP is SiLU whatever the base's (Gemma: GELU).
 LAYOUT_CONFIGS = {"llama": "LlamaConfig", "qwen3": "Qwen3Config"}
+LAYOUT_ACTIVATION = "silu"
 
 
-def layout_config(base_config, layout: str, hidden_act: str):
+def layout_config(base_config, layout: str):
     """A ``layout`` (``LAYOUT_CONFIGS``) config of the base's geometry: its width, heads, head_dim,
-    vocabulary, norm epsilon and (draft-layer type's) rope, with ``hidden_act`` in the MLP."""
+    vocabulary, norm epsilon and (draft-layer type's) rope, with a SiLU MLP."""
     import transformers
 
     config_class = getattr(transformers, LAYOUT_CONFIGS[layout])
@@ -134,7 +132,7 @@ def layout_config(base_config, layout: str, hidden_act: str):
         num_key_value_heads=base_config.num_key_value_heads,
         head_dim=getattr(base_config, "head_dim", None)
         or base_config.hidden_size // base_config.num_attention_heads,
-        hidden_act=hidden_act,
+        hidden_act=LAYOUT_ACTIVATION,
         max_position_embeddings=base_config.max_position_embeddings,
         rms_norm_eps=base_config.rms_norm_eps,
         rope_parameters=draft_rope(base_config),

@@ -103,6 +103,14 @@ def test_norms_copied_from_the_base_scale_as_the_bases(kind):
     torch.testing.assert_close(norm(states), base.model.norm(states))
 
 
+@pytest.mark.parametrize("kind", ["eagle3-llama-layer", "dflash-qwen3-layers"])
+def test_engine_layouts_have_the_silu_mlp_the_engines_build(model, kind):
+    """vLLM's Llama and Qwen3 drafter MLPs are SiLU only; Gemma's is GELU (tanh)."""
+    head = build_head(model, CONFIGS[kind])
+    assert model.config.hidden_activation == "gelu_pytorch_tanh"
+    assert head.layer_config.hidden_act == "silu" and head.layer_config.model_type != "gemma3_text"
+
+
 @pytest.mark.parametrize("kind", list(CONFIGS))
 def test_every_kind_trains_a_step(model, kind):
     torch.manual_seed(0)
