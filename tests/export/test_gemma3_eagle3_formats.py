@@ -57,6 +57,9 @@ def test_a_llama_layout_head_exports_and_reads_back_the_same_drafts(gemma3, tmp_
     loaded = load_head(tmp_path, base_model=gemma3)
     assert loaded.config.layer_architecture == "llama"
     assert_same_drafts(head, loaded, gemma3)
+    rebuilt = load_head(tmp_path)  # no base: its config rebuilt from the checkpoint and our metadata
+    assert rebuilt.base_config.model_type == "gemma3_text"
+    assert_same_drafts(head, rebuilt.attach(gemma3), gemma3)
 
 
 @pytest.mark.parametrize("format_name", ["eagle3", "speculators", "gguf"])
