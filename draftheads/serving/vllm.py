@@ -126,6 +126,25 @@ def stop(process: subprocess.Popen, grace: float = 30.0) -> None:
 
 
 @contextlib.contextmanager
+def running_server(
+    command: list[str], env: dict[str, str], port: int, log: Path, timeout: float
+) -> Iterator[str]:
+    """Run ``command`` (a ``serve_command`` on ``port``) in ``env`` for the ``with`` block, its
+    output to ``log``; yields its base URL once it answers, and stops it however the block ends."""
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with open(log, "w") as stream:
+        process = subprocess.Popen(
+            command, stdout=stream, stderr=subprocess.STDOUT, env=env, start_new_session=True
+        )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_until_ready(url, process, log, timeout)
+        yield url
+    finally:
+        stop(process)
+
+
+@contextlib.contextmanager
 def vllm_server(
     venv: str | Path,
     model: str,
@@ -147,21 +166,8 @@ def vllm_server(
         venv, model, port, dtype, max_model_len, max_num_batched_tokens, speculative_config, tokenizer
     )
     command += list(extra_args)
-    log.parent.mkdir(parents=True, exist_ok=True)
-    with open(log, "w") as stream:
-        process = subprocess.Popen(
-            command,
-            stdout=stream,
-            stderr=subprocess.STDOUT,
-            env=vllm_environment(venv),
-            start_new_session=True,
-        )
-    url = f"http://127.0.0.1:{port}"
-    try:
-        wait_until_ready(url, process, log, timeout)
+    with running_server(command, vllm_environment(venv), port, log, timeout) as url:
         yield url
-    finally:
-        stop(process)
 
 
 # vLLM's speculative-decoding counters in its Prometheus text (vllm/v1/spec_decode/metrics.py):
