@@ -7,7 +7,8 @@ plainly (``<engine>:plain``), the engine with its own prompt-lookup n-gram draft
 started once for the whole run and stopped on success, failure or Ctrl-C. Every engine method's
 server is up for the whole run, so the methods alternate prompt by prompt as ours do: an idle
 vLLM server blocks on its request queue (vllm/v1/engine/core.py, ``_process_input_queue``) and an
-idle llama-server waits on its task queue, so they take no CPU from the method being timed.
+idle llama-server waits on its task queue, so they take next to no CPU from the method being
+timed (measured: docs/benchmarks.md, "Against the engines").
 
 A method's ``run`` sends its batch of B prompts as B concurrent requests (with ``--continuous``:
 all the prompts, at most B in flight), timed on the client from the first request sent to the
@@ -271,7 +272,7 @@ class VLLMServer:
 def llamacpp_version(root: Path) -> str:
     """What ``llama-server --version`` says, and the llama-cpp-python release whose vendored tree
     `make engines-llamacpp` built (its stamp ``.built-<release>``), when there is one."""
-    described = llamacpp.version(root)
+    described = "llama.cpp " + llamacpp.version(root)  # it says "version: 0.5.0-dev (build ...)"
     stamps = sorted(root.glob(".built-*"))
     if stamps:
         described += f" (the tree vendored in llama-cpp-python {stamps[-1].name.removeprefix('.built-')})"
