@@ -463,7 +463,7 @@ class LlamaCppEngine:
             label = head_label(head_dir)
             export_dir = work / f"{label}.{export_format}"
             export_head(head_dir, export_dir, export_format, options=ExportOptions(target_gguf=str(target)))
-            flags = llamacpp.eagle3_flags(export_dir / GGUF_NAME, settings.chain)
+            flags = llamacpp.draft_flags(export_dir / GGUF_NAME, settings.chain)
             log = f"llamacpp-{kind}-{label}.log"
             methods.append(EngineMethod(f"{self.name}:{kind}:{label}", server(flags, log), plain))
         return methods

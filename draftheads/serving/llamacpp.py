@@ -50,19 +50,11 @@ def server_command(
     root: Path = LLAMACPP_DIR,
     spec_type: str = "draft-eagle3",
 ) -> list[str]:
-    """``llama-server`` on ``target`` with one slot, f32 KV caches (the dtype the check compares in;
-    llama.cpp's default is f16) and ``--metrics``; with ``draft``, drafting of ``spec_type``
-    (``draft-eagle3``, ``draft-dflash``) of exactly ``chain`` tokens a step (no early stop on low
-    draft probability, no minimum)."""
-    threads = str(len(os.sched_getaffinity(0)))
-    command = [str(server_path(root)), "-m", str(target), "--host", "127.0.0.1", "--port", str(port)]
-    command += ["-np", "1", "-c", "2048", "-t", threads, "-ctk", "f32", "-ctv", "f32"]
-    command += ["--metrics", "--no-webui", "--no-warmup"]
-    if draft is not None:
-        command += ["-md", str(draft), "--spec-type", spec_type, "-td", threads]
-        command += ["--spec-draft-n-max", str(chain), "--spec-draft-n-min", "0", "--spec-draft-p-min", "0"]
-        command += ["-ctkd", "f32", "-ctvd", "f32"]
-    return command
+    """``llama-server`` on ``target`` with one slot of 2,048 tokens (``parallel_server_command``);
+    with ``draft``, drafting of ``spec_type`` (``draft-eagle3``, ``draft-dflash``) of exactly
+    ``chain`` tokens a step (``draft_flags``)."""
+    flags = [] if draft is None else draft_flags(draft, chain, spec_type)
+    return parallel_server_command(target, port, 1, 2048, flags, root)
 
 
 def request(port: int, path: str, body: dict | None = None, timeout: float = 600) -> bytes:
@@ -247,18 +239,20 @@ def parallel_server_command(
     """``llama-server`` on ``target`` set up as ``server_command`` sets it up (f32 KV caches,
     ``--metrics``, every core this process may use), with ``slots`` parallel slots of ``context``
     tokens each (llama-server splits ``-c`` among its slots unless ``--kv-unified``) and the
-    drafting flags ``speculative`` (``eagle3_flags``, ``ngram_flags``; none: no draft)."""
+    drafting flags ``speculative`` (``draft_flags``, ``ngram_flags``; none: no draft)."""
     threads = str(len(os.sched_getaffinity(0)))
     command = [str(server_path(root)), "-m", str(target), "--host", "127.0.0.1", "--port", str(port)]
     command += ["-np", str(slots), "-c", str(context * slots), "-t", threads, "-ctk", "f32", "-ctv", "f32"]
     return command + ["--metrics", "--no-webui", "--no-warmup", *speculative]
 
 
-def eagle3_flags(draft: Path, chain: int) -> list[str]:
-    """EAGLE-3 drafting with ``draft`` of exactly ``chain`` tokens a step, as ``server_command``."""
+def draft_flags(draft: Path, chain: int, spec_type: str = "draft-eagle3", p_min: float = 0.0) -> list[str]:
+    """Drafting with the model ``draft`` as ``spec_type`` (``draft-eagle3``, ``draft-dflash``): up to
+    ``chain`` tokens a step, a chain stopping early where the draft's top probability falls under
+    ``p_min`` (0: never; no minimum length), the draft's KV cache in f32 and on every core."""
     threads = str(len(os.sched_getaffinity(0)))
-    flags = ["-md", str(draft), "--spec-type", "draft-eagle3", "-td", threads]
-    flags += ["--spec-draft-n-max", str(chain), "--spec-draft-n-min", "0", "--spec-draft-p-min", "0"]
+    flags = ["-md", str(draft), "--spec-type", spec_type, "-td", threads]
+    flags += ["--spec-draft-n-max", str(chain), "--spec-draft-n-min", "0", "--spec-draft-p-min", f"{p_min:g}"]
     return flags + ["-ctkd", "f32", "-ctvd", "f32"]
 
 

@@ -208,3 +208,11 @@ def test_a_converter_error_is_an_engine_error(check, tmp_path, monkeypatch):
         tmp_path / "head", "dflash", run, {}, 7, check.CheckSettings(), tmp_path
     )
     assert outcome.status == "engine-error" and "KeyError" in outcome.error
+
+
+def test_draft_flags_stop_a_chain_early_only_when_asked(tmp_path):
+    whole = llamacpp.draft_flags(tmp_path / "d.gguf", 4)
+    assert whole[whole.index("--spec-draft-p-min") + 1] == "0"
+    early = llamacpp.draft_flags(tmp_path / "d.gguf", 4, p_min=0.5)
+    assert early[early.index("--spec-draft-p-min") + 1] == "0.5"
+    assert early[early.index("--spec-draft-n-max") + 1] == "4"
