@@ -31,7 +31,6 @@ from __future__ import annotations
 import contextlib
 import tempfile
 import time
-import urllib.request
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field, replace
@@ -39,7 +38,7 @@ from pathlib import Path
 
 from draftheads.bench import BenchError, BenchPrompt, BenchSettings, Sample
 from draftheads.serving import llamacpp
-from draftheads.serving.vllm import ServerError
+from draftheads.serving.vllm import ServerError, get_text, request_json, served_model
 from draftheads.shipped import CHECKOUT
 
 VLLM_VENV = CHECKOUT / "engines" / ".venvs" / "vllm"  # made by `make engines`
@@ -167,35 +166,25 @@ def engine_samples(
 # ---- clients of a running server ---------------------------------------------------------------
 
 
-def get_text(url: str, timeout: float = 60.0) -> str:
-    try:
-        with urllib.request.urlopen(url, timeout=timeout) as response:
-            return response.read().decode()
-    except OSError as err:  # URLError, a refused connection, a timeout
-        raise ServerError(f"{url}: {err}") from err
-
-
 class VLLMClient:
     """Requests to a running vLLM OpenAI-compatible server (``/v1/completions`` with token ids)."""
 
     def __init__(self, url: str, request_seconds: float):
-        from draftheads.data.distill_vllm import request_json
-
         self.url = url
         self.request_seconds = request_seconds
-        self.model_id = request_json(url, "/v1/models")["data"][0]["id"]
+        self.model_id = served_model(url)
         self.version = "vLLM " + request_json(url, "/version")["version"]
 
     def complete(self, ids: list[int], max_new_tokens: int) -> list[int]:
         """Greedy new token ids (EOS included when the model emitted it)."""
-        from draftheads.data.distill_vllm import completion_body, request_json
+        from draftheads.data.distill_vllm import completion_body
 
         body = completion_body(self.model_id, ids, max_new_tokens, temperature=0.0, seed=0)
         response = request_json(self.url, "/v1/completions", body, self.request_seconds)
         return list(response["choices"][0]["token_ids"])
 
     def spec_counts(self) -> SpecCounts:
-        return vllm_spec_counts(get_text(f"{self.url}/metrics"))
+        return vllm_spec_counts(get_text(self.url, "/metrics"))
 
 
 class LlamaCppClient:
@@ -212,7 +201,7 @@ class LlamaCppClient:
             raise ServerError(f"llama-server on port {self.port}: /completion: {err}") from err
 
     def spec_counts(self) -> SpecCounts:
-        return llamacpp_spec_counts(get_text(f"http://127.0.0.1:{self.port}/metrics"))
+        return llamacpp_spec_counts(get_text(f"http://127.0.0.1:{self.port}", "/metrics"))
 
 
 # ---- servers ------------------------------------------------------------------------------------

@@ -12,16 +12,13 @@ so a near tie can fall the other way (how often the answers agree: docs/training
 
 from __future__ import annotations
 
-import json
 import os
-import urllib.error
-import urllib.request
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from pathlib import Path
 
 from draftheads.config import DistillConfig
 from draftheads.data.distill import Turn, TurnQueue
-from draftheads.serving.vllm import ServerError
+from draftheads.serving.vllm import ServerError, request_json
 from draftheads.settings import ConfigError
 
 PROBE = [
@@ -35,23 +32,6 @@ REQUEST_TIMEOUT_S = 3600.0  # one completion; a loaded CPU server can queue a re
 
 class ServerMismatch(ConfigError):
     """The server does not serve the base model the distilled file records; says what differs."""
-
-
-def request_json(url: str, path: str, payload: dict | None = None, timeout: float = 60.0) -> dict:
-    """GET (no payload) or POST JSON to ``url + path``; the decoded answer. An HTTP error raises
-    ServerError with the server's own message."""
-    data = None if payload is None else json.dumps(payload).encode()
-    request = urllib.request.Request(
-        url.rstrip("/") + path, data=data, headers={"Content-Type": "application/json"}
-    )
-    try:
-        with urllib.request.urlopen(request, timeout=timeout) as response:
-            return json.load(response)
-    except urllib.error.HTTPError as err:
-        detail = err.read().decode(errors="replace")[:500]
-        raise ServerError(f"{url}{path}: HTTP {err.code}: {detail}") from err
-    except urllib.error.URLError as err:
-        raise ServerError(f"{url}{path}: cannot reach the server ({err.reason})") from err
 
 
 def same_model(served: str, base_path: str) -> bool:

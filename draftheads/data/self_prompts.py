@@ -210,7 +210,8 @@ def server_sampler(url: str, model_id: str, settings: SynthSettings, in_flight: 
     row, seeded ``seed * rows + row``, up to ``in_flight`` at once."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from draftheads.data.distill_vllm import REQUEST_TIMEOUT_S, completion_body, request_json
+    from draftheads.data.distill_vllm import REQUEST_TIMEOUT_S, completion_body
+    from draftheads.serving.vllm import request_json
 
     def one(prefix: list[int], seed: int) -> list[int]:
         body = completion_body(model_id, prefix, settings.max_new_tokens, settings.temperature, seed)

@@ -202,22 +202,35 @@ def spec_counts(metrics: str) -> dict | None:
     }
 
 
-def get_text(url: str, path: str, timeout: float = 60.0) -> str:
-    with urllib.request.urlopen(f"{url}{path}", timeout=timeout) as response:
-        return response.read().decode()
-
-
-def post_json(url: str, path: str, body: dict, timeout: float = 600.0) -> dict:
+def request_json(url: str, path: str, payload: dict | None = None, timeout: float = 60.0) -> dict:
+    """GET (no payload) or POST JSON to ``url + path``; the decoded answer. An HTTP error raises
+    ServerError with the server's own message."""
+    data = None if payload is None else json.dumps(payload).encode()
     request = urllib.request.Request(
-        f"{url}{path}", data=json.dumps(body).encode(), headers={"Content-Type": "application/json"}
+        url.rstrip("/") + path, data=data, headers={"Content-Type": "application/json"}
     )
-    with urllib.request.urlopen(request, timeout=timeout) as response:
-        return json.load(response)
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as response:
+            return json.load(response)
+    except urllib.error.HTTPError as err:
+        detail = err.read().decode(errors="replace")[:500]
+        raise ServerError(f"{url}{path}: HTTP {err.code}: {detail}") from err
+    except urllib.error.URLError as err:
+        raise ServerError(f"{url}{path}: cannot reach the server ({err.reason})") from err
+
+
+def get_text(url: str, path: str, timeout: float = 60.0) -> str:
+    """GET ``url + path`` as text (``/metrics``); ServerError when the server cannot be reached."""
+    try:
+        with urllib.request.urlopen(f"{url}{path}", timeout=timeout) as response:
+            return response.read().decode()
+    except OSError as err:  # URLError, a refused connection, a timeout
+        raise ServerError(f"{url}{path}: {err}") from err
 
 
 def served_model(url: str) -> str:
     """The id the server serves its model under (``/v1/models``), which requests must name."""
-    return json.loads(get_text(url, "/v1/models"))["data"][0]["id"]
+    return request_json(url, "/v1/models")["data"][0]["id"]
 
 
 def chat(url: str, model: str, content: str, max_tokens: int) -> dict:
@@ -231,7 +244,7 @@ def chat(url: str, model: str, content: str, max_tokens: int) -> dict:
         "seed": 0,
         "return_token_ids": True,
     }
-    answer = post_json(url, "/v1/chat/completions", body)
+    answer = request_json(url, "/v1/chat/completions", body, timeout=600.0)
     choice = answer["choices"][0]
     return {
         "text": choice["message"]["content"],
