@@ -1,5 +1,5 @@
 """Which llama.cpp drafting settings make an EAGLE-3 head pay in llama.cpp, and by how much
-(docs/benchmarks.md, "In llama.cpp: draft length and early stop").
+(docs/engines.md, "In llama.cpp: draft length and early stop").
 
 llama-server drafts a chain of up to ``--spec-draft-n-max`` tokens a step and stops a chain early
 when the draft's top probability falls under ``--spec-draft-p-min`` (common/speculative.cpp,
