@@ -27,7 +27,7 @@ from transformers.cache_utils import Cache, CacheLayerMixin
 from draftheads.compat import cache_kwargs
 from draftheads.config import DistillConfig
 from draftheads.data.distill import Turn, TurnQueue
-from draftheads.infer.window import FULL, SLIDING, layer_types
+from draftheads.infer.window import layer_types, masks_by_type
 
 CAPACITY_STEP = 64  # slot capacity grows in steps of this many entries (rarely: turns come shortest first)
 # What one more prefill forward costs beyond its tokens, in prompt tokens: a forward streams every
@@ -168,24 +168,16 @@ class ContinuousBatcher:
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
         self.generator = torch.Generator().manual_seed(seed)
         self.masked = torch.finfo(model.dtype).min
-        self.layer_types = frozenset(layer_types(model.config))
-        self.window = getattr(model.config, "sliding_window", None)
+        layer_types(model.config)  # refuses, before any turn, layers no mask is made for
 
     def _masks(self, visible: torch.Tensor, query_positions: torch.Tensor):
         """(k, Q, K) bool "may attend" over cache entries 0..K-1 (an entry's index is its position),
         queries at (k, Q) ``query_positions`` -> the ``attention_mask`` a forward takes: one additive
         (k, 1, Q, K) mask, or {layer type: mask} where sliding and full layers mix."""
-
-        def additive(allowed: torch.Tensor) -> torch.Tensor:
-            mask = torch.zeros(allowed.shape, dtype=self.model.dtype).masked_fill_(~allowed, self.masked)
-            return mask[:, None].to(self.model.device)  # (k, 1, Q, K)
-
-        if SLIDING not in self.layer_types:
-            return additive(visible)
-        keys = torch.arange(visible.shape[-1])
-        near = query_positions[:, :, None] - keys[None, None, :] < self.window  # (k, Q, K)
-        windowed = additive(visible & near)
-        return windowed if self.layer_types == {SLIDING} else {FULL: additive(visible), SLIDING: windowed}
+        mask = torch.zeros(visible.shape, dtype=self.model.dtype).masked_fill_(~visible, self.masked)
+        mask = mask[:, None].to(self.model.device)  # (k, 1, Q, K)
+        keys = torch.arange(visible.shape[-1]).expand(visible.shape[0], -1)  # (k, K)
+        return masks_by_type(self.model.config, mask, query_positions, keys)
 
     def _next_tokens(self, logits: torch.Tensor) -> list[int]:
         """(k, V) logits -> one token per row."""

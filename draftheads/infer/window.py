@@ -57,12 +57,20 @@ def windowed_mask(
     return mask.masked_fill(far, torch.finfo(mask.dtype).min)
 
 
-def layer_masks(config, mask: torch.Tensor, slots: torch.Tensor, query_positions: torch.Tensor):
-    """What a verification forward passes as ``attention_mask``: the tree ``mask`` itself when no
-    layer slides, the windowed mask when every layer does, and {layer type: mask} when they mix."""
+def masks_by_type(config, mask: torch.Tensor, query_positions: torch.Tensor, keys: torch.Tensor):
+    """The ``attention_mask`` a forward of ``config``'s model takes for the additive ``mask``
+    (B, 1, N, K): ``mask`` itself when no layer slides, the windowed mask when every layer does, and
+    {layer type: mask} when they mix; ``keys`` (B, K) the position of every key."""
     types = set(layer_types(config))
     if SLIDING not in types:
         return mask
-    keys = key_positions(slots, query_positions)  # (B, L + N)
     windowed = windowed_mask(mask, query_positions, keys, config.sliding_window)
     return windowed if types == {SLIDING} else {FULL: mask, SLIDING: windowed}
+
+
+def layer_masks(config, mask: torch.Tensor, slots: torch.Tensor, query_positions: torch.Tensor):
+    """``masks_by_type`` for a verification forward: the tree ``mask`` over a cache whose occupied
+    ``slots`` give its keys' positions (computed only when a layer slides)."""
+    if SLIDING not in layer_types(config):
+        return mask
+    return masks_by_type(config, mask, query_positions, key_positions(slots, query_positions))
