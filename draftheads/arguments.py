@@ -107,16 +107,6 @@ def add_draft_dtype_argument(parser: argparse.ArgumentParser, several: bool = Fa
     )
 
 
-def add_no_pack_argument(parser: argparse.ArgumentParser) -> None:
-    """``--no-pack``: keep PyTorch's default linear kernels (``draftheads.infer.packed`` is used by
-    default where it applies: fp32 on an x86 CPU)."""
-    parser.add_argument(
-        "--no-pack",
-        action="store_true",
-        help="do not prepack fp32 linear weights for oneDNN on CPU (default: pack where supported)",
-    )
-
-
 PACK_SETTINGS = {"auto": "auto", "on": True, "off": False}  # --pack values -> ``pack=`` of the API
 
 

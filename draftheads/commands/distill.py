@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 
 from draftheads.arguments import (
-    add_no_pack_argument,
+    add_pack_argument,
     at_least,
     device_name,
     dtype_name,
@@ -98,7 +98,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dtype", type=dtype_name, default=model.dtype)
     parser.add_argument("--device", type=device_name, default="cpu")
     parser.add_argument("--seed", type=int, default=0, help="sampling seed (temperature > 0)")
-    add_no_pack_argument(parser)
+    add_pack_argument(parser)
 
 
 def report(counts: DistillCounts, out: Path) -> str:
@@ -223,11 +223,11 @@ def run(args: argparse.Namespace) -> int:
             raise SystemExit(f"draftheads distill: {err}") from None
     else:
         from draftheads.data.distill_hf import ContinuousBatcher
-        from draftheads.infer.packed import pack_linears
+        from draftheads.infer.kernel_choice import choose_kernels
 
         model, tokenizer = load_base(args.base, dtype=args.dtype, device=args.device)
-        if not args.no_pack:
-            pack_linears(model)
+        kernels = choose_kernels(model, args.pack)  # measured once per machine, then cached
+        print(f"[distill] kernels: {kernels.describe()}")
         engine = ContinuousBatcher(model, tokenizer, config, seed=args.seed)
         counts = distill(
             model,

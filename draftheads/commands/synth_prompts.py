@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 
 from draftheads.arguments import (
-    add_no_pack_argument,
+    add_pack_argument,
     device_name,
     dtype_name,
     non_negative_float,
@@ -54,7 +54,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--dtype", type=dtype_name, default=model.dtype)
     parser.add_argument("--device", type=device_name, default="cpu")
-    add_no_pack_argument(parser)
+    add_pack_argument(parser)
 
 
 def report(counts: SynthCounts, out: Path) -> str:
@@ -125,11 +125,11 @@ def run(args: argparse.Namespace) -> int:
             raise SystemExit(f"draftheads synth-prompts: {err}") from None
     else:
         from draftheads.base_model import load_base
-        from draftheads.infer.packed import pack_linears
+        from draftheads.infer.kernel_choice import choose_kernels
 
         model, tokenizer = load_base(args.base, dtype=args.dtype, device=args.device)
-        if not args.no_pack:
-            pack_linears(model)
+        kernels = choose_kernels(model, args.pack)  # measured once per machine, then cached
+        print(f"[synth-prompts] kernels: {kernels.describe()}")
         counts = synthesize_with(hf_sampler(model, settings), tokenizer)
     bar.close()
     print(report(counts, args.out))
