@@ -100,7 +100,7 @@ ERROR_KINDS: tuple[ErrorKind, ...] = (
         (
             ("draftheads.settings", "ConfigError"),
             ("draftheads.data.sources", "DataError"),
-            ("draftheads.data.template", "TemplateError"),
+            ("draftheads.prompt_format", "TemplateError"),
             ("draftheads.data.shard_file", "ShardFileError"),
             ("draftheads.data.shard_file", "MissingTensorError"),
             ("draftheads.prompts_file", "PromptsFileError"),

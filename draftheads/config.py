@@ -18,16 +18,17 @@ from pathlib import Path
 from typing import Any
 
 from draftheads.heads.base import head_config_from_dict
+from draftheads.prompt_format import DEFAULT_TEMPLATE, TEMPLATES
 from draftheads.settings import ConfigError, from_dict, merge, parse_overrides, read_yaml
 
 PRECISIONS = ("auto", "fp32", "bf16")  # train.precision
 AUTOCASTS = ("none", "bf16")  # train.autocast
 REPORT_TARGETS = ("none", "wandb")  # train.report_to
 DISTILL_ENGINES = ("auto", "hf", "vllm")  # distill.engine
-# data.template: how conversations become text (draftheads.data.rendering). chat: the tokenizer's
-# chat template; plain: "User: ...\n\nAssistant: ..." text (draftheads.data.plain_text), for a
-# pretrained base without a template; auto: chat where the tokenizer has a template, else plain.
-DATA_TEMPLATES = ("auto", "chat", "plain")
+# data.template: how conversations become text (draftheads.prompt_format, the rule decoding's
+# --template follows too). chat: the tokenizer's chat template; plain: "User: ...\n\nAssistant: ..."
+# text, for a pretrained base without a template; auto: chat where the tokenizer has a template.
+DATA_TEMPLATES = TEMPLATES
 
 # ----------------------------------------------------------------------------------------------
 # sections
@@ -53,7 +54,7 @@ class DataConfig:
     split: str = "train"  # split name for Hub datasets
     limit: int | None = None  # keep the first N usable conversations (None: all)
     max_length: int = 1024  # tokens per example; longer examples are truncated
-    template: str = "auto"  # auto | chat | plain (DATA_TEMPLATES)
+    template: str = DEFAULT_TEMPLATE  # auto | chat | plain (DATA_TEMPLATES)
     validation_size: int = 64  # held-out conversations for evaluation
     seed: int = 0  # the train/validation split is a deterministic function of this
     cache_dir: str | None = None  # datasets cache; default under DRAFTHEADS_CACHE

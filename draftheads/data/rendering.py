@@ -1,19 +1,22 @@
-"""How conversations become text, chosen once by ``data.template`` (``config.DATA_TEMPLATES``).
+"""How conversations become training text, chosen once by ``data.template`` (``config.DATA_TEMPLATES``).
 
 Two renderings, registered by name: ``chat``, the tokenizer's own chat template with an
 assistant-only loss mask (``draftheads.data.template``); ``plain``, labelled dialogue text for a
-pretrained base without a template (``draftheads.data.plain_text``). Both give the training
-pipeline its examples and ``distill`` the text a turn is answered from, so the data a head trains on
-and the answers a base writes for it are rendered alike. ``auto`` is ``chat`` where the tokenizer
-has a chat template and ``plain`` where it has none; asking for ``chat`` without a template is refused.
+pretrained base without a template, its answers masked (``draftheads.data.plain_text``). Both give
+the training pipeline its examples and ``distill`` the text a turn is answered from, so the data a
+head trains on and the answers a base writes for it are rendered alike. Which one a choice names
+(``auto``: ``chat`` where the tokenizer has a chat template, ``plain`` where it has none; ``chat``
+without a template refused) is ``draftheads.prompt_format.choose_template``'s rule, the one
+decoding follows too.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from draftheads import prompt_format
 from draftheads.data import plain_text, template
-from draftheads.data.template import TemplateError, TemplateInfo
+from draftheads.data.template import TemplateInfo
 
 
 @dataclass(frozen=True)
@@ -48,10 +51,10 @@ class PlainRendering:
         return plain_text.encode_plain(tokenizer, conversations, max_length)
 
     def prompt_text(self, tokenizer, messages: list[dict]) -> str:
-        return plain_text.prompt_text(tokenizer, messages)
+        return prompt_format.prompt_text(tokenizer, messages)
 
     def answer_text(self, generated: str) -> str:
-        return plain_text.answer_text(generated)
+        return prompt_format.answer_text(generated)
 
 
 Rendering = ChatRendering | PlainRendering
@@ -60,18 +63,5 @@ RENDERINGS: dict[str, Rendering] = {"chat": ChatRendering(), "plain": PlainRende
 
 def resolve_rendering(choice: str, tokenizer, field: str = "data.template") -> Rendering:
     """The rendering ``choice`` (auto | chat | plain) names for ``tokenizer``; ``field`` is how the
-    choice was given, for the refusal of ``chat`` on a tokenizer without a chat template."""
-    has_template = bool(tokenizer.chat_template)
-    if choice == "auto":
-        return RENDERINGS["chat" if has_template else "plain"]
-    if choice not in RENDERINGS:
-        raise TemplateError(f"{field} must be one of auto, {', '.join(RENDERINGS)}; got '{choice}'")
-    if choice == "chat" and not has_template:
-        name = getattr(tokenizer, "name_or_path", "?")
-        raise TemplateError(
-            f"{field}=chat, but the tokenizer of {name} has no chat template (a pretrained base): set "
-            f"{field}=plain to render conversations as 'User: ...' / 'Assistant: ...' text, or add a "
-            "template (a chat_template.jinja file in its directory, or 'chat_template' in "
-            "tokenizer_config.json)"
-        )
-    return RENDERINGS[choice]
+    choice was given, for the refusals (``prompt_format.choose_template``)."""
+    return RENDERINGS[prompt_format.choose_template(choice, tokenizer, field)]

@@ -29,6 +29,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from draftheads.prompt_format import TemplateError
+
 GENERATION_TAG = re.compile(r"\{%-?\s*generation\s*-?%\}")
 PROBE_USER = "Hello there."
 PROBE_ANSWER = "PROBE ANSWER 7"
@@ -37,10 +39,6 @@ PROBE_ANSWER = "PROBE ANSWER 7"
 # last pre-token or two, far beyond max_length. Too few tokens from a cut text -> encode it all.
 TOKEN_MARGIN = 64
 CHARS_PER_TOKEN = 8
-
-
-class TemplateError(ValueError):
-    """The tokenizer has no chat template, or its template cannot be used for masking."""
 
 
 @dataclass(frozen=True)

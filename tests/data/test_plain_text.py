@@ -12,10 +12,10 @@ from transformers import AutoConfig
 from draftheads.config import DataConfig, DistillConfig
 from draftheads.data.distill import TurnQueue, distill
 from draftheads.data.pipeline import build_datasets
-from draftheads.data.plain_text import answer_text, encode_plain, leading_text, prompt_text, render_plain
+from draftheads.data.plain_text import encode_plain
 from draftheads.data.rendering import RENDERINGS, resolve_rendering
 from draftheads.data.sources import Conversation
-from draftheads.data.template import TemplateError
+from draftheads.prompt_format import TemplateError, answer_text, leading_text, prompt_text, render_plain
 from draftheads.settings import ConfigError
 
 CONVERSATION = [
