@@ -131,3 +131,18 @@ def add_pack_argument(parser: argparse.ArgumentParser) -> None:
         "measured faster on this machine (measured once, cached), on for all, off for none",
     )
     parser.add_argument("--no-pack", dest="pack", action="store_const", const=False, help="--pack off")
+
+
+def add_template_argument(parser: argparse.ArgumentParser) -> None:
+    """``--template auto|chat|plain``: how chat prompts are rendered (``draftheads.prompt_format``,
+    the rule training's ``data.template`` follows)."""
+    from draftheads.prompt_format import DEFAULT_TEMPLATE, TEMPLATES
+
+    parser.add_argument(
+        "--template",
+        choices=TEMPLATES,
+        default=DEFAULT_TEMPLATE,
+        help="render prompts with the chat template (chat) or as 'User: ...' / 'Assistant:' text (plain, "
+        "for a pretrained base; answers stop where the model begins the next 'User:' turn); auto "
+        "(default): chat where the tokenizer has a template, else plain, as training's data.template",
+    )

@@ -18,6 +18,7 @@ from pathlib import Path
 from draftheads.arguments import (
     add_draft_dtype_argument,
     add_pack_argument,
+    add_template_argument,
     device_name,
     dtype_name,
     non_empty_text,
@@ -30,6 +31,7 @@ from draftheads.base_model import DEFAULT_DTYPE
 from draftheads.infer.generate import DEFAULT_MAX_NEW_TOKENS, RECOMMENDED_ADAPTIVE, RECOMMENDED_CONTEXT
 from draftheads.infer.tree import TREES
 from draftheads.infer.verify import SamplingParams
+from draftheads.prompt_format import choose_template
 from draftheads.prompts_file import read_prompts_file
 
 
@@ -49,7 +51,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--prompt",
         action="append",
         default=None,
-        help="user message, formatted with the chat template; repeat it to decode a batch",
+        help="user message, rendered by --template; repeat it to decode a batch",
     )
     parser.add_argument(
         "--prompts-file",
@@ -80,8 +82,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="stop token id (repeatable)",
     )
+    add_template_argument(parser)
     parser.add_argument(
-        "--raw", action="store_true", help="use the prompt as plain text, without the chat template"
+        "--raw", action="store_true", help="use the prompt as the text to continue, without --template"
     )
     parser.add_argument("--max-new-tokens", type=positive_int, default=DEFAULT_MAX_NEW_TOKENS)
     parser.add_argument(
@@ -166,6 +169,8 @@ def run(args: argparse.Namespace) -> int:
         adaptive=args.adaptive,
         draft_dtype=args.draft_dtype,
     )
+    if not args.raw:  # --template chat on a base without a chat template: refused naming the flag
+        choose_template(args.template, generator.tokenizer, "--template")
     inputs = [p if args.raw else [{"role": "user", "content": p}] for p in prompts]
     options = {
         "max_new_tokens": args.max_new_tokens,
@@ -175,6 +180,7 @@ def run(args: argparse.Namespace) -> int:
         "seed": args.seed,
         "stop": args.stop,
         "stop_token_ids": args.stop_token_id or (),
+        "template": args.template,
     }
     if len(inputs) == 1:
         stream = generator.generate(inputs[0], stream=True, **options)

@@ -34,7 +34,7 @@ from draftheads.infer.context import ContextDrafter, ContextTree
 from draftheads.infer.draft import Draft, Drafter, drafter_for
 from draftheads.infer.forward import SUPPORTED_ATTENTION, TreeInputError, prefill_rows, rows_forward
 from draftheads.infer.hybrid import HybridDrafter, HybridTree
-from draftheads.infer.inputs import PromptError, chat_prompt_ids
+from draftheads.infer.inputs import PromptError, messages_prompt_ids
 from draftheads.infer.kernel_choice import DEFAULT_PACK, choose_kernels, prepare_drafting_head
 from draftheads.infer.limits import TreeFitError, check_tree_fits, draft_vocabulary_size
 from draftheads.infer.packed import has_packed_linears, packed_description
@@ -44,6 +44,7 @@ from draftheads.infer.stopping import StopRule
 from draftheads.infer.tree import TUNED_TREE_FILE, load_tuned_tree, padded_size, resolve_tree, tuned_tree_key
 from draftheads.infer.verify import Acceptance, SamplingParams, next_token, verify_tree
 from draftheads.infer.verify_cost import CostCurve, load_tuned_costs, measure_verify_cost
+from draftheads.prompt_format import DEFAULT_TEMPLATE, check_template, choose_template, stop_strings
 
 if TYPE_CHECKING:
     from transformers import DynamicCache
@@ -523,12 +524,10 @@ class SpeculativeGenerator:
 
     # ---- inputs -------------------------------------------------------------------------------
 
-    def _prompt_ids(self, prompt, where: str = "prompt") -> torch.Tensor:
+    def _prompt_ids(self, prompt, where: str, template: str | None) -> torch.Tensor:
         """(T,) prompt ids from ids (a list of ints, a (T,) or (1, T) integer tensor), text, or chat
-        messages; refuses what the model cannot read, naming it."""
-        if isinstance(prompt, str) or (
-            isinstance(prompt, (list, tuple)) and prompt and isinstance(prompt[0], dict)
-        ):
+        messages (rendered by ``template``: chat | plain); refuses what the model cannot read, naming it."""
+        if isinstance(prompt, str) or _is_messages(prompt):
             if self.tokenizer is None:
                 raise PromptError(
                     "text or chat-message prompts need a tokenizer: SpeculativeGenerator(..., tokenizer=)"
@@ -536,7 +535,7 @@ class SpeculativeGenerator:
             if isinstance(prompt, str):
                 prompt = self.tokenizer(prompt, add_special_tokens=True)["input_ids"]
             else:
-                prompt = chat_prompt_ids(self.tokenizer, prompt, where)
+                prompt = messages_prompt_ids(self.tokenizer, prompt, where, template)
         if isinstance(prompt, torch.Tensor):
             if prompt.is_floating_point() or prompt.is_complex() or prompt.dtype == torch.bool:
                 raise PromptError(f"{where}: token ids must be integers, got a {prompt.dtype} tensor")
@@ -570,18 +569,22 @@ class SpeculativeGenerator:
             )
         return ids.to(self.model.device)
 
-    def _prompts(self, prompt) -> tuple[list[torch.Tensor], bool]:
-        """The prompts as (T_b,) ids, and whether a batch was given: a list of prompts (texts, chats,
-        id lists or tensors) or a (B, T) tensor with B > 1; anything else is one prompt."""
-        if isinstance(prompt, torch.Tensor) and prompt.dim() == 2 and prompt.shape[0] > 1:
-            return [self._prompt_ids(row, f"prompt {b}") for b, row in enumerate(prompt)], True
-        if (
+    def _prompts(self, prompt, template: str) -> tuple[list[torch.Tensor], bool, tuple[str, ...]]:
+        """The prompts as (T_b,) ids, whether a batch was given (a list of prompts: texts, chats, id
+        lists or tensors; or a (B, T) tensor with B > 1; anything else is one prompt), and the stop
+        strings the rendering of their chat messages implies (``prompt_format.stop_strings``)."""
+        batched = (isinstance(prompt, torch.Tensor) and prompt.dim() == 2 and prompt.shape[0] > 1) or (
             isinstance(prompt, (list, tuple))
             and prompt
             and isinstance(prompt[0], (str, list, tuple, torch.Tensor))
-        ):
-            return [self._prompt_ids(p, f"prompt {b}") for b, p in enumerate(prompt)], True
-        return [self._prompt_ids(prompt)], False
+        )
+        prompts = list(prompt) if batched else [prompt]
+        chosen = None  # chat | plain, where chat messages are given
+        if self.tokenizer is not None and any(_is_messages(p) for p in prompts):
+            chosen = choose_template(template, self.tokenizer, "template")
+        wheres = [f"prompt {b}" for b in range(len(prompts))] if batched else ["prompt"]
+        ids = [self._prompt_ids(p, where, chosen) for p, where in zip(prompts, wheres)]
+        return ids, batched, stop_strings(chosen) if chosen else ()
 
     # ---- the decode loop ----------------------------------------------------------------------
 
@@ -838,14 +841,15 @@ class SpeculativeGenerator:
         stop: str | Sequence[str] | None = None,
         stop_token_ids: Sequence[int] = (),
         batch_size: int | None = None,
+        template: str = DEFAULT_TEMPLATE,
     ) -> GenerationResult | BatchGenerationResult | TextStream:
         """Generate up to ``max_new_tokens`` tokens after ``prompt`` (or after each of a batch).
 
         Args:
             prompt: one prompt: token ids (a list of ints, a (T,) or (1, T) tensor), a string, or
-                chat messages (``[{"role": "user", "content": ...}]``, formatted with the
-                tokenizer's template); or a batch: a list of prompts (of any lengths) or a (B, T)
-                tensor. A batch decodes in one verification forward per step for all rows.
+                chat messages (``[{"role": "user", "content": ...}]``, rendered by ``template``);
+                or a batch: a list of prompts (of any lengths) or a (B, T) tensor. A batch decodes
+                in one verification forward per step for all rows.
             temperature: 0 is greedy (output identical to ``model.generate(do_sample=False)`` in fp32,
                 row by row); above 0, the output follows the base model's sampling distribution
                 after top_p/top_k.
@@ -859,6 +863,10 @@ class SpeculativeGenerator:
             batch_size: for a batch, decode at most this many prompts at once: as a row finishes,
                 the next prompt takes its place (continuous batching), so no row waits for a
                 slower one. None: every prompt of the batch at once.
+            template: how chat messages become the prompt (``draftheads.prompt_format``): ``chat``
+                (the tokenizer's chat template), ``plain`` ('User: ...' / 'Assistant: ...' text,
+                for a base without a template; the answer also stops where the model begins the
+                next 'User:' turn) or ``auto`` (chat where the tokenizer has a template, else plain).
         Returns:
             A ``GenerationResult`` (sequences, text, ``GenerationStats``) for one prompt, a
             ``BatchGenerationResult`` for a batch, or a ``TextStream`` whose ``result`` holds it
@@ -877,8 +885,10 @@ class SpeculativeGenerator:
             isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1
         ):
             raise ValueError(f"batch_size must be an integer >= 1 or None, got {batch_size!r}")
+        check_template(template, "template")
+        prompts, batched, implied = self._prompts(prompt, template)
+        strings += tuple(s for s in implied if s not in strings)
         rule = StopRule(self.eos_ids | frozenset(stop_token_ids), strings, self.eos_ids)
-        prompts, batched = self._prompts(prompt)
         generator = torch.Generator()
         if seed is None:
             generator.seed()
@@ -931,6 +941,11 @@ class SpeculativeGenerator:
                     yield (row, piece) if batched else piece
                 printed[row] = text
         return self._result(prompts, batched, new_tokens, tallies, rule)
+
+
+def _is_messages(prompt) -> bool:
+    """Whether a prompt is chat messages (a list of dicts) rather than ids or text."""
+    return isinstance(prompt, (list, tuple)) and bool(prompt) and isinstance(prompt[0], dict)
 
 
 def _row_states(hidden_states, row: int, length: int | None = None):

@@ -1,10 +1,14 @@
 """Checking the prompts ``SpeculativeGenerator.generate`` is given, before the tokenizer sees them:
 a careless one is refused as one line naming the prompt, the message and the field, where the chat
-template would fail deep in jinja (``'dict object' has no attribute 'content'``)."""
+template would fail deep in jinja (``'dict object' has no attribute 'content'``). Chat messages
+become ids by the template chosen (``draftheads.prompt_format``: the chat template or plain
+dialogue)."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+
+from draftheads.prompt_format import LABELS, prompt_ids
 
 MESSAGE_FIELDS = ("role", "content")  # what every chat template reads from a message
 
@@ -31,13 +35,29 @@ def check_messages(messages: Sequence, where: str) -> None:
             raise PromptError(f"{where}: message {index}: 'content' must be a string, got {kind}")
 
 
-def chat_prompt_ids(tokenizer, messages: Sequence, where: str) -> list[int]:
-    """The token ids of ``messages`` formatted by the tokenizer's chat template, generation prompt
-    added; careless messages and the template's own refusals raise PromptError naming ``where``."""
+def check_plain_messages(messages: Sequence, where: str) -> None:
+    """Raise PromptError naming ``where`` and the message unless plain dialogue can render every
+    message: a role it labels (``prompt_format.LABELS``) and text content."""
+    for index, message in enumerate(messages):
+        if message["role"] not in LABELS:
+            roles = ", ".join(LABELS)
+            raise PromptError(
+                f"{where}: message {index}: plain text renders the roles {roles}; got {message['role']!r:.40}"
+            )
+        if not isinstance(message["content"], str):
+            raise PromptError(f"{where}: message {index}: plain text renders string contents, got a list")
+
+
+def messages_prompt_ids(tokenizer, messages: Sequence, where: str, template: str) -> list[int]:
+    """The token ids of ``messages`` rendered by ``template`` (chat | plain,
+    ``prompt_format.choose_template``), generation prompt added; careless messages and the chat
+    template's own refusals raise PromptError naming ``where``."""
     import jinja2  # a transformers dependency, needed only here
 
     check_messages(messages, where)
+    if template == "plain":
+        check_plain_messages(messages, where)
     try:
-        return tokenizer.apply_chat_template(list(messages), add_generation_prompt=True, return_dict=False)
+        return prompt_ids(tokenizer, list(messages), template)
     except jinja2.TemplateError as err:  # an undefined field, or the template's raise_exception
         raise PromptError(f"{where}: the chat template refuses these messages: {err}") from None
