@@ -44,8 +44,10 @@ from draftheads.infer.generate import DEFAULT_MAX_NEW_TOKENS
 from draftheads.infer.kernel_choice import DEFAULT_PACK
 from draftheads.infer.packed import FORMS, packed_forms
 from draftheads.infer.precision import DEFAULT_DRAFT_DTYPE, prepare_head
+from draftheads.infer.stopping import StopRule
 from draftheads.machine import machine_info, native_bf16
 from draftheads.optional import available
+from draftheads.prompt_format import DEFAULT_TEMPLATE, choose_template, prompt_ids, stop_strings
 from draftheads.speed_probe import (
     QUIET_MARGIN,
     ProbeSummary,
@@ -71,6 +73,7 @@ class BenchSettings:
     heads: tuple[str, ...] = ()  # head directories (draftheads or an engine format)
     base: str | None = None  # default: the base recorded in the first head
     prompts: str = "mt-bench"  # mt-bench | humaneval | FILE.jsonl
+    template: str = DEFAULT_TEMPLATE  # how prompts are rendered: auto | chat | plain (prompt_format)
     limit: int | None = None  # number of prompts, spread over categories
     categories: tuple[str, ...] | None = None
     max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS
@@ -101,6 +104,7 @@ class BenchPrompt:
     id: str
     category: str
     input_ids: torch.Tensor  # (1, T)
+    stop: tuple[str, ...] = ()  # stop strings its rendering implies (plain: the next user turn)
 
 
 @dataclass
@@ -159,6 +163,11 @@ def consecutive_batches(prompts: list[BenchPrompt], size: int) -> list[list[Benc
     """The prompts in batches of ``size`` consecutive prompts (the last may be smaller); batch i
     decodes with seed ``seed + i`` whichever way it is run."""
     return [prompts[start : start + size] for start in range(0, len(prompts), size)]
+
+
+def batch_stop_strings(prompts: list[BenchPrompt]) -> tuple[str, ...]:
+    """The stop strings of a batch's prompts (all rendered alike), for every method alike."""
+    return tuple(sorted({string for prompt in prompts for string in prompt.stop}))
 
 
 def is_plain(method: str) -> bool:
@@ -222,6 +231,9 @@ class HFMethod:
         kwargs = _sampling_kwargs(temperature, seed)
         if self.prompt_lookup:
             kwargs["prompt_lookup_num_tokens"] = self.prompt_lookup
+        stop = batch_stop_strings(prompts)
+        if stop:  # transformers keeps the token completing a stop string, as our decoding does
+            kwargs.update(stop_strings=list(stop), tokenizer=self.tokenizer)
         pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
         longest = max(p.input_ids.shape[1] for p in prompts)
         ids = torch.full((len(prompts), longest), pad, dtype=torch.long)
@@ -236,12 +248,12 @@ class HFMethod:
             out, seconds, forwards = timed_generate(
                 self.model, ids, attention_mask, max_new_tokens, pad, **kwargs
             )
-        eos = _eos_ids(self.model, self.tokenizer)
+        eos = frozenset(_eos_ids(self.model, self.tokenizer))
+        rule = StopRule(eos, stop, eos)
         samples = []
         for row, prompt in enumerate(prompts):
-            tokens = out[row, longest:].tolist()
-            ends = [i for i, token in enumerate(tokens) if token in eos]
-            tokens = tokens[: ends[0] + 1] if ends else tokens  # a finished row is padded after its EOS
+            # a finished row is padded after its EOS or stop string: cut where our decoding stops
+            tokens, _ = rule.cut([], out[row, longest:].tolist(), max_new_tokens, self.tokenizer)
             samples.append(
                 Sample(
                     self.name,
@@ -280,6 +292,7 @@ class SpeculativeMethod:
             temperature=temperature,
             seed=seed,
             batch_size=batch_size,
+            stop=batch_stop_strings(prompts),
         )
         samples = []
         for prompt, row in zip(prompts, result.results):
@@ -724,9 +737,14 @@ def write_results(
 
 
 def build_prompts(
-    name: str, tokenizer, limit: int | None, categories: list[str] | None = None
+    name: str,
+    tokenizer,
+    limit: int | None,
+    categories: list[str] | None = None,
+    template: str = DEFAULT_TEMPLATE,
 ) -> list[BenchPrompt]:
-    """First turns of an eval set, rendered with the base model's chat template."""
+    """First turns of an eval set, rendered by ``template`` (``draftheads.prompt_format``: the base
+    model's chat template, or plain dialogue text for a base without one)."""
     from draftheads.data.prompts import load_prompts
 
     items = load_prompts(name)
@@ -737,14 +755,13 @@ def build_prompts(
             f"--categories: {name} has no {', '.join(repr(c) for c in unknown)}; "
             f"its categories: {', '.join(sorted(known))}"
         )
+    chosen = choose_template(template, tokenizer, "--template")
     prompts = []
     for item in items:
         if categories and item.category not in categories:
             continue
-        ids = tokenizer.apply_chat_template(
-            [{"role": "user", "content": item.turns[0]}], add_generation_prompt=True, return_tensors="pt"
-        )["input_ids"]
-        prompts.append(BenchPrompt(str(item.id), item.category, ids))
+        ids = prompt_ids(tokenizer, [{"role": "user", "content": item.turns[0]}], chosen)
+        prompts.append(BenchPrompt(str(item.id), item.category, torch.tensor([ids]), stop_strings(chosen)))
     if not prompts:
         raise BenchError(f"--prompts {name}: no prompts")
     if limit:
@@ -998,7 +1015,9 @@ def bench(
     base_name = resolve_base_model(settings.heads[0], settings.base) if settings.heads else settings.base
     model, tokenizer = load_base(base_name, dtype=settings.dtype, device=settings.device)
     methods, kernels = build_methods(settings, model, tokenizer)
-    prompts = build_prompts(settings.prompts, tokenizer, settings.limit, settings.categories)
+    prompts = build_prompts(
+        settings.prompts, tokenizer, settings.limit, settings.categories, settings.template
+    )
     record = {**asdict(settings), "base": base_name, "kernels": kernels}
     info = machine_info(resolve_dtype(settings.dtype, settings.device), settings.device)
     files = claim_out(Path(settings.out), settings.overwrite, info, record)

@@ -9,6 +9,7 @@ import json
 from draftheads.arguments import (
     add_draft_dtype_argument,
     add_pack_argument,
+    add_template_argument,
     device_name,
     dtype_name,
     non_negative_float,
@@ -30,6 +31,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--base", default=defaults.base, help="base model (default: the one recorded in the first head)"
     )
     parser.add_argument("--prompts", default=defaults.prompts, help="mt-bench | humaneval | FILE.jsonl")
+    add_template_argument(parser)
     parser.add_argument(
         "--limit",
         type=positive_int,
@@ -124,6 +126,7 @@ def settings_from_args(args: argparse.Namespace) -> BenchSettings:
         heads=tuple(args.heads),
         base=args.base,
         prompts=args.prompts,
+        template=args.template,
         limit=args.limit,
         categories=tuple(args.categories) if args.categories else None,
         max_new_tokens=args.max_new_tokens,
