@@ -8,6 +8,7 @@ import time
 from draftheads.arguments import (
     add_draft_dtype_argument,
     add_pack_argument,
+    add_template_argument,
     at_least,
     device_name,
     dtype_name,
@@ -22,6 +23,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--heads", required=True, help="head directory; the tuned tree is saved there")
     parser.add_argument("--base", default=None, help="base model (default: the one recorded in the head)")
     parser.add_argument("--data", default=defaults.data, help="mt-bench | humaneval | conversation source")
+    add_template_argument(parser)
     parser.add_argument(
         "--skip",
         type=non_negative_int,
@@ -58,6 +60,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def settings_from_args(args: argparse.Namespace) -> TuneSettings:
     return TuneSettings(
         data=args.data,
+        template=args.template,
         skip=args.skip,
         prompts=args.prompts,
         max_new_tokens=args.max_new_tokens,

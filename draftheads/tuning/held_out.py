@@ -8,13 +8,15 @@ from pathlib import Path
 import torch
 
 from draftheads.data.sources import DataError, ReadFailure, read_lines
+from draftheads.prompt_format import DEFAULT_TEMPLATE, choose_template, prompt_ids
 
 
 def held_out_prompts(
-    source: str, skip: int, count: int, tokenizer, max_prompt_tokens: int
+    source: str, skip: int, count: int, tokenizer, max_prompt_tokens: int, template: str = DEFAULT_TEMPLATE
 ) -> list[torch.Tensor]:
-    """Chat-formatted first user turns: from eval prompts (mt-bench, humaneval) or from any
-    conversation source, after skipping ``skip`` items (keep them out of the training data)."""
+    """First user turns rendered by ``template`` (auto | chat | plain, ``draftheads.prompt_format``;
+    refused as ``--template``): from eval prompts (mt-bench, humaneval) or from any conversation
+    source, after skipping ``skip`` items (keep them out of the training data)."""
     from draftheads.data.prompts import EMBEDDED, load_prompts
     from draftheads.data.sources import read_conversations
 
@@ -28,11 +30,10 @@ def held_out_prompts(
             for c in conversations[skip:]
             if any(m["role"] == "user" for m in c.messages)
         ]
+    chosen = choose_template(template, tokenizer, "--template")
     prompts = []
     for text in texts:
-        ids = tokenizer.apply_chat_template(
-            [{"role": "user", "content": text}], add_generation_prompt=True, return_dict=False
-        )
+        ids = prompt_ids(tokenizer, [{"role": "user", "content": text}], chosen)
         if len(ids) <= max_prompt_tokens:
             prompts.append(torch.tensor(ids, dtype=torch.long))
         if len(prompts) == count:
@@ -62,14 +63,21 @@ def _is_prompt_file(source: str) -> bool:
     return isinstance(record, dict) and ("turns" in record or "prompt" in record)
 
 
-def greedy_continuations(generator, prompts: list[torch.Tensor], max_new_tokens: int, progress: bool = True):
-    """((T,) prompt + greedy continuation, prompt length) per prompt. Decoded with the head itself
-    (lossless, so the tokens are the base's greedy ones; any float disagreement is caught later,
-    where only positions whose path is the base's own greedy path are judged)."""
+def greedy_continuations(
+    generator,
+    prompts: list[torch.Tensor],
+    max_new_tokens: int,
+    progress: bool = True,
+    stop: tuple[str, ...] = (),
+):
+    """((T,) prompt + greedy continuation, prompt length) per prompt, each ending at a ``stop``
+    string (the rendering's: ``prompt_format.stop_strings``) if it meets one. Decoded with the head
+    itself (lossless, so the tokens are the base's greedy ones; any float disagreement is caught
+    later, where only positions whose path is the base's own greedy path are judged)."""
     from tqdm.auto import tqdm
 
     sequences = []
     for prompt in tqdm(prompts, desc="continuations", unit="prompt", disable=not progress):
-        result = generator.generate(prompt, max_new_tokens=max_new_tokens)
+        result = generator.generate(prompt, max_new_tokens=max_new_tokens, stop=stop)
         sequences.append((result.sequences[0], result.prompt_length))
     return sequences

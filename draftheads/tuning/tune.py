@@ -21,6 +21,7 @@ from draftheads.export.checkpoint import dtype_name
 from draftheads.infer.precision import DEFAULT_DRAFT_DTYPE
 from draftheads.infer.tree import TUNED_TREE_FILE, TUNED_TREE_FORMAT, tree_to_dict, tuned_tree_key
 from draftheads.infer.verify_cost import CostCurve, costs_to_dict
+from draftheads.prompt_format import DEFAULT_TEMPLATE, choose_template, stop_strings
 from draftheads.tuning.acceptance import head_vocab_size, measure_acceptance, measured_depth
 from draftheads.tuning.held_out import greedy_continuations, held_out_prompts
 from draftheads.tuning.report import plot_tuning
@@ -55,6 +56,7 @@ class TuneSettings:
     # prompts: mt-bench | humaneval | a prompt .jsonl (bench's form) | a conversation source
     # (first user turns)
     data: str = "sharegpt"
+    template: str = DEFAULT_TEMPLATE  # how the prompts are rendered: auto | chat | plain (prompt_format)
     # skip the first N prompts: the small shipped configs train on ShareGPT's first 2,600 (eagle3:
     # 9,000); the corpus heads train on all of it, so tune those on other prompts (a prompt file)
     skip: int = 10000
@@ -108,10 +110,13 @@ def tune_tree(
     head_dir = Path(head_dir)
     generator = SpeculativeGenerator(model, head, tokenizer)  # its default tree; its padding rule
     pad = generator.pad_to_multiple
+    template = choose_template(settings.template, tokenizer, "--template")
     prompts = held_out_prompts(
-        settings.data, settings.skip, settings.prompts, tokenizer, settings.max_prompt_tokens
+        settings.data, settings.skip, settings.prompts, tokenizer, settings.max_prompt_tokens, template
     )
-    sequences = greedy_continuations(generator, prompts, settings.max_new_tokens, progress)
+    sequences = greedy_continuations(
+        generator, prompts, settings.max_new_tokens, progress, stop_strings(template)
+    )
     depth = measured_depth(head, settings.max_depth)
     top_k = min(settings.top_k, head_vocab_size(head))
     acceptance = measure_acceptance(model, head, sequences, depth, top_k, progress)

@@ -1,7 +1,8 @@
 """Helpers shared by the data tests (imported by name: pytest puts this folder on sys.path).
 
-A byte-level ChatML tokenizer (offline, no model download), the real Llama-3 chat template paired
-with SmolLM2's vocabulary, and small record writers.
+A byte-level ChatML tokenizer (offline, no model download) and the same without a template (a
+pretrained base's), the real Llama-3 chat template paired with SmolLM2's vocabulary, tiny bases
+saved as directories, and small record writers.
 """
 
 from __future__ import annotations
@@ -42,6 +43,30 @@ def make_byte_tokenizer(chat_template: str = CHATML_TEMPLATE):
     return tokenizer
 
 
+def make_pretrained_byte_tokenizer():
+    """The byte tokenizer as a pretrained base's, Gemma 3's in small: no chat template, and a bos
+    (``<|im_start|>``) before any text it encodes, as Gemma's tokenizer puts ``<bos>``."""
+    from tokenizers import processors
+
+    tokenizer = make_byte_tokenizer(chat_template=None)
+    bos = tokenizer.bos_token
+    tokenizer.backend_tokenizer.post_processor = processors.TemplateProcessing(
+        single=f"{bos} $A", special_tokens=[(bos, tokenizer.bos_token_id)]
+    )
+    return tokenizer
+
+
+def make_tiny_gemma3_for(tokenizer, **overrides):
+    """The tiny random Gemma 3 (sliding window 8) over ``tokenizer``'s vocabulary and special tokens."""
+    return load_root_conftest().make_tiny_gemma3(
+        vocab_size=len(tokenizer),
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        **overrides,
+    )
+
+
 def pair_with_vocabulary(base_tokenizer, config: dict, tmp_path: Path):
     """A tokenizer directory: ``config``'s chat template and special tokens on ``base_tokenizer``'s
     vocabulary, saved and reloaded through AutoTokenizer like any downloaded tokenizer."""
@@ -78,8 +103,17 @@ def save_tiny_base(directory: Path) -> Path:
     return directory
 
 
+def save_tiny_gemma3_base(directory: Path) -> Path:
+    """Write the tiny random Gemma 3 and the pretrained byte tokenizer (no chat template) into
+    ``directory`` (a valid ``--base``)."""
+    tokenizer = make_pretrained_byte_tokenizer()
+    make_tiny_gemma3_for(tokenizer).save_pretrained(directory)
+    tokenizer.save_pretrained(directory)
+    return directory
+
+
 def load_root_conftest():
-    """tests/conftest.py as a module (for make_tiny_llama), loaded by path under its own name."""
+    """tests/conftest.py as a module (for its tiny models), loaded by path under its own name."""
     spec = importlib.util.spec_from_file_location(
         "draftheads_tests_conftest", FIXTURES.parent / "conftest.py"
     )

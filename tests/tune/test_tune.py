@@ -392,3 +392,24 @@ def test_held_out_prompts_read_prompt_files_plain_or_gzipped(tmp_path, name):
         DataError, match=rf"{path}: none of the 3 prompts after skipping 2 has at most 4 tokens"
     ):
         held_out_prompts(str(path), 2, 8, tokenizer, 4)
+
+
+def test_held_out_prompts_render_plain_dialogue_for_a_base_without_a_chat_template(tmp_path):
+    """A pretrained base's tokenizer (no chat template, a bos before any text): each first turn as
+    the plain dialogue its head trained on; ``--template chat`` refused in one line."""
+    from draftheads.prompt_format import TemplateError
+    from draftheads.tuning.held_out import held_out_prompts
+    from tests.data.data_fixtures import make_pretrained_byte_tokenizer
+
+    text = "".join(json.dumps({"id": i, "turns": [f"Count to {i}."]}) + "\n" for i in range(4))
+    path = tmp_path / "prompts.jsonl"
+    path.write_text(text)
+    tokenizer = make_pretrained_byte_tokenizer()
+    expected = [
+        tokenizer(f"<|im_start|>User: Count to {i}.\n\nAssistant:", add_special_tokens=False)["input_ids"]
+        for i in (1, 2, 3)
+    ]
+    assert [p.tolist() for p in held_out_prompts(str(path), 1, 8, tokenizer, 256)] == expected
+    assert [p.tolist() for p in held_out_prompts(str(path), 1, 8, tokenizer, 256, "plain")] == expected
+    with pytest.raises(TemplateError, match=r"^--template=chat, but the tokenizer .* has no chat template"):
+        held_out_prompts(str(path), 1, 8, tokenizer, 256, "chat")
