@@ -8,7 +8,8 @@ miss. The two can differ widely (docs/training.md, "What a run measures"), so th
 measures what decoding sees:
 
 - at setup, once per run, the base model's greedy continuations of held-out prompts
-  (``draftheads.tuning.held_out.held_out_prompts``), cached in the output directory
+  (``draftheads.tuning.held_out.held_out_prompts``, rendered as the run's data is:
+  ``data.template``, ending where a plain answer ends), cached in the output directory
   (``CONTINUATIONS_NAME``) so a resumed run reads them instead of generating them again;
 - at every evaluation, ``draftheads.tuning.acceptance.measure_acceptance`` on them, the measurement
   ``draftheads tune-tree`` makes, with the head in eval mode.
@@ -28,7 +29,8 @@ from pathlib import Path
 
 import torch
 
-from draftheads.config import RunConfig, TrainConfig
+from draftheads.config import RunConfig
+from draftheads.prompt_format import TemplateError, choose_template, stop_strings
 from draftheads.settings import ConfigError
 from draftheads.train.metrics import DecodeEvalResult
 from draftheads.tuning.acceptance import measure_acceptance, measured_depth
@@ -51,6 +53,7 @@ def continuation_settings(run: RunConfig, dtype: torch.dtype) -> dict:
     train = run.train
     return {
         "base": run.model.base,
+        "template": run.data.template,
         "dtype": str(dtype).removeprefix("torch."),
         "source": train.decode_eval_source,
         "skip": train.decode_eval_skip,
@@ -61,22 +64,35 @@ def continuation_settings(run: RunConfig, dtype: torch.dtype) -> dict:
 
 
 @torch.no_grad()
-def greedy_continuation(model, prompt: torch.Tensor, max_new_tokens: int, pad_token_id: int) -> torch.Tensor:
+def greedy_continuation(
+    model,
+    prompt: torch.Tensor,
+    max_new_tokens: int,
+    pad_token_id: int,
+    stop: tuple[str, ...] = (),
+    tokenizer=None,
+) -> torch.Tensor:
     """(T,) ``prompt`` (P,) and the base model's greedy continuation of it, up to
-    ``max_new_tokens`` tokens (fewer where it ends the answer)."""
+    ``max_new_tokens`` tokens (fewer where it ends the answer: EOS, or a ``stop`` string, whose
+    completing token is kept; stop strings need the ``tokenizer``)."""
     ids = prompt[None].to(model.device)  # (1, P)
+    stopping = {"stop_strings": list(stop), "tokenizer": tokenizer} if stop else {}
     output = model.generate(
         ids,
         attention_mask=torch.ones_like(ids),
         max_new_tokens=max_new_tokens,
         do_sample=False,
         pad_token_id=pad_token_id,
+        **stopping,
     )
     return output[0].cpu()
 
 
-def generate_continuations(model, tokenizer, train: TrainConfig, pad_token_id: int) -> Sequences:
-    """The base's greedy continuations of ``train.decode_eval_prompts`` held-out prompts."""
+def generate_continuations(model, tokenizer, run: RunConfig, pad_token_id: int) -> Sequences:
+    """The base's greedy continuations of ``train.decode_eval_prompts`` held-out prompts, rendered
+    by ``data.template`` (refused as that field: ``chat`` for a base without a chat template)."""
+    train = run.train
+    template = choose_template(run.data.template, tokenizer, "data.template")
     try:
         prompts = held_out_prompts(
             train.decode_eval_source,
@@ -84,11 +100,13 @@ def generate_continuations(model, tokenizer, train: TrainConfig, pad_token_id: i
             train.decode_eval_prompts,
             tokenizer,
             train.decode_eval_max_prompt_tokens,
+            template,
         )
     except (ValueError, FileNotFoundError) as err:
         raise ConfigError(f"train.decode_eval_source={train.decode_eval_source}: {err}") from err
+    stop, new_tokens = stop_strings(template), train.decode_eval_max_new_tokens
     return [
-        (greedy_continuation(model, prompt, train.decode_eval_max_new_tokens, pad_token_id), len(prompt))
+        (greedy_continuation(model, prompt, new_tokens, pad_token_id, stop, tokenizer), len(prompt))
         for prompt in prompts
     ]
 
@@ -137,7 +155,7 @@ def prepare_continuations(
     if tokenizer is None:
         raise ConfigError(
             f"train.decode_eval_prompts={run.train.decode_eval_prompts} needs the base model's tokenizer "
-            "(its chat template makes the prompts); give it with the base model, or set "
+            "(it renders the prompts); give it with the base model, or set "
             "train.decode_eval_prompts=0"
         )
     answer = [None, None]  # (sequences, refusal)
@@ -149,8 +167,8 @@ def prepare_continuations(
             log(f"decode eval: {len(sequences)} continuations from {path}")
         else:
             try:
-                sequences = generate_continuations(model, tokenizer, run.train, pad_token_id)
-            except ConfigError as err:
+                sequences = generate_continuations(model, tokenizer, run, pad_token_id)
+            except (ConfigError, TemplateError) as err:
                 answer = [None, str(err)]
             else:
                 path.parent.mkdir(parents=True, exist_ok=True)

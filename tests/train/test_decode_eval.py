@@ -26,7 +26,7 @@ from draftheads.train.reporting import read_metrics
 from draftheads.tuning.acceptance import measure_acceptance
 from draftheads.tuning.held_out import held_out_prompts
 from tests.conftest import make_tiny_llama
-from tests.data.data_fixtures import make_byte_tokenizer
+from tests.data.data_fixtures import make_byte_tokenizer, make_pretrained_byte_tokenizer, make_tiny_gemma3_for
 from tests.train.tiny_runs import HEAD_OVERRIDES
 
 PROMPTS, NEW_TOKENS, DEPTH = 4, 16, 3
@@ -289,3 +289,31 @@ def test_a_resumed_run_reads_its_continuations_and_regenerates_only_for_new_sett
     assert len(generated) == PROMPTS
     assert [len(tokens) - length for tokens, length in cached_sequences(tmp_path / "eagle3")] == [8] * PROMPTS
     assert summary.eval["decode"]["counted"][0] == 8 * PROMPTS
+
+
+def test_decode_eval_renders_prompts_as_the_runs_data_template(tmp_path, prompt_file):
+    """For a base without a chat template (the tiny Gemma 3 over a byte tokenizer with a bos, as
+    Gemma's), ``data.template`` auto renders the held-out prompts as the plain dialogue the head
+    trains on, and each continuation is HF greedy ``generate``'s, ending where a plain answer ends;
+    ``data.template=chat`` is refused naming the field, and a cache is not read across templates."""
+    tokenizer = make_pretrained_byte_tokenizer()
+    model = make_tiny_gemma3_for(tokenizer)
+    sequences = decode_eval.prepare_continuations(
+        _config(tmp_path, "eagle3", prompt_file), model, tokenizer, tokenizer.pad_token_id, 0, 1, print
+    )
+    assert len(sequences) == PROMPTS
+    for index, (tokens, prompt_length) in enumerate(sequences):
+        text = f"<|im_start|>User: Count to {index}.\n\nAssistant:"
+        prompt = tokenizer(text, add_special_tokens=False)["input_ids"]
+        assert tokens[:prompt_length].tolist() == prompt
+        expected = model.generate(
+            torch.tensor([prompt]),
+            max_new_tokens=NEW_TOKENS,
+            do_sample=False,
+            stop_strings=["\n\nUser:"],
+            tokenizer=tokenizer,
+        )
+        assert tokens.tolist() == expected[0].tolist()
+    chat = _config(tmp_path, "eagle3", prompt_file, "data.template=chat")  # the same output_dir
+    with pytest.raises(ConfigError, match=r"^data\.template=chat, but the tokenizer .* has no chat template"):
+        decode_eval.prepare_continuations(chat, model, tokenizer, tokenizer.pad_token_id, 0, 1, print)
