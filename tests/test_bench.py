@@ -437,3 +437,36 @@ def test_plain_baselines_are_default_packed_and_native_bf16(tiny_llama, monkeypa
     monkeypatch.setattr(draftheads.bench, "native_bf16", lambda: False)
     assert [m.name for m in plain_baselines(tiny_llama, None, packable=False)] == ["generate@fp32-default"]
     assert [m.name for m in plain_baselines(tiny_llama.to(torch.bfloat16), None, True)] == ["generate@bf16"]
+
+
+def test_bench_on_a_base_without_a_chat_template_renders_plain_prompts(tmp_path):
+    """A 2-prompt file on the tiny random Gemma 3 whose tokenizer has no chat template (and puts a
+    bos before any text, as Gemma's): each prompt is the plain dialogue its heads train on, with
+    the stop string that rendering implies, and every method agrees with plain generate."""
+    from draftheads.base_model import load_tokenizer
+    from draftheads.bench import BenchSettings, bench, build_prompts
+    from tests.data.data_fixtures import save_tiny_gemma3_base, write_jsonl
+
+    base = save_tiny_gemma3_base(tmp_path / "base")
+    questions = [{"id": i, "prompt": f"Say {i} twice, then count to five."} for i in range(2)]
+    prompts = write_jsonl(tmp_path / "prompts.jsonl", questions)
+    settings = BenchSettings(
+        base=str(base),
+        prompts=str(prompts),
+        max_new_tokens=6,
+        adaptive=False,
+        hybrid=False,
+        prompt_lookup=False,
+        pack=False,
+        out=str(tmp_path / "out"),
+    )
+    summaries, _ = bench(settings, progress=False)
+    overall = {s.method: s for s in summaries if s.category == "all"}
+    assert "context" in overall and all(s.agreement == 1.0 for s in overall.values())
+    record = json.loads((tmp_path / "out" / "bench.json").read_text())
+    assert record["settings"]["template"] == "auto" and len(record["samples"]) == 2 * len(overall)
+    tokenizer = load_tokenizer(str(base))
+    for question, prompt in zip(questions, build_prompts(str(prompts), tokenizer, None)):
+        text = f"<|im_start|>User: {question['prompt']}\n\nAssistant:"
+        assert prompt.input_ids[0].tolist() == tokenizer(text, add_special_tokens=False)["input_ids"]
+        assert prompt.stop == ("\n\nUser:",)
