@@ -2,7 +2,8 @@
 
 ``tree`` (shapes, masks), ``forward`` (the verification forward), ``verify`` (acceptance rules),
 ``cache`` (KV compaction), ``verify_cost`` (what verifying N tokens costs), the Drafters (``draft``: a
-head's proposals; ``context``: n-gram continuations of the text; ``hybrid``: both merged;
+head's proposals; ``context``: n-gram continuations of the text; ``suffix``: continuations of long
+matches in the text and in earlier answers; ``hybrid``: a head's and the text's merged;
 ``adaptive``: pruned to what pays) and ``generate`` (the decode loop and ``SpeculativeGenerator``).
 Importing this package loads torch only; ``SpeculativeGenerator`` and friends load on first use.
 """
@@ -21,6 +22,8 @@ _LAZY = {
     "TREES": "draftheads.infer.tree",
     "ContextTree": "draftheads.infer.context",
     "HybridTree": "draftheads.infer.hybrid",
+    "SuffixTree": "draftheads.infer.suffix",
+    "SuffixHistory": "draftheads.infer.suffix",
     "CostCurve": "draftheads.infer.verify_cost",
 }
 

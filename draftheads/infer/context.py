@@ -4,8 +4,9 @@ generated so far, with no model at all.
 Prompt lookup decoding (Saxena 2023, github.com/apoorvumang/prompt-lookup-decoding; in transformers
 as ``prompt_lookup_num_tokens``) drafts the one continuation that follows the first earlier
 occurrence of the last n tokens. SuffixDecoding (Oliaro et al. 2024, arXiv:2411.04975) keeps every
-continuation in a suffix tree, ranks them by how often they occurred, and drafts a tree of them;
-text that repeats itself (code, edits, agentic loops) is where context drafts beat learned ones.
+continuation in a suffix tree, ranks them by how often they occurred, and drafts a tree of them
+(``suffix.py``, which also matches earlier answers); text that repeats itself (code, edits, agentic
+loops) is where context drafts beat learned ones.
 Here: find the longest suffix of the sequence, between ``max_ngram`` and ``min_ngram`` tokens, that
 occurred before; take the continuations after each earlier occurrence; merge them into a trie
 counting how many occurrences share each path; keep the best-supported nodes. A node's score is the
@@ -83,12 +84,13 @@ def match_continuations(sequence: torch.Tensor, tree: ContextTree) -> list[list[
     return []
 
 
-def continuation_trie(continuations: list[list[int]], tree: ContextTree) -> Continuations:
-    """Merge continuations into a trie and keep the ``tree.total_tokens - 1`` best-supported nodes
-    (a node's support never exceeds its parent's, so the kept nodes form a tree; ties go to the node
-    seen first, i.e. the more recent occurrence)."""
-    if not continuations or tree.total_tokens < 2 or tree.depth == 0:
-        return EMPTY
+def support_trie(
+    continuations: list[list[int]], max_nodes: int, total: int, min_support: int = 1
+) -> Continuations:
+    """Merge continuations into a trie and keep its ``max_nodes`` best-supported nodes with support
+    at least ``min_support`` (a node's support, the continuations through it, never exceeds its
+    parent's, so the kept nodes form a tree; ties go to the node seen first); a node's score is its
+    support / ``total``."""
     children: dict[tuple[int, int], int] = {}  # (trie parent, token) -> trie node
     tokens, parents, counts = [], [], []
     for continuation in continuations:
@@ -102,15 +104,23 @@ def continuation_trie(continuations: list[list[int]], tree: ContextTree) -> Cont
                 counts.append(0)
             node = children[key]
             counts[node] += 1
-    order = sorted(range(len(tokens)), key=lambda i: -counts[i])[: tree.total_tokens - 1]
-    kept = sorted(order)  # trie order: a parent comes before its children
+    supported = [i for i in range(len(tokens)) if counts[i] >= min_support]
+    kept = sorted(sorted(supported, key=lambda i: -counts[i])[: max(max_nodes, 0)])  # trie order
     index = {node: i for i, node in enumerate(kept)}
-    total = len(continuations)
     return Continuations(
         tuple(tokens[n] for n in kept),
         tuple(ROOT_PARENT if parents[n] == ROOT_PARENT else index[parents[n]] for n in kept),
         tuple(counts[n] / total for n in kept),
     )
+
+
+def continuation_trie(continuations: list[list[int]], tree: ContextTree) -> Continuations:
+    """Merge continuations into a trie and keep the ``tree.total_tokens - 1`` best-supported nodes
+    (ties go to the node seen first, i.e. the more recent occurrence); a node's score is the share
+    of continuations through it."""
+    if not continuations or tree.total_tokens < 2 or tree.depth == 0:
+        return EMPTY
+    return support_trie(continuations, tree.total_tokens - 1, len(continuations))
 
 
 def context_draft(sequence: torch.Tensor, tree: ContextTree) -> Continuations:
@@ -133,6 +143,17 @@ def path_children(continuations: list[list[int]], path: list[int], top_k: int) -
         if depth < len(path):
             alive = [c for c in alive if len(c) > depth and c[depth] == path[depth]]
     return rows
+
+
+def trie_draft(root: int, trie: Continuations, source: str, pad_to_multiple: int = 1) -> Draft:
+    """The Draft of ``root`` with ``trie`` below it, every node proposed by ``source``."""
+    parents = [ROOT_PARENT] + [0 if p == ROOT_PARENT else p + 1 for p in trie.parents]
+    return Draft(
+        torch.tensor([root, *trie.tokens], dtype=torch.long),
+        tree_topology(parents, pad_to_multiple),
+        sources=("",) + (source,) * len(trie.tokens),
+        scores=(1.0, *trie.scores),
+    )
 
 
 class ContextDrafter(Drafter):
@@ -177,13 +198,7 @@ class ContextDrafter(Drafter):
     def propose(self, root, position, tree) -> Draft:
         self.check_tree(tree)
         trie = context_draft(torch.tensor(self.sequence, dtype=torch.long), tree)
-        parents = [ROOT_PARENT] + [0 if p == ROOT_PARENT else p + 1 for p in trie.parents]
-        return Draft(
-            torch.tensor([root, *trie.tokens], dtype=torch.long),
-            tree_topology(parents, self.pad_to_multiple),
-            sources=("",) + (self.source,) * len(trie.tokens),
-            scores=(1.0, *trie.scores),
-        )
+        return trie_draft(root, trie, self.source, self.pad_to_multiple)
 
     def path_candidates(self, root, position, path, top_k) -> torch.Tensor:
         tree = ContextTree(depth=len(path) + 1)

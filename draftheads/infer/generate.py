@@ -41,6 +41,7 @@ from draftheads.infer.packed import has_packed_linears, packed_description
 from draftheads.infer.precision import DEFAULT_DRAFT_DTYPE
 from draftheads.infer.step_gate import StepGate
 from draftheads.infer.stopping import StopRule
+from draftheads.infer.suffix import SuffixDrafter, SuffixHistory, SuffixTree
 from draftheads.infer.tree import TUNED_TREE_FILE, load_tuned_tree, padded_size, resolve_tree, tuned_tree_key
 from draftheads.infer.verify import Acceptance, SamplingParams, next_token, verify_tree
 from draftheads.infer.verify_cost import CostCurve, load_tuned_costs, measure_verify_cost
@@ -57,6 +58,9 @@ COST_SIZES = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)  # tree sizes adaptive d
 # untrained head cost least. The constructor drafts exactly as it is told: the head alone by default.
 RECOMMENDED_CONTEXT = True
 RECOMMENDED_ADAPTIVE = True
+# Suffix drafts (``draftheads.infer.suffix``, which also match earlier answers) in place of the
+# context drafter's: off until benchmarked against it (``draftheads bench --suffix``).
+RECOMMENDED_SUFFIX = False
 
 
 # ---- statistics ---------------------------------------------------------------------------------
@@ -362,6 +366,16 @@ def default_pad_to_multiple(model) -> int:
     return 1
 
 
+def text_settings(context: bool | ContextTree | SuffixTree, suffix: bool) -> bool | ContextTree | SuffixTree:
+    """``from_pretrained``'s ``context`` given ``suffix``: with it, suffix drafts where context
+    drafts would be (``context=True``); a SuffixTree stands as it is."""
+    if not suffix or isinstance(context, SuffixTree):
+        return context
+    if context is not True:
+        raise ValueError(f"suffix=True drafts in place of context drafts: give context=True, not {context!r}")
+    return SuffixTree()
+
+
 class SpeculativeGenerator:
     """Decode with a draft head, context drafts or both on a base model, losslessly, one prompt or a
     batch of prompts of any lengths (each row drafts its own tree; one forward verifies them all).
@@ -374,11 +388,15 @@ class SpeculativeGenerator:
         tree: the head's tree: a registered tree name (``draftheads.infer.tree.TREES``), a
             ``StaticTree`` / ``DynamicTree``, or a Medusa-style choice list; default: the drafter's
             for this device. Trees deeper than the head can draft (Medusa K heads, MTP D modules)
-            are cut to fit. Without a head, a ``ContextTree`` (default ``ContextTree()``).
+            are cut to fit. Without a head, a ``ContextTree`` (default ``ContextTree()``) or a
+            ``SuffixTree``.
         pad_to_multiple: pad each tree to a multiple of this many tokens (padding is masked and never
             accepted); default ``default_pad_to_multiple(base_model)``.
         context: also draft continuations from the context and merge them into the head's tree
-            (``draftheads.infer.hybrid``): True for the default ``ContextTree()``, or a ContextTree.
+            (``draftheads.infer.hybrid``): True for the default ``ContextTree()``, a ContextTree, or a
+            ``SuffixTree`` for suffix drafts (``draftheads.infer.suffix``), which also match the
+            answers of the generator's earlier sequences (``history``); without a head, a
+            SuffixTree here drafts alone as ``tree`` would.
         adaptive: prune every step's tree to the nodes whose calibrated acceptance pays for their
             verification, let a head that does not pay sit steps out (``draftheads.infer.adaptive``),
             and step plainly while drafting emits fewer tokens per second than plain steps would
@@ -394,7 +412,7 @@ class SpeculativeGenerator:
         tokenizer=None,
         tree=None,
         pad_to_multiple: int | None = None,
-        context: bool | ContextTree = False,
+        context: bool | ContextTree | SuffixTree = False,
         adaptive: bool = False,
         cost: CostCurve | None = None,
     ):
@@ -413,10 +431,10 @@ class SpeculativeGenerator:
         self.pad_to_multiple = pad_to_multiple
         self.context = ContextTree() if context is True else (context or None)
         if head is None:
-            if tree is not None and not isinstance(tree, ContextTree):
-                raise ValueError(f"without a head the tree is a ContextTree, got {tree!r}")
+            if tree is not None and not isinstance(tree, (ContextTree, SuffixTree)):
+                raise ValueError(f"without a head the tree is a ContextTree or a SuffixTree, got {tree!r}")
+            self.tree = tree or (self.context if isinstance(self.context, SuffixTree) else ContextTree())
             self.context = None
-            self.tree = tree or ContextTree()
         else:
             head_drafter = drafter_for(self.head, pad_to_multiple)
             device_type = "cuda" if base_model.device.type == "cuda" else "cpu"
@@ -425,6 +443,9 @@ class SpeculativeGenerator:
             check_tree_fits(chosen, draft_vocabulary_size(self.head), base_model.device)
             chosen = chosen.truncated(head_drafter.max_depth)  # -1 (EAGLE): no limit
             self.tree = chosen if self.context is None else HybridTree(chosen, self.context)
+        # suffix drafting's earlier answers: each finished sequence's, kept from one call to the next
+        suffix = isinstance(self.tree if head is None else self.context, SuffixTree)
+        self.history = SuffixHistory() if suffix else None
         self.eos_ids = _eos_ids(base_model, tokenizer)
         self.kernels = packed_description(base_model)  # from_pretrained adds how it was chosen
         self.max_length = getattr(base_model.config, "max_position_embeddings", None)
@@ -438,21 +459,32 @@ class SpeculativeGenerator:
 
     @property
     def method(self) -> str:
-        """What drafts: the head's kind, "context", or "<kind>+context"; "/adaptive" when adaptive."""
-        name = "context" if self.head is None else self.head.kind
-        if self.head is not None and self.context is not None:
-            name += "+context"
+        """What drafts: the head's kind, "context" or "suffix", or "<kind>+context" / "<kind>+suffix";
+        "/adaptive" when adaptive."""
+        text = self._text_drafter()
+        name = text.source if self.head is None else self.head.kind
+        if self.head is not None and text is not None:
+            name += "+" + text.source
         return name + ("/adaptive" if self.adaptive else "")
+
+    def _text_drafter(self) -> ContextDrafter | SuffixDrafter | None:
+        """The drafter of the text for one sequence, as the settings say; None for a head alone."""
+        settings = self.tree if self.head is None else self.context
+        if isinstance(settings, SuffixTree):
+            return SuffixDrafter(self.history, self.pad_to_multiple)
+        return ContextDrafter(self.pad_to_multiple) if settings is not None else None
 
     def new_drafter(self) -> Drafter:
         """A drafter for one sequence (``draftheads.infer.draft``): the head's (by its drafting
-        style), the context drafter, or both merged; wrapped by adaptive drafting if asked."""
+        style), the text's (context or suffix drafts), or both merged; wrapped by adaptive drafting
+        if asked."""
+        text = self._text_drafter()
         if self.head is None:
-            drafter = ContextDrafter(self.pad_to_multiple)
+            drafter = text
         else:
             drafter = drafter_for(self.head, self.pad_to_multiple)
-            if self.context is not None:
-                drafter = HybridDrafter(drafter)
+            if text is not None:
+                drafter = HybridDrafter(drafter, text)
         if self.adaptive:
             gate = copy.copy(self.head_gate) if self.head_gate is not None else None
             drafter = AdaptiveDrafter(drafter, self.cost, self.calibration, gate)
@@ -467,7 +499,8 @@ class SpeculativeGenerator:
         device: str = "cpu",
         tree=None,
         pack: bool | str = DEFAULT_PACK,
-        context: bool | ContextTree = RECOMMENDED_CONTEXT,
+        context: bool | ContextTree | SuffixTree = RECOMMENDED_CONTEXT,
+        suffix: bool = RECOMMENDED_SUFFIX,
         adaptive: bool = RECOMMENDED_ADAPTIVE,
         draft_dtype: str = DEFAULT_DRAFT_DTYPE,
     ) -> SpeculativeGenerator:
@@ -480,7 +513,8 @@ class SpeculativeGenerator:
         at the first load, then cached: ``draftheads.infer.kernel_choice``); True packs for all
         where that applies (fp32 on an x86 CPU), False never; the head is packed when the base is
         for any form. The choice is in ``generator.kernels`` and every result's stats. ``context``:
-        merge context drafts into the head's trees; ``adaptive``: adaptive drafting,
+        merge context drafts into the head's trees; ``suffix``: suffix drafts in their place, alone or
+        merged (``draftheads.infer.suffix``; see ``text_settings``); ``adaptive``: adaptive drafting,
         weighing against the verify-cost curves ``tune-tree`` measured on this machine (saved in
         the head's ``tree.json``), else curves measured at the first call (see the class).
         ``draft_dtype``: the dtype the head drafts in, ``auto`` (bf16 where that pays, see
@@ -496,7 +530,8 @@ class SpeculativeGenerator:
                 raise ValueError("without a head directory, give the base model (base=...)")
             model, tokenizer = load_base(base, dtype=dtype, device=device)
             kernels = choose_kernels(model, pack)
-            generator = cls(model, None, tokenizer, tree=tree, adaptive=adaptive)
+            alone = SuffixTree() if suffix and tree is None else tree
+            generator = cls(model, None, tokenizer, tree=alone, adaptive=adaptive)
             generator.kernels = kernels.describe()
             return generator
         head_dir = resolve_head_dir(head_dir)  # a training run's output directory: its head/
@@ -509,6 +544,7 @@ class SpeculativeGenerator:
         if tuned:  # the tree `draftheads tune-tree` chose for this device and dtype, if any
             tree = load_tuned_tree(head_dir, model.dtype, model.device)
         costs = load_tuned_costs(head_dir, model.dtype, model.device)  # measured here by tune-tree
+        context = text_settings(context, suffix)
         try:
             generator = cls(
                 model, head, tokenizer, tree=tree, context=context, adaptive=adaptive, cost=costs.get(1)
@@ -787,6 +823,8 @@ class SpeculativeGenerator:
             chunks.append((row, tokens))
             if done:
                 batch.finished.append(row)
+                if self.history is not None:  # suffix drafting matches it in later sequences
+                    self.history.add(sequences.emitted[row])
                 if self.adaptive and drafter.gate is not None:  # what it learned, for the next
                     self.head_gate = drafter.gate
                 continue

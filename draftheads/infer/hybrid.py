@@ -1,7 +1,7 @@
-"""Hybrid drafting: a head's tree and the context drafter's continuations merged into one tree, so a
-single verification forward accepts whichever source was right (the "staged" combination of a
-learned drafter with an n-gram one; SuffixDecoding, Oliaro et al. 2024, sec. 4, combines its
-suffix-tree drafts with a model's the same way).
+"""Hybrid drafting: a head's tree and the text's continuations (the context drafter's or the suffix
+drafter's) merged into one tree, so a single verification forward accepts whichever source was
+right (the "staged" combination of a learned drafter with an n-gram one; SuffixDecoding, Oliaro et
+al. 2024, sec. 4, combines its suffix-tree drafts with a model's the same way).
 
 Merging keeps one node per distinct path: a context continuation that follows a path the head
 proposed shares its nodes, and only what the head did not propose is added. Children of a node
@@ -17,6 +17,7 @@ import torch
 
 from draftheads.infer.context import ContextDrafter, ContextTree
 from draftheads.infer.draft import Draft, Drafter, DraftSteps, DynamicTree, StaticTree, run_steps
+from draftheads.infer.suffix import SuffixDrafter, SuffixTree
 from draftheads.infer.tree import tree_topology
 
 BOTH = "+"  # joins the sources of a node proposed by more than one
@@ -24,10 +25,11 @@ BOTH = "+"  # joins the sources of a node proposed by more than one
 
 @dataclass(frozen=True)
 class HybridTree:
-    """A head's tree settings and the context drafter's, drafted together each step."""
+    """A head's tree settings and the text drafter's (context or suffix drafts), drafted together
+    each step."""
 
-    head: StaticTree | DynamicTree | None  # None: the context drafts alone this step
-    context: ContextTree
+    head: StaticTree | DynamicTree | None  # None: the text drafts alone this step
+    context: ContextTree | SuffixTree
 
     @property
     def name(self) -> str:
@@ -84,9 +86,10 @@ def merge_drafts(first: Draft, second: Draft, pad_to_multiple: int = 1) -> Draft
 
 
 class HybridDrafter(Drafter):
-    """A head's Drafter and a ``ContextDrafter`` proposing together; one merged tree per step."""
+    """A head's Drafter and a text drafter (by default a ``ContextDrafter``) proposing together; one
+    merged tree per step."""
 
-    def __init__(self, head_drafter: Drafter, context_drafter: ContextDrafter | None = None):
+    def __init__(self, head_drafter: Drafter, context_drafter: ContextDrafter | SuffixDrafter | None = None):
         super().__init__(head_drafter.head, head_drafter.pad_to_multiple)
         self.head_drafter = head_drafter
         self.context_drafter = context_drafter or ContextDrafter(head_drafter.pad_to_multiple)
