@@ -85,6 +85,7 @@ class BenchSettings:
     prompt_lookup: bool = True  # include HF prompt-lookup decoding as a baseline
     context: bool = True  # include our context drafter alone (no head) as a method
     hybrid: bool = True  # include every head with context drafts merged into its trees
+    suffix: bool = False  # include suffix drafts: alone (no head) and merged into every head's trees
     adaptive: bool = True  # include each drafting method with adaptive drafting too
     methods: tuple[str, ...] | None = None  # only these (names before ':'; generate always runs)
     # linear kernels of the drafting methods and prompt lookup: auto | True | False
@@ -270,11 +271,31 @@ class HFMethod:
 
 
 class SpeculativeMethod:
-    """draftheads decoding with one head, as a bench method."""
+    """draftheads decoding with one head, as a bench method.
+
+    Suffix drafting also drafts from earlier answers (``generator.history``). Here a run drafts from
+    the answers of the other prompts this pass decoded before it, never from the prompt's own: the
+    warm-up and the repeats decode a prompt again, and its earlier answer would draft itself."""
 
     def __init__(self, name: str, generator):
         self.name = name
         self.generator = generator
+        self.answers: dict[str, list[int]] = {}  # this pass's answers by prompt id, oldest first
+
+    def start_pass(self) -> None:
+        """Forget the answers decoded so far (the warm-up's, an earlier pass's)."""
+        self.answers = {}
+
+    def _load_history(self, prompts: list[BenchPrompt]) -> None:
+        """The generator's history for a run of ``prompts``: the answers of this pass's other prompts."""
+        history = self.generator.history
+        if history is None:
+            return
+        history.clear()
+        current = {prompt.id for prompt in prompts}
+        for prompt_id, answer in self.answers.items():
+            if prompt_id not in current:
+                history.add(answer)
 
     def run(
         self,
@@ -286,6 +307,7 @@ class SpeculativeMethod:
     ) -> list[Sample]:
         """Decode the prompts together (one batch), or at most ``batch_size`` at once, each finished
         row replaced by the next prompt; one Sample per prompt."""
+        self._load_history(prompts)
         result = self.generator.generate(
             [p.input_ids for p in prompts],
             max_new_tokens=max_new_tokens,
@@ -312,6 +334,10 @@ class SpeculativeMethod:
                     batch_size=batch_size or len(prompts),
                 )
             )
+        if self.generator.history is not None:
+            for prompt, row in zip(prompts, result.results):
+                self.answers.pop(prompt.id, None)  # the newest answer last
+                self.answers[prompt.id] = row.new_tokens
         return samples
 
 
@@ -363,6 +389,8 @@ def run_bench(
         batches, concurrency = consecutive_batches(prompts, batch_size), None
     for method in methods:  # warm-up: allocator, kernels, caches; not timed
         method.run(batches[0], warmup_tokens, temperature, seed, concurrency)
+        if isinstance(method, SpeculativeMethod):  # no warm-up answer in a suffix drafter's history
+            method.start_pass()
     samples: list[Sample] = []
     last_probe = probe() if probe else None
     bar = tqdm(
@@ -830,6 +858,7 @@ def speculative_methods(
     pack: bool = False,
     context_only: bool = False,
     hybrid: bool = False,
+    suffix: bool = False,
     adaptive: bool = False,
     keep: Callable[[str], bool] = lambda name: True,
     draft_dtypes: tuple[str, ...] = (DEFAULT_DRAFT_DTYPE,),
@@ -841,14 +870,17 @@ def speculative_methods(
     every adapted copy (after the merge), running packed for the forward ``forms``
     (``draftheads.infer.kernel_choice``), and those of every head when ``forms`` has any.
     ``context_only``: also the context drafter with no head (``context``); ``hybrid``: also each head
-    with context drafts merged into its trees (``<kind>+context:<label>``); ``adaptive``: each of
-    these also with adaptive drafting (``.../adaptive``). ``keep``: which method names to build.
+    with context drafts merged into its trees (``<kind>+context:<label>``); ``suffix``: also suffix
+    drafts (``draftheads.infer.suffix``) alone (``suffix``) and merged into each head's trees
+    (``<kind>+suffix:<label>``); ``adaptive``: each of these also with adaptive drafting
+    (``.../adaptive``). ``keep``: which method names to build.
     ``draft_dtypes``: each head loaded once per dtype it drafts in (``draftheads.infer.precision``);
     with more than one, method names say which (``eagle3:run@bfloat16``)."""
     from draftheads.heads import load_head_and_base
     from draftheads.heads.base import resolve_head_dir
     from draftheads.infer import SpeculativeGenerator
     from draftheads.infer.packed import pack_linears, set_packed_forms
+    from draftheads.infer.suffix import SuffixTree
     from draftheads.infer.verify_cost import load_tuned_costs
 
     forms = frozenset(forms)
@@ -867,13 +899,15 @@ def speculative_methods(
         pack_linears(*(head for _, head, _, _ in loaded))
     variants = (False, True) if adaptive else (False,)
     methods: list = []
-    if context_only:
+    alone = ([None] if context_only else []) + ([SuffixTree()] if suffix else [])  # None: context drafts
+    merged = [False] + ([True] if hybrid else []) + ([SuffixTree()] if suffix else [])
+    for text in alone:
         for is_adaptive in variants:
-            generator = SpeculativeGenerator(model, None, tokenizer, adaptive=is_adaptive)
+            generator = SpeculativeGenerator(model, None, tokenizer, tree=text, adaptive=is_adaptive)
             if keep(generator.method):
                 methods.append(SpeculativeMethod(generator.method, generator))
     for head_dir, head, head_model, dtype in loaded:
-        for with_context in (False, True) if hybrid else (False,):
+        for with_context in merged:
             for is_adaptive in variants:
                 costs = load_tuned_costs(head_dir, head_model.dtype, head_model.device) if is_adaptive else {}
                 generator = SpeculativeGenerator(
@@ -984,6 +1018,7 @@ def build_methods(settings: BenchSettings, model, tokenizer) -> tuple[list, str]
         pack=packable,
         context_only=settings.context,
         hybrid=settings.hybrid,
+        suffix=settings.suffix,
         adaptive=settings.adaptive,
         keep=keep,
         draft_dtypes=settings.draft_dtypes,

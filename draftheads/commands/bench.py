@@ -65,6 +65,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--no-adaptive", action="store_true", help="skip the adaptive-drafting variants")
     parser.add_argument(
+        "--suffix",
+        action="store_true",
+        help="add suffix drafting (earlier answers too): alone and merged into each head's trees",
+    )
+    parser.add_argument(
         "--methods",
         nargs="*",
         default=defaults.methods,
@@ -138,6 +143,7 @@ def settings_from_args(args: argparse.Namespace) -> BenchSettings:
         prompt_lookup=not args.no_prompt_lookup,
         context=not args.no_context,
         hybrid=not args.no_hybrid,
+        suffix=args.suffix,
         adaptive=not args.no_adaptive,
         methods=tuple(args.methods) if args.methods else None,
         pack=args.pack,
