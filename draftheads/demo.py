@@ -236,22 +236,43 @@ def question(settings: DemoSettings) -> str:
     raise ValueError(f"MT-bench has no question with id {settings.question_id}")
 
 
-def plain_generate(model, tokenizer, input_ids, max_new_tokens: int) -> tuple[list[int], float]:
-    """Plain greedy HF ``generate``: its new tokens and seconds (timed as ``draftheads bench`` does)."""
+@dataclass(frozen=True)
+class Question:
+    """The question every method answers: its text, its prompt ids (1, T) and the stop strings its
+    rendering implies (``draftheads.prompt_format.stop_strings``; none for a chat template)."""
+
+    text: str
+    input_ids: object  # (1, T) torch tensor: the same ids for every method
+    stop: tuple[str, ...]
+
+
+def plain_generate(model, tokenizer, question: Question, max_new_tokens: int) -> tuple[list[int], float]:
+    """Plain greedy HF ``generate``: its new tokens and seconds (timed as ``draftheads bench`` does),
+    stopping where speculative decoding does (the token completing a stop string is kept by both)."""
     import torch
 
     from draftheads.bench import timed_generate
 
+    input_ids = question.input_ids
+    stopping = {"stop_strings": list(question.stop), "tokenizer": tokenizer} if question.stop else {}
     output, seconds, _ = timed_generate(
-        model, input_ids, torch.ones_like(input_ids), max_new_tokens, tokenizer.pad_token_id, do_sample=False
+        model,
+        input_ids,
+        torch.ones_like(input_ids),
+        max_new_tokens,
+        tokenizer.pad_token_id,
+        do_sample=False,
+        **stopping,
     )
     return output[0, input_ids.shape[1] :].tolist(), seconds
 
 
-def stream_answer(generator, input_ids, settings: DemoSettings) -> None:
+def stream_answer(generator, question: Question, settings: DemoSettings) -> None:
     """Print the head's answer as it is accepted (after a short warm-up; neither is timed)."""
-    generator.generate(input_ids, max_new_tokens=settings.warmup_tokens)
-    for piece in generator.generate(input_ids, max_new_tokens=settings.max_new_tokens, stream=True):
+    generator.generate(question.input_ids, max_new_tokens=settings.warmup_tokens, stop=question.stop)
+    for piece in generator.generate(
+        question.input_ids, max_new_tokens=settings.max_new_tokens, stream=True, stop=question.stop
+    ):
         print(piece, end="", flush=True)
     print("\n")
 
@@ -314,16 +335,16 @@ def compare(runs: TimedRuns) -> dict:
     }
 
 
-def timed_comparison(generator, tokenizer, input_ids, settings: DemoSettings) -> dict:
+def timed_comparison(generator, tokenizer, question: Question, settings: DemoSettings) -> dict:
     """Plain ``generate`` on the generator's base against the generator, interleaved (``compare``)."""
     from draftheads.speed_probe import forward_seconds
 
-    model = generator.model
-    plain_generate(model, tokenizer, input_ids, settings.warmup_tokens)  # warm-up, not timed
-    generator.generate(input_ids, max_new_tokens=settings.warmup_tokens)
+    model, input_ids, stop = generator.model, question.input_ids, question.stop
+    plain_generate(model, tokenizer, question, settings.warmup_tokens)  # warm-up, not timed
+    generator.generate(input_ids, max_new_tokens=settings.warmup_tokens, stop=stop)
     runs = interleaved_runs(
-        lambda: plain_generate(model, tokenizer, input_ids, settings.max_new_tokens),
-        lambda: generator.generate(input_ids, max_new_tokens=settings.max_new_tokens),
+        lambda: plain_generate(model, tokenizer, question, settings.max_new_tokens),
+        lambda: generator.generate(input_ids, max_new_tokens=settings.max_new_tokens, stop=stop),
         lambda: forward_seconds(model, input_ids[:, -1:]),
         settings.timed_repeats,
     )
@@ -350,13 +371,18 @@ def report(outcome: dict, who: str) -> None:
     print(f"outputs identical: {'yes' if outcome['identical'] else 'NO'}")
 
 
-def prompt_ids(tokenizer, settings: DemoSettings, device):
+def ask(tokenizer, settings: DemoSettings, device) -> Question:
+    """The question rendered as the demo's training data is (``data.template``'s default rule:
+    the chat template, or plain dialogue text for a base without one)."""
     import torch
 
+    from draftheads.config import DataConfig
+    from draftheads.prompt_format import choose_template, prompt_ids, stop_strings
+
     text = question(settings)
-    messages = [{"role": "user", "content": text}]
-    ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_dict=False)
-    return text, torch.tensor([ids], device=device)  # (1, T): the same ids for every method
+    template = choose_template(DataConfig().template, tokenizer)
+    ids = prompt_ids(tokenizer, [{"role": "user", "content": text}], template)
+    return Question(text, torch.tensor([ids], device=device), stop_strings(template))
 
 
 def generate_stage(model, head, tokenizer, settings: DemoSettings, head_dir: Path) -> tuple[dict, object]:
@@ -365,16 +391,16 @@ def generate_stage(model, head, tokenizer, settings: DemoSettings, head_dir: Pat
     from draftheads.infer.generate import SpeculativeGenerator
     from draftheads.infer.tree import load_tuned_tree
 
-    text, input_ids = prompt_ids(tokenizer, settings, model.device)
-    print(f"MT-bench question {settings.question_id}: {text}\n")
+    asked = ask(tokenizer, settings, model.device)
+    print(f"MT-bench question {settings.question_id}: {asked.text}\n")
     tree = load_tuned_tree(head_dir, model.dtype, model.device)
     generator = SpeculativeGenerator(model, head, tokenizer, tree=tree)
-    stream_answer(generator, input_ids, settings)
-    outcome = timed_comparison(generator, tokenizer, input_ids, settings)
-    return {"question_id": settings.question_id, **outcome}, input_ids
+    stream_answer(generator, asked, settings)
+    outcome = timed_comparison(generator, tokenizer, asked, settings)
+    return {"question_id": settings.question_id, **outcome}, asked
 
 
-def shipped_stage(model, tokenizer, settings: DemoSettings, kernels, input_ids) -> dict | None:
+def shipped_stage(model, tokenizer, settings: DemoSettings, kernels, asked: Question) -> dict | None:
     """The same question with the shipped head (its own tuned tree), timed against plain generate
     as in stage 4; None when there is none to use (not configured, not found, or made for another
     base)."""
@@ -405,7 +431,7 @@ def shipped_stage(model, tokenizer, settings: DemoSettings, kernels, input_ids) 
     tree = load_tuned_tree(head_dir, shipped_model.dtype, shipped_model.device)
     generator = SpeculativeGenerator(shipped_model, head, tokenizer, tree=tree)
     generator.kernels = kernels.describe()
-    return {"head": str(settings.shipped_head), **timed_comparison(generator, tokenizer, input_ids, settings)}
+    return {"head": str(settings.shipped_head), **timed_comparison(generator, tokenizer, asked, settings)}
 
 
 # ---- the whole demo -----------------------------------------------------------------------------
@@ -455,13 +481,13 @@ def run_demo(settings: DemoSettings) -> dict:
 
     heading(4, "generate: speculative decoding against plain generate")
     started = time.perf_counter()
-    outcome, input_ids = generate_stage(model, head, tokenizer, settings, head_dir)
+    outcome, asked = generate_stage(model, head, tokenizer, settings, head_dir)
     times.generate = time.perf_counter() - started
     report(outcome, "the demo's head (streamed)")
 
     heading(5, "shipped: the same question with the head trained at scale")
     started = time.perf_counter()
-    shipped = shipped_stage(model, tokenizer, settings, kernels, input_ids)
+    shipped = shipped_stage(model, tokenizer, settings, kernels, asked)
     times.shipped = time.perf_counter() - started
     if shipped is not None:
         report(shipped, "the shipped head")

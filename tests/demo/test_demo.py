@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from draftheads.demo import DemoSettings, run_demo
-from tests.data.data_fixtures import save_tiny_base, sharegpt_record, write_jsonl
+from tests.data.data_fixtures import save_tiny_base, save_tiny_gemma3_base, sharegpt_record, write_jsonl
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
@@ -78,6 +78,15 @@ def test_demo_runs_every_stage_then_reuses_them(tiny_settings, capsys):
     assert "reusing the trained head" in out and "reusing the tuned tree" in out
     assert again["times"]["reused"] == ["train", "tune"]
     assert len(Path(f"{demo_dir}/distilled.jsonl").read_text().splitlines()) == 8
+
+
+def test_a_base_without_a_chat_template_runs_every_stage_on_plain_dialogue(tiny_settings, tmp_path, capsys):
+    """The tiny Gemma 3 over a byte tokenizer without a chat template (a pretrained base): distilled,
+    trained, tuned and asked in plain dialogue; the head's answer is plain generate's."""
+    base = save_tiny_gemma3_base(tmp_path / "gemma")
+    record = run_demo(dataclasses.replace(tiny_settings, base=str(base), shipped_head=None))
+    assert record["identical"] is True and record["tree"].startswith("tuned")
+    assert "outputs identical: yes" in capsys.readouterr().out
 
 
 def test_the_shipped_head_answers_the_same_question(tiny_settings, capsys, tmp_path):
