@@ -102,7 +102,7 @@ def add_draft_dtype_argument(parser: argparse.ArgumentParser, several: bool = Fa
         default=[DEFAULT_DRAFT_DTYPE] if several else DEFAULT_DRAFT_DTYPE,
         help="dtype the head drafts in; the base verifies in --dtype either way, so the output does not "
         "change (default auto: bf16 for an EAGLE-3 head beside an fp32 base on a CPU with AVX512_BF16 "
-        "or AMX, else the base's dtype)"
+        "or AMX, else the base's dtype; int8: int8 linear weights, on the CPU)"
         + ("; several: each head runs once per dtype, named <kind>:<head>@<dtype>" if several else ""),
     )
 

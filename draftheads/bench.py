@@ -832,14 +832,14 @@ def bench_tree(tree: str | None, head_dir: str, model):
     return tree
 
 
-def method_name(kind: str, head_dir: str, methods: list, draft_dtype: torch.dtype | None = None) -> str:
+def method_name(kind: str, head_dir: str, methods: list, draft_dtype: str | None = None) -> str:
     """``kind:label``: the head directory's name, or its run's name for the ``<run>/head`` that
     training writes, with ``@<dtype>`` when ``draft_dtype`` is given (a head benched in several);
     a repeated label gets a ``#n`` suffix so every method stays distinct."""
     path = Path(head_dir).resolve()
     label = path.parent.name if path.name == "head" else path.name
     if draft_dtype is not None:
-        label += "@" + str(draft_dtype).removeprefix("torch.")
+        label += "@" + draft_dtype
     base = name = f"{kind}:{label}"
     taken = {method.name for method in methods}
     copies = 1

@@ -187,10 +187,10 @@ def cached_or_measured(model, path: Path, measure: Callable[[object], Timings]) 
     return KernelChoice(packed, "measured", fastest)
 
 
-def prepare_drafting_head(head, model, kernels: KernelChoice, draft_dtype: str | None = None) -> torch.dtype:
+def prepare_drafting_head(head, model, kernels: KernelChoice, draft_dtype: str | None = None) -> str:
     """Put ``head`` in the dtype it drafts in beside ``model`` (``draftheads.infer.precision``) and
-    pack its linear layers, for every form, when ``kernels`` packs the base for any; returns the
-    dtype."""
+    pack its floating-point linear layers, for every form, when ``kernels`` packs the base for any;
+    returns what it drafts in (``precision.prepare_head``)."""
     from draftheads.infer.precision import DEFAULT_DRAFT_DTYPE, prepare_head
 
     pack = bool(kernels.packed)

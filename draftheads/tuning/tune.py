@@ -18,6 +18,8 @@ import torch
 
 from draftheads.base_model import DEFAULT_DTYPE
 from draftheads.export.checkpoint import dtype_name
+from draftheads.infer.int8 import has_int8_linears
+from draftheads.infer.precision import INT8
 from draftheads.infer.precision import DEFAULT_DRAFT_DTYPE
 from draftheads.infer.tree import TUNED_TREE_FILE, TUNED_TREE_FORMAT, tree_to_dict, tuned_tree_key
 from draftheads.infer.verify_cost import CostCurve, costs_to_dict
@@ -35,6 +37,11 @@ from draftheads.tuning.step_cost import DecodingBench, cost_sizes
 # fraction, the record says so and the report warns. It catches a disturbance that covers one of the
 # two timings; one that slows the whole tuning passes it.
 TIMING_DRIFT_TOLERANCE = 0.10
+
+
+def drafts_in(head) -> str:
+    """What the head drafts in: ``int8`` (``draftheads.infer.int8``) or its parameters' dtype."""
+    return INT8 if has_int8_linears(head) else dtype_name(head)
 
 
 def timing_check(before: float, after: float) -> dict:
@@ -146,7 +153,7 @@ def tune_tree(
         "setting": key,
         "settings": asdict(settings),
         "machine": machine_info(model.dtype, str(model.device)),
-        "head": {"kind": head.kind, "dir": str(head_dir), "draft_dtype": dtype_name(head)},
+        "head": {"kind": head.kind, "dir": str(head_dir), "draft_dtype": drafts_in(head)},
         "tau_convention": "expected tokens per step count the token the base model produces itself",
         "acceptance": asdict(acceptance),
         "verify_cost": {

@@ -67,7 +67,7 @@ def test_explicit_dtypes_and_refusals(model):
         DraftDtypeError, match=r"draft dtype bfloat16: eagle heads draft through the base .* \(float32\)"
     ):
         draft_dtype(eagle, model, "bfloat16")
-    with pytest.raises(DraftDtypeError, match=r"one of auto, float32, bfloat16, got 'fp16'"):
+    with pytest.raises(DraftDtypeError, match=r"one of auto, float32, bfloat16, int8, got 'fp16'"):
         draft_dtype(eagle3_head(model), model, "fp16")
 
 
@@ -76,8 +76,7 @@ def test_conversion_touches_the_heads_weights_alone(model, pack):
     head = eagle3_head(model)
     buffers = {name: (tensor.dtype, tensor.clone()) for name, tensor in head.named_buffers()}
     base_weights = {name: tensor.dtype for name, tensor in model.state_dict().items()}
-    dtype = prepare_head(head, model, "bfloat16", pack=pack)
-    assert dtype == torch.bfloat16
+    assert prepare_head(head, model, "bfloat16", pack=pack) == "bfloat16"
     assert all(p.dtype == torch.bfloat16 for p in head.parameters())
     for name, tensor in head.named_buffers():  # rotary frequencies and the id maps are untouched
         assert tensor.dtype == buffers[name][0] and torch.equal(tensor, buffers[name][1]), name
