@@ -525,6 +525,7 @@ class SpeculativeGenerator:
         from draftheads.heads.base import HeadFormatError, resolve_head_dir
 
         check_device(device)  # before loading: a model moved to an unusable device fails deep in torch
+        context = text_settings(context, suffix)  # refused before anything loads
         if head_dir is None:
             if not base:
                 raise ValueError("without a head directory, give the base model (base=...)")
@@ -544,7 +545,6 @@ class SpeculativeGenerator:
         if tuned:  # the tree `draftheads tune-tree` chose for this device and dtype, if any
             tree = load_tuned_tree(head_dir, model.dtype, model.device)
         costs = load_tuned_costs(head_dir, model.dtype, model.device)  # measured here by tune-tree
-        context = text_settings(context, suffix)
         try:
             generator = cls(
                 model, head, tokenizer, tree=tree, context=context, adaptive=adaptive, cost=costs.get(1)

@@ -276,3 +276,18 @@ def test_history_holds_answers_not_prompts(model):
     prompt = prompts(1, seed=8)[0]
     result = generator.generate(prompt, max_new_tokens=8)
     assert np.array_equal(generator.history.answers[0], result.new_tokens)
+
+
+def test_from_pretrained_swaps_in_suffix_drafts(tmp_path):
+    from tests.data.data_fixtures import save_tiny_base
+
+    base = save_tiny_base(tmp_path / "base")
+    alone = SpeculativeGenerator.from_pretrained(None, base=str(base), pack=False, suffix=True)
+    assert alone.method == "suffix/adaptive" and alone.history is not None
+    model = alone.model
+    head_dir = tmp_path / "head"
+    build_head(model, HEADS["eagle3"][0], str(base)).save_pretrained(head_dir)
+    merged = SpeculativeGenerator.from_pretrained(head_dir, pack=False, suffix=True, adaptive=False)
+    assert merged.method == "eagle3+suffix" and isinstance(merged.tree.context, SuffixTree)
+    with pytest.raises(ValueError, match="give context=True"):
+        SpeculativeGenerator.from_pretrained(head_dir, pack=False, suffix=True, context=False)
