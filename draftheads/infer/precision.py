@@ -61,7 +61,7 @@ def draft_dtype(head, model, requested: str = DEFAULT_DRAFT_DTYPE, pack: bool = 
         if model.device.type != "cpu" or not int8_supported(base):
             raise DraftDtypeError(
                 f"draft dtype int8: no int8 linear kernel here for a {str(base).removeprefix('torch.')} "
-                f"base on {model.device.type} (int8 drafting runs on the CPU, fp32 or bf16 bases)"
+                f"base on {model.device.type} (int8 drafting runs on the CPU beside an fp32 base)"
             )
         return base
     wanted = getattr(torch, requested)

@@ -19,8 +19,7 @@ import torch
 from draftheads.base_model import DEFAULT_DTYPE
 from draftheads.export.checkpoint import dtype_name
 from draftheads.infer.int8 import has_int8_linears
-from draftheads.infer.precision import INT8
-from draftheads.infer.precision import DEFAULT_DRAFT_DTYPE
+from draftheads.infer.precision import DEFAULT_DRAFT_DTYPE, INT8
 from draftheads.infer.tree import TUNED_TREE_FILE, TUNED_TREE_FORMAT, tree_to_dict, tuned_tree_key
 from draftheads.infer.verify_cost import CostCurve, costs_to_dict
 from draftheads.prompt_format import DEFAULT_TEMPLATE, choose_template, stop_strings

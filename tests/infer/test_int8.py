@@ -1,5 +1,5 @@
 """Drafting with int8 linear weights (``draftheads.infer.int8``, ``draft_dtype="int8"``): the layer
-computes the int8-rounded linear map and follows its weight, ``prepare_head`` converts the head's
+computes the linear map within int8's rounding and follows its weight, ``prepare_head`` converts the head's
 layers alone, and an int8-drafting head decodes exactly the base's greedy text (heads of every
 kind, one prompt and a batch) and samples from the base's distribution."""
 
@@ -37,18 +37,20 @@ def test_rows_round_to_within_half_a_step_and_zero_rows_stay_zero():
     assert bool((rows[3] == 0).all())
 
 
-def test_the_layer_computes_the_int8_rounded_map_and_follows_its_weight():
+def test_the_layer_computes_the_linear_map_within_int8_rounding_and_follows_its_weight():
     torch.manual_seed(0)
     linear = torch.nn.Linear(48, 96)
     layer = Int8Linear.wrap(linear)
     x = torch.randn(5, 48)
-    rows, scales = quantize_rows(linear.weight)
     with torch.no_grad():
-        expected = F.linear(x, rows.float() * scales[:, None], linear.bias)
-        torch.testing.assert_close(layer(x), expected, rtol=1e-4, atol=1e-4)
-        torch.testing.assert_close(layer(x[None]), expected[None], rtol=1e-4, atol=1e-4)  # (B, T, h)
+        expected = F.linear(x, linear.weight, linear.bias)
+        out = layer(x)
+        assert (out - expected).abs().max() < 0.02 * expected.abs().max()
+        assert not torch.equal(out, expected)  # the int8 kernel ran, not F.linear
+        torch.testing.assert_close(layer(x[None]), out[None])  # (B, T, h)
         layer.weight.mul_(2)  # changed in place: quantized again, not the stale copy
-        torch.testing.assert_close(layer(x) - layer.bias, 2 * (expected - layer.bias), rtol=1e-4, atol=1e-4)
+        doubled = F.linear(x, linear.weight, linear.bias)
+        assert (layer(x) - doubled).abs().max() < 0.02 * doubled.abs().max()
     assert layer.weight is linear.weight and layer.bias is linear.bias
     out = layer(x.requires_grad_())  # autograd records: the exact float map
     torch.testing.assert_close(out, F.linear(x, layer.weight, layer.bias))
