@@ -20,9 +20,10 @@ from draftheads.shipped import SHIPPED_HEADS
 ROOT = Path(__file__).resolve().parents[1]
 # The results the README shows (the default when no file is given).
 README_RESULTS = (
-    "docs/results/2026-12-01-mtbench-b1-t0/bench.json",
-    "docs/results/2026-12-01-humaneval-b1-t0/bench.json",
-    "docs/results/2026-11-29-batch4-continuous/bench.json",
+    "docs/results/2026-12-02-mtbench-b1-t0/bench.json",
+    "docs/results/2026-12-02-humaneval-b1-t0/bench.json",
+    "docs/results/2026-12-02-mtbench-b4-t0/bench.json",
+    "docs/results/2026-12-02-mtbench-b1-t1/bench.json",
     "docs/results/2026-11-24-dflash-vs-eagle3-mtbench/bench.json",
 )
 PLAIN, PROMPT_LOOKUP = "generate", "prompt-lookup"
