@@ -210,3 +210,66 @@ def test_real_gemma3_past_its_window_matches_generate():
     expected = model.generate(prompt, max_new_tokens=12, do_sample=False)
     result = generator.generate(prompt, max_new_tokens=12)
     assert result.sequences.tolist() == expected.tolist()
+
+
+# ---- sampling ---------------------------------------------------------------------------------
+
+SAMPLING_PROMPT = [1, 5, 7, 9, 3, 11, 4, 6, 8, 10, 12, 2]  # three times the window below
+
+
+def gemma3_sampling_model():
+    """A two-layer tiny Gemma 3 (a sliding layer with a window of 4, a third of the prompt, then a
+    full one) with test_sampling's 16-token vocabulary, its next-token distributions sharpened so
+    that acceptance and rejection both matter."""
+    model = make_tiny_gemma3(
+        seed=2,
+        vocab_size=16,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        layer_types=[SLIDING, FULL],
+        sliding_window=4,
+        tie_word_embeddings=False,
+    )
+    model.lm_head.weight.data *= 8
+    model.generation_config.eos_token_id = None
+    return model
+
+
+@pytest.fixture(scope="module")
+def sampling_model():
+    return gemma3_sampling_model()
+
+
+def test_t1_sampling_past_the_window_matches_the_base_distribution(sampling_model):
+    from tests.infer.test_sampling import chi_square_p_value, exact_first_two, speculative_first_two
+
+    counts, tau = speculative_first_two(sampling_model, 1.0, 0, 1.0, seed=4000, prompt=SAMPLING_PROMPT)
+    assert tau > 1.5, "the drafter must get tokens accepted for this test to mean anything"
+    exact = exact_first_two(sampling_model, 1.0, 0, 1.0, SAMPLING_PROMPT)  # the model's own forwards
+    assert chi_square_p_value(counts, exact) > 1e-3
+
+
+@pytest.mark.parametrize("bug", ["no-window", "forgetful-verifier"])
+def test_negative_controls_fail_the_sampling_check(sampling_model, bug, monkeypatch):
+    """The same check must fail for a tree mask that gives sliding layers full attention, and for a
+    verifier that resamples without removing the rejected token (test_sampling's)."""
+    import draftheads.infer.generate as generate_module
+    from tests.infer.test_sampling import (
+        CONTROL_SAMPLES,
+        chi_square_p_value,
+        exact_first_two,
+        forgetful_verifier,
+        speculative_first_two,
+    )
+
+    if bug == "no-window":
+        monkeypatch.setattr(forward_module, "layer_masks", lambda config, mask, slots, positions: mask)
+        monkeypatch.setattr(forward_module, "check_tree_inputs", lambda *args: None)
+    else:
+        monkeypatch.setattr(generate_module, "verify_tree", forgetful_verifier)
+    counts, _ = speculative_first_two(
+        sampling_model, 1.0, 0, 1.0, seed=4000, samples=CONTROL_SAMPLES, prompt=SAMPLING_PROMPT
+    )
+    exact = exact_first_two(sampling_model, 1.0, 0, 1.0, SAMPLING_PROMPT)
+    assert chi_square_p_value(counts, exact) < 1e-6
