@@ -111,7 +111,7 @@ class SuffixTree:
 # ---- what is matched: earlier answers and the text ----------------------------------------------
 
 
-@dataclass
+@dataclass(eq=False)  # state, compared by identity (its answers are arrays)
 class SuffixHistory:
     """Earlier answers (token ids), oldest first, that suffix drafting matches besides the text; once
     they hold more than ``max_tokens`` tokens the oldest are dropped (0: none are kept)."""
@@ -152,7 +152,7 @@ class SuffixHistory:
         return self._flat
 
 
-@dataclass
+@dataclass(eq=False)
 class SuffixCorpus:
     """What one sequence drafts from, in one array: a separator, the stored answers, then its text
     (from ``text_start`` to ``length``); every entry past ``length`` is a separator too."""
