@@ -41,7 +41,9 @@ def quantize_rows(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return rows.contiguous(), scales
 
 
+@functools.cache
 def _reduce_range() -> bool:
+    """Whether inputs keep 7 bits (no int8 dot-product instructions); read once, not per forward."""
     from draftheads.machine import cpu_flags
 
     return not set(VNNI_FLAGS) & set(cpu_flags())
