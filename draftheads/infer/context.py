@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import copy
 from dataclasses import dataclass, replace
+from typing import ClassVar
 
 import torch
 
@@ -24,10 +25,34 @@ from draftheads.infer.draft import Draft, Drafter
 from draftheads.infer.tree import ROOT_PARENT, tree_topology
 
 
+class TextTreeSize:
+    """What the settings of a tree drafted from text share (``ContextTree``, ``suffix.SuffixTree``):
+    ``depth``, ``total_tokens`` and ``max_matches``, checked alike, and truncation to a depth limit."""
+
+    kind: ClassVar[str]  # in messages: "context", "suffix"
+
+    def check_size(self) -> None:
+        if self.depth < 0 or self.total_tokens < 1 or self.max_matches < 1:
+            raise ValueError(
+                f"{self.kind} tree '{self.name}': depth, total_tokens and max_matches must be positive"
+            )
+
+    @property
+    def max_nodes(self) -> int:
+        return self.total_tokens
+
+    def truncated(self, max_depth: int):
+        """The same settings with depth at most ``max_depth`` (negative: no limit)."""
+        if max_depth < 0 or self.depth <= max_depth:
+            return self
+        return replace(self, depth=max_depth)
+
+
 @dataclass(frozen=True)
-class ContextTree:
+class ContextTree(TextTreeSize):
     """Settings of a context-drafted tree (its shape follows the text, not a fixed pattern)."""
 
+    kind: ClassVar[str] = "context"
     name: str = "context"
     max_ngram: int = 4  # longest suffix matched against the earlier text
     min_ngram: int = 1  # shortest suffix that may still propose
@@ -40,20 +65,7 @@ class ContextTree:
             raise ValueError(
                 f"context tree: need 1 <= min_ngram <= max_ngram, got {self.min_ngram}, {self.max_ngram}"
             )
-        if self.depth < 0 or self.total_tokens < 1 or self.max_matches < 1:
-            raise ValueError(
-                f"context tree '{self.name}': depth, total_tokens and max_matches must be positive"
-            )
-
-    @property
-    def max_nodes(self) -> int:
-        return self.total_tokens
-
-    def truncated(self, max_depth: int) -> ContextTree:
-        """The same settings with depth at most ``max_depth`` (negative: no limit)."""
-        if max_depth < 0 or self.depth <= max_depth:
-            return self
-        return replace(self, depth=max_depth)
+        self.check_size()
 
 
 @dataclass(frozen=True)

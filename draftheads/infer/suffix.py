@@ -48,12 +48,20 @@ import copy
 import math
 from collections import Counter, deque
 from collections.abc import Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
+from typing import ClassVar
 
 import numpy as np
 import torch
 
-from draftheads.infer.context import EMPTY, Continuations, path_children, support_trie, trie_draft
+from draftheads.infer.context import (
+    EMPTY,
+    Continuations,
+    TextTreeSize,
+    path_children,
+    support_trie,
+    trie_draft,
+)
 from draftheads.infer.draft import Draft, Drafter
 from draftheads.infer.tree import ROOT_PARENT
 
@@ -61,10 +69,11 @@ SEPARATOR = -1  # after every sequence in the index: equal to no token, it ends 
 
 
 @dataclass(frozen=True)
-class SuffixTree:
+class SuffixTree(TextTreeSize):
     """Settings of a suffix-drafted tree, as ``ContextTree`` holds a context-drafted one's (the index
     behind it is a flat array, not the paper's suffix tree: see the module docstring)."""
 
+    kind: ClassVar[str] = "suffix"
     name: str = "suffix"
     max_pattern: int = 64  # longest pattern matched (Arctic Inference's default tree depth)
     min_pattern: int = 1  # shortest pattern that may still propose
@@ -84,20 +93,7 @@ class SuffixTree:
             raise ValueError(
                 f"suffix tree: need alpha > 0 and 0 <= min_score <= 1, got {self.alpha}, {self.min_score}"
             )
-        if self.depth < 0 or self.total_tokens < 1 or self.max_matches < 1:
-            raise ValueError(
-                f"suffix tree '{self.name}': depth, total_tokens and max_matches must be positive"
-            )
-
-    @property
-    def max_nodes(self) -> int:
-        return self.total_tokens
-
-    def truncated(self, max_depth: int) -> SuffixTree:
-        """The same settings with depth at most ``max_depth`` (negative: no limit)."""
-        if max_depth < 0 or self.depth <= max_depth:
-            return self
-        return replace(self, depth=max_depth)
+        self.check_size()
 
     def size(self, pattern_length: int) -> int:
         """The draft nodes a match of ``pattern_length`` tokens may propose."""
