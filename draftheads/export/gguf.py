@@ -29,7 +29,7 @@ from typing import Any
 
 import torch
 
-from draftheads.export.draft_layer import require_engine_features, require_llama, rope_fields
+from draftheads.export.draft_layer import require_engine_features, require_llama_layer, rope_fields
 from draftheads.export.eagle3 import eagle3_tensors
 from draftheads.export.registry import ExportOptions, FormatError, register_writer
 from draftheads.heads.base import DraftHead
@@ -96,8 +96,10 @@ def gguf_tensors(head: DraftHead):
 def hyperparameters(head: DraftHead) -> dict[str, Any]:
     """The ``eagle3.*`` keys llama.cpp's loader reads: the base's Llama geometry with one layer, the
     head's MLP width, and where the features come from. Python types pick the GGUF types (int ->
-    uint32, float -> float32, bool, list of int -> int32 array)."""
-    config = head.base_config
+    uint32, float -> float32, bool, list of int -> int32 array). The geometry and RoPE are the draft
+    layer's own (``head.layer_config``): for a base with several RoPE settings (Gemma 3: one per
+    attention type) that is the full-attention one the layer was built with."""
+    config = head.layer_config
     rope = rope_fields(config)
     if "rope_scaling" in rope:
         # llama.cpp's converter turns llama3 scaling into a rope_freqs tensor; this writer does not
@@ -226,7 +228,7 @@ def write_gguf(head: DraftHead, directory: Path, options: ExportOptions) -> dict
     """``eagle3-draft.gguf``; returns its metadata besides the copied tokenizer fields."""
     from gguf import GGUFReader
 
-    require_llama(head, "gguf")
+    require_llama_layer(head.layer_config, "gguf")
     require_engine_features(head, "gguf")
     tensors = gguf_tensors(head)
     target = target_gguf_path(head, options)

@@ -72,11 +72,42 @@ def test_a_head_of_gemma3_layers_is_refused_by_the_engine_formats(gemma3, tmp_pa
     assert not (tmp_path / "out" / "config.json").exists()
 
 
-def test_gguf_refuses_a_llama_layout_head_on_a_gemma3_base(gemma3, tmp_path):
-    """The gguf writer takes the drafter's hyperparameters from the base config (a Llama's)."""
-    options = ExportOptions(target_gguf=str(tmp_path / "t.gguf"))
-    with pytest.raises(FormatError, match="base model_type is 'gemma3_text'"):
-        write_head(llama_layout_head(gemma3), tmp_path / "out", "gguf", options)
+def gemma3_target(path, base):
+    """A stand-in target GGUF with the tiny Gemma 3's vocabulary, width and depth."""
+    from gguf import GGUFValueType
+
+    from draftheads.export.gguf import write_gguf_file
+
+    config, vocab = base.config, base.config.vocab_size
+    fields = [
+        ("gemma3.embedding_length", config.hidden_size, GGUFValueType.UINT32, None),
+        ("gemma3.block_count", config.num_hidden_layers, GGUFValueType.UINT32, None),
+        ("tokenizer.ggml.model", "llama", GGUFValueType.STRING, None),
+        ("tokenizer.ggml.tokens", [f"t{i}" for i in range(vocab)], GGUFValueType.ARRAY, GGUFValueType.STRING),
+    ]
+    embedding = {"token_embd.weight": torch.zeros(vocab, config.hidden_size).numpy()}
+    write_gguf_file(path, "gemma3", fields, embedding)
+    return path
+
+
+def test_gguf_writes_a_llama_layout_head_with_the_layer_s_full_attention_rope(gemma3, tmp_path):
+    """Gemma 3 keeps one RoPE per attention type (theta 1e6 full, 1e4 sliding); the drafter's GGUF
+    carries the draft layer's (full attention), as llama.cpp's converter writes it from our eagle3
+    export, and its geometry (4 heads of 24, 2 KV heads)."""
+    from gguf import GGUFReader
+
+    from draftheads.export.gguf import GGUF_NAME
+
+    options = ExportOptions(target_gguf=str(gemma3_target(tmp_path / "t.gguf", gemma3)))
+    write_head(llama_layout_head(gemma3), tmp_path / "out", "gguf", options)
+    fields = GGUFReader(tmp_path / "out" / GGUF_NAME).fields
+    rope = gemma3.config.rope_parameters
+    assert rope["sliding_attention"]["rope_theta"] != rope["full_attention"]["rope_theta"]
+    freq_base = fields["eagle3.rope.freq_base"].contents()
+    assert math.isclose(freq_base, rope["full_attention"]["rope_theta"], rel_tol=1e-6)
+    assert fields["eagle3.attention.key_length"].contents() == 24
+    assert fields["eagle3.attention.head_count_kv"].contents() == 2
+    assert fields["eagle3.vocab_size"].contents() == gemma3.config.vocab_size
 
 
 def test_init_from_base_cannot_copy_a_gemma3_layer_into_a_llama_one(gemma3):
