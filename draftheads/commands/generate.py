@@ -28,7 +28,12 @@ from draftheads.arguments import (
     probability,
 )
 from draftheads.base_model import DEFAULT_DTYPE
-from draftheads.infer.generate import DEFAULT_MAX_NEW_TOKENS, RECOMMENDED_ADAPTIVE, RECOMMENDED_CONTEXT
+from draftheads.infer.generate import (
+    DEFAULT_MAX_NEW_TOKENS,
+    RECOMMENDED_ADAPTIVE,
+    RECOMMENDED_CONTEXT,
+    RECOMMENDED_SUFFIX,
+)
 from draftheads.infer.tree import TREES
 from draftheads.infer.verify import SamplingParams
 from draftheads.prompt_format import choose_template
@@ -114,6 +119,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="draft with the head alone (default: context drafts merged into the head's tree)",
     )
     parser.add_argument(
+        "--suffix",
+        action="store_true",
+        default=RECOMMENDED_SUFFIX,
+        help="suffix drafts in place of context drafts: they also match this run's earlier answers "
+        "(alone without --heads, else merged into the head's tree)",
+    )
+    parser.add_argument(
         "--no-adaptive",
         dest="adaptive",
         action="store_false",
@@ -135,6 +147,8 @@ def usage_problem(args: argparse.Namespace) -> str | None:
         return "give a head directory (--heads) or, to draft from the context alone, --base"
     if args.heads is None and args.tree is not None:
         return f"--tree {args.tree} is a head's tree; without --heads the context drafts alone"
+    if args.suffix and not args.context:
+        return "--suffix drafts in place of the context drafts that --no-context turns off: give one"
     return None
 
 
@@ -166,6 +180,7 @@ def run(args: argparse.Namespace) -> int:
         tree=args.tree,
         pack=args.pack,
         context=args.context,
+        suffix=args.suffix,
         adaptive=args.adaptive,
         draft_dtype=args.draft_dtype,
     )

@@ -291,3 +291,18 @@ def test_from_pretrained_swaps_in_suffix_drafts(tmp_path):
     assert merged.method == "eagle3+suffix" and isinstance(merged.tree.context, SuffixTree)
     with pytest.raises(ValueError, match="give context=True"):
         SpeculativeGenerator.from_pretrained(head_dir, pack=False, suffix=True, context=False)
+
+
+def test_generate_command_drafts_suffix_with_the_flag_only(tmp_path, capsys):
+    """``draftheads generate --suffix`` decodes with suffix drafts (the summary line names the
+    method); without it, context drafts; with --no-context it is refused as a usage error."""
+    from draftheads.cli import main
+    from tests.data.data_fixtures import save_tiny_base
+
+    base = save_tiny_base(tmp_path / "base")
+    common = ["generate", "--base", str(base), "--no-pack", "--no-adaptive", "--max-new-tokens", "4"]
+    for flags, method in (([], "[context,"), (["--suffix"], "[suffix,")):
+        assert main([*common, *flags, "--prompt", "one two one two"]) == 0
+        assert capsys.readouterr().err.strip().splitlines()[-1].startswith(method)
+    assert main([*common, "--suffix", "--no-context", "--prompt", "x"]) == 2
+    assert "--suffix drafts in place of the context drafts" in capsys.readouterr().err
