@@ -25,6 +25,7 @@ README_RESULTS = (
     "docs/results/2026-12-02-mtbench-b4-t0/bench.json",
     "docs/results/2026-12-02-mtbench-b1-t1/bench.json",
     "docs/results/2026-11-24-dflash-vs-eagle3-mtbench/bench.json",
+    "docs/results/2026-12-02-gemma3-mtbench-b1-t0/bench.json",
 )
 PLAIN, PROMPT_LOOKUP = "generate", "prompt-lookup"
 COLUMNS = (
