@@ -1,5 +1,6 @@
-"""Exports proven in real engines: every shipped head, written in every engine format that fits it,
-is loaded by the engine that serves that format and decoded greedily in fp32.
+"""Exports proven in real engines: every shipped head an engine can draft with (``UNSERVED_HEADS``
+are listed, not run), written in every engine format that fits it, is loaded by the engine that
+serves that format and decoded greedily in fp32.
 
     .venv/bin/python engines/check.py --out docs/results/engines
 
@@ -91,7 +92,7 @@ SPECULATORS_PAIRS = {"eagle3": ("eagle3", "speculators"), "dflash": ("dflash", "
 
 
 # Shipped heads that no engine here can draft with, and why (docs/architecture.md, "Adding a base
-# architecture"): left out of the default heads; name one with --heads to see the engines refuse it.
+# architecture"): left out of the default heads and listed in the report as "unserved".
 UNSERVED_HEADS = {
     "eagle3-gemma3": "vLLM 0.32's Gemma3ForCausalLM lacks SupportsEagle3, and llama.cpp's gemma3 graph "
     "records no layer inputs for an EAGLE-3 drafter",
@@ -122,7 +123,7 @@ class Outcome:
     kind: str
     format: str
     engine: str
-    status: str  # pass | fail | engine-error | no-engine | refused
+    status: str  # pass | fail | engine-error | no-engine | refused | unserved
     checks: dict = field(default_factory=dict)  # check name -> bool
     details: dict = field(default_factory=dict)
     error: str | None = None
@@ -340,6 +341,16 @@ def resolve_heads(heads: tuple[str, ...]) -> list[Path]:
     from draftheads.heads.base import resolve_head_dir
 
     return [resolve_head_dir(head) for head in heads]
+
+
+def unserved_outcomes(heads: tuple[str, ...]) -> list[Outcome]:
+    """One row per ``UNSERVED_HEADS`` entry this run leaves out, with the reason: reported, not
+    skipped silently."""
+    return [
+        Outcome(name, head_kind(resolve_heads((name,))[0]), "-", "all", "unserved", error=reason)
+        for name, reason in UNSERVED_HEADS.items()
+        if name not in heads
+    ]
 
 
 def head_kind(head_dir: Path) -> str:
@@ -891,6 +902,7 @@ def main(argv: list[str] | None = None) -> int:
         for base_name, head_dirs in by_base.items():
             outcomes += check_base(base_name, head_dirs, settings, Path(work))
     outcomes += uncovered_formats(outcomes, settings.engines)
+    outcomes += unserved_outcomes(settings.heads)
     write_report(outcomes, settings, time.perf_counter() - started)
     print((settings.out / "report.md").read_text())
     failed = [o for o in outcomes if o.status in FAILING]

