@@ -85,3 +85,25 @@ def strip_metadata(directory):
     saved = json.loads((directory / "config.json").read_text())
     saved.pop(DRAFTHEADS_KEY)
     (directory / "config.json").write_text(json.dumps(saved))
+
+
+def write_target(
+    path, vocab: int = VOCAB, hidden: int = HIDDEN, layers: int = LAYERS, architecture: str = "llama"
+):
+    """A stand-in target GGUF for the gguf writer: ``architecture``'s width and depth keys and a
+    vocabulary of ``vocab`` tokens (the tiny Llama's by default)."""
+    import numpy as np
+    from gguf import GGUFValueType
+
+    from draftheads.export.gguf import write_gguf_file
+
+    fields = [
+        (f"{architecture}.embedding_length", hidden, GGUFValueType.UINT32, None),
+        (f"{architecture}.block_count", layers, GGUFValueType.UINT32, None),
+        ("tokenizer.ggml.model", "gpt2", GGUFValueType.STRING, None),
+        ("tokenizer.ggml.tokens", [f"t{i}" for i in range(vocab)], GGUFValueType.ARRAY, GGUFValueType.STRING),
+        ("tokenizer.ggml.token_type", [1] * vocab, GGUFValueType.ARRAY, GGUFValueType.INT32),
+        ("tokenizer.ggml.eos_token_id", 2, GGUFValueType.UINT32, None),
+    ]
+    write_gguf_file(path, architecture, fields, {"token_embd.weight": np.zeros((vocab, hidden), np.float32)})
+    return path

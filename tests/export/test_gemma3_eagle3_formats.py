@@ -10,7 +10,7 @@ import math
 
 import pytest
 import torch
-from format_fixtures import assert_same_drafts, make_head
+from format_fixtures import assert_same_drafts, make_head, write_target
 
 from draftheads.export import FormatError, write_head
 from draftheads.export.registry import ExportOptions
@@ -72,24 +72,6 @@ def test_a_head_of_gemma3_layers_is_refused_by_the_engine_formats(gemma3, tmp_pa
     assert not (tmp_path / "out" / "config.json").exists()
 
 
-def gemma3_target(path, base):
-    """A stand-in target GGUF with the tiny Gemma 3's vocabulary, width and depth."""
-    from gguf import GGUFValueType
-
-    from draftheads.export.gguf import write_gguf_file
-
-    config, vocab = base.config, base.config.vocab_size
-    fields = [
-        ("gemma3.embedding_length", config.hidden_size, GGUFValueType.UINT32, None),
-        ("gemma3.block_count", config.num_hidden_layers, GGUFValueType.UINT32, None),
-        ("tokenizer.ggml.model", "llama", GGUFValueType.STRING, None),
-        ("tokenizer.ggml.tokens", [f"t{i}" for i in range(vocab)], GGUFValueType.ARRAY, GGUFValueType.STRING),
-    ]
-    embedding = {"token_embd.weight": torch.zeros(vocab, config.hidden_size).numpy()}
-    write_gguf_file(path, "gemma3", fields, embedding)
-    return path
-
-
 def test_gguf_writes_a_llama_layout_head_with_the_layer_s_full_attention_rope(gemma3, tmp_path):
     """Gemma 3 keeps one RoPE per attention type (theta 1e6 full, 1e4 sliding); the drafter's GGUF
     carries the draft layer's (full attention), as llama.cpp's converter writes it from our eagle3
@@ -98,7 +80,11 @@ def test_gguf_writes_a_llama_layout_head_with_the_layer_s_full_attention_rope(ge
 
     from draftheads.export.gguf import GGUF_NAME
 
-    options = ExportOptions(target_gguf=str(gemma3_target(tmp_path / "t.gguf", gemma3)))
+    config = gemma3.config
+    target = write_target(
+        tmp_path / "t.gguf", config.vocab_size, config.hidden_size, config.num_hidden_layers, "gemma3"
+    )
+    options = ExportOptions(target_gguf=str(target))
     write_head(llama_layout_head(gemma3), tmp_path / "out", "gguf", options)
     fields = GGUFReader(tmp_path / "out" / GGUF_NAME).fields
     rope = gemma3.config.rope_parameters

@@ -16,28 +16,14 @@ import math
 import numpy as np
 import pytest
 import torch
-from format_fixtures import DRAFT_VOCAB, HEAD_DIM, HIDDEN, KV_HEADS, LAYERS, VOCAB, make_head
+from format_fixtures import DRAFT_VOCAB, HEAD_DIM, HIDDEN, KV_HEADS, VOCAB, make_head, write_target
 from gguf import GGMLQuantizationType, GGUFReader, GGUFValueType, GGUFWriter
 from gguf.quants import dequantize, quantize
 
 from draftheads.export import ExportOptions, FormatError, write_head
-from draftheads.export.gguf import GGUF_NAME, permute_rope_rows, write_dequantized_gguf, write_gguf_file
+from draftheads.export.gguf import GGUF_NAME, permute_rope_rows, write_dequantized_gguf
 
 HEADS = 4  # tests/conftest.py TINY_LLAMA
-
-
-def write_target(path, vocab: int = VOCAB, hidden: int = HIDDEN, layers: int = LAYERS):
-    """A stand-in target GGUF: a Llama's geometry and a vocabulary of ``vocab`` tokens."""
-    fields = [
-        ("llama.embedding_length", hidden, GGUFValueType.UINT32, None),
-        ("llama.block_count", layers, GGUFValueType.UINT32, None),
-        ("tokenizer.ggml.model", "gpt2", GGUFValueType.STRING, None),
-        ("tokenizer.ggml.tokens", [f"t{i}" for i in range(vocab)], GGUFValueType.ARRAY, GGUFValueType.STRING),
-        ("tokenizer.ggml.token_type", [1] * vocab, GGUFValueType.ARRAY, GGUFValueType.INT32),
-        ("tokenizer.ggml.eos_token_id", 2, GGUFValueType.UINT32, None),
-    ]
-    write_gguf_file(path, "llama", fields, {"token_embd.weight": np.zeros((vocab, hidden), np.float32)})
-    return path
 
 
 @pytest.fixture
