@@ -52,7 +52,10 @@ class DataConfig:
     # data.source's own (the held-out split stays data.source's, so evaluations still compare).
     extra_sources: tuple[str, ...] = ()
     split: str = "train"  # split name for Hub datasets
-    limit: int | None = None  # keep the first N usable conversations (None: all)
+    # Pass over the source's first N usable conversations (the ones an earlier run trained on, for a
+    # run that continues from its head with train.init_head): limit then counts from there.
+    skip: int = 0
+    limit: int | None = None  # keep the first N usable conversations after data.skip (None: all)
     max_length: int = 1024  # tokens per example; longer examples are truncated
     template: str = DEFAULT_TEMPLATE  # auto | chat | plain (DATA_TEMPLATES)
     validation_size: int = 64  # held-out conversations for evaluation
@@ -68,6 +71,8 @@ class DataConfig:
 
     def validate(self) -> None:
         """Refuse values that cannot work, naming the field and the value (ConfigError)."""
+        if self.skip < 0:
+            raise ConfigError(f"data.skip must be >= 0, got {self.skip}")
         if self.limit is not None and self.limit < 1:
             raise ConfigError(f"data.limit must be >= 1 (or null for every conversation), got {self.limit}")
         if self.max_length < 2:

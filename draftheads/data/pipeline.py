@@ -44,7 +44,7 @@ class DataReport:
 
     source: str
     conversations_read: int  # records seen in the source (complete ones, for a truncated file)
-    conversations_valid: int  # records that normalised into conversations (<= limit)
+    conversations_valid: int  # records that normalised into conversations, past data.skip (<= limit)
     examples: int  # tokenised examples kept (train + validation)
     train_examples: int
     validation_examples: int
@@ -116,11 +116,13 @@ def tokenizer_identity(tokenizer) -> str:
 
 
 def cache_key(data: DataConfig, tokenizer, rendering: Rendering) -> str:
-    # Where caches live, and how many drops are tolerated, do not shape the rows.
+    # Where caches live, and how many drops are tolerated, do not shape the rows. A skip of 0 is
+    # left out, so entries written before data.skip existed keep their keys.
     fields = {
         name: value
         for name, value in dataclasses.asdict(data).items()
         if name not in ("cache_dir", "features", "max_drop_fraction", "extra_sources")
+        and not (name == "skip" and value == 0)
     }
     parts = {
         "version": PIPELINE_VERSION,
@@ -365,9 +367,10 @@ def build_datasets(data: DataConfig, tokenizer, base_name: str):
     """Build (or load from cache) the train and validation datasets.
 
     Args:
-        data: source, split, limit (first N usable conversations), max_length, validation_size, seed,
-            cache_dir, max_drop_fraction (more records dropped than this share: ``DataError``),
-            extra_sources (every kept example of each joins the training split, after the source's).
+        data: source, split, skip and limit (usable conversations skip to skip + limit), max_length,
+            validation_size, seed, cache_dir, max_drop_fraction (more records dropped than this
+            share: ``DataError``), extra_sources (every kept example of each joins the training
+            split, after the source's).
         tokenizer: the base model's fast tokenizer; its chat template formats the conversations,
             or plain text does (``data.template``, ``draftheads.data.rendering``).
         base_name: the base model reference, used to name the cache entry.
@@ -387,7 +390,7 @@ def build_datasets(data: DataConfig, tokenizer, base_name: str):
     held_out_ids = set(validation["id"])
     for index, source in enumerate(data.extra_sources):
         # Every conversation of an extra source, in source order, encoded as data.source's are.
-        extra = dataclasses.replace(data, source=source, limit=None, extra_sources=())
+        extra = dataclasses.replace(data, source=source, skip=0, limit=None, extra_sources=())
         try:
             rows, _, extra_report = _build_source(extra, tokenizer, rendering, base_name, held_out=False)
         except DataError as error:
@@ -443,7 +446,14 @@ def _build_source(data: DataConfig, tokenizer, rendering: Rendering, base_name: 
         report.cache_hit, report.seconds, report.cache_path = True, time.perf_counter() - start, str(path)
         return train, validation, report
 
-    conversations, source_report = read_conversations(data.source, data.split, data.limit)
+    read_limit = None if data.limit is None else data.skip + data.limit
+    conversations, source_report = read_conversations(data.source, data.split, read_limit)
+    if data.skip and len(conversations) <= data.skip:
+        raise DataError(
+            f"data.skip is {data.skip}, but '{data.source}' has {len(conversations)} usable "
+            "conversations: nothing is left to train on"
+        )
+    conversations = conversations[data.skip :]
     # Checked before tokenising too, so a wrong file fails fast.
     check_drop_share(
         source_report.source,
@@ -463,7 +473,7 @@ def _build_source(data: DataConfig, tokenizer, rendering: Rendering, base_name: 
     report = DataReport(
         source=source_report.source,
         conversations_read=source_report.records,
-        conversations_valid=source_report.conversations,
+        conversations_valid=len(conversations),  # after data.skip
         examples=len(examples),
         train_examples=len(train),
         validation_examples=len(validation),

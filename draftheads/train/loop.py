@@ -707,6 +707,13 @@ def _global_tensor_sum(run: TrainingRun, tensor: torch.Tensor) -> torch.Tensor:
     return tensor
 
 
+def source_range(skip: int, limit: int | None) -> str:
+    """Which of a source's usable conversations a run read, for its summary: " (first 6000)"."""
+    if skip == 0:
+        return f" (first {limit})" if limit else ""
+    return f" ({skip} to {skip + limit})" if limit else f" (from {skip})"
+
+
 class NonFiniteLossError(ConfigError):
     """A training step's loss is inf or NaN: the settings (a learning rate too high) or the data
     made the run diverge."""
@@ -958,8 +965,7 @@ def run_training(
             data_source="given datasets"
             if datasets is not None
             else " + ".join(
-                [run.data.source + (f" (first {run.data.limit})" if run.data.limit else "")]
-                + list(run.data.extra_sources)
+                [run.data.source + source_range(run.data.skip, run.data.limit)] + list(run.data.extra_sources)
             ),
             train_examples=training_run.train_examples,
             eval=training_run.last_eval.to_dict() if training_run.last_eval else None,

@@ -79,6 +79,21 @@ def test_limit_and_bad_validation_size(source, tmp_path, byte_tokenizer):
         build_datasets(config(source, tmp_path, limit=10, validation_size=10), byte_tokenizer, "tiny")
 
 
+def test_skip_passes_over_the_first_conversations(source, tmp_path, byte_tokenizer):
+    skipped = config(source, tmp_path, skip=10, limit=12)
+    train, validation, report = build_datasets(skipped, byte_tokenizer, "tiny")
+    ids = sorted([*train["id"], *validation["id"]], key=lambda i: int(i[1:]))
+    assert ids == [f"c{i}" for i in range(10, 22)]
+    assert report.conversations_valid == 12 and not report.cache_hit
+    # the same limit without the skip is other rows, not a cache hit on these
+    unskipped = build_datasets(config(source, tmp_path, limit=12), byte_tokenizer, "tiny")
+    assert not unskipped[2].cache_hit and "c0" in [*unskipped[0]["id"], *unskipped[1]["id"]]
+    with pytest.raises(DataError, match="data.skip is 31, but .* has 31 usable conversations"):
+        build_datasets(config(source, tmp_path, skip=31), byte_tokenizer, "tiny")
+    with pytest.raises(ConfigError, match="data.skip must be >= 0, got -1"):
+        build_datasets(config(source, tmp_path, skip=-1), byte_tokenizer, "tiny")
+
+
 def test_extra_sources_join_the_training_split_only(source, tmp_path, byte_tokenizer):
     alone = build_datasets(config(source, tmp_path), byte_tokenizer, "tiny")
     held_out = alone[1]["id"][0]
