@@ -65,6 +65,8 @@ DEFAULT_DRAFT_VOCAB_CAP = 32000
 # rest, 0.1 explained the most variance (R^2 0.28; 0.27 unregularised, 0.24 at 1.0).
 GROWTH_RIDGE = 0.1
 EAGLE3_LAYOUTS = (None, "llama")  # head.layer_architecture
+# head.objective: the names of draftheads.train.losses.EAGLE3_STEP_LOSSES (heads never import train)
+EAGLE3_OBJECTIVES = ("soft_ce", "log_acceptance", "kl_acceptance")
 
 
 @dataclass
@@ -96,6 +98,12 @@ class Eagle3Config(HeadConfig):
     # cross-entropy on the base model's argmax, the one token greedy verification accepts.
     # Measured in docs/training.md, "Settings that matter".
     hard_target_weight: float = field(default=0.0, metadata={TRAINING_ONLY: True})
+    # The loss of a TTT step against the base's distribution p over the draft vocabulary, q the
+    # draft's (draftheads.train.losses): soft_ce, the EAGLE-3 reference's cross-entropy (with
+    # hard_target_weight); log_acceptance, -log alpha with alpha = sum min(p, q), the acceptance
+    # rate of speculative sampling; kl_acceptance, KL while alpha is low, 1 - alpha as it rises
+    # (the LK losses, arXiv 2602.23881).
+    objective: str = field(default="soft_ce", metadata={TRAINING_ONLY: True})
     # Draft decoder layers. The first is EAGLE-3's midlayer (attention over [embedding | g]); each
     # further one is a plain base-architecture decoder layer over the state, with its own slot in
     # the draft cache. The EAGLE-3 release and the engine formats have one; more costs a drafting
@@ -124,6 +132,13 @@ class Eagle3Config(HeadConfig):
             raise ValueError(f"intermediate_size must be >= 1, got {self.intermediate_size}")
         if not 0.0 <= self.hard_target_weight <= 1.0:
             raise ValueError(f"hard_target_weight must be in [0, 1], got {self.hard_target_weight}")
+        if self.objective not in EAGLE3_OBJECTIVES:
+            raise ValueError(f"objective must be one of {EAGLE3_OBJECTIVES}, got {self.objective!r}")
+        if self.hard_target_weight and self.objective != "soft_ce":
+            raise ValueError(
+                f"hard_target_weight ({self.hard_target_weight}) applies to the soft_ce objective, "
+                f"not {self.objective!r}"
+            )
         if self.num_layers < 1:
             raise ValueError(f"num_layers must be >= 1, got {self.num_layers}")
         if self.layer_architecture not in EAGLE3_LAYOUTS:

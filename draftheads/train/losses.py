@@ -10,6 +10,7 @@ path, so every rank can call backward). Logits are upcast to float32 before any 
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 
 import torch
@@ -98,25 +99,80 @@ def eagle3_targets(
     return F.softmax(draft_logits.float(), dim=-1), t2d[target_ids]
 
 
+def acceptance_rate(target_probs: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
+    """Per-position alpha = sum_v min(p_v, q_v) = 1 - TV(p, q): the chance that speculative sampling
+    accepts a token drawn from q = softmax(logits) against the target p (Leviathan et al. 2023,
+    "Fast Inference from Transformers via Speculative Decoding", sec. 3.3); (..., N) each -> (...)."""
+    return torch.minimum(target_probs.float(), F.softmax(logits.float(), dim=-1)).sum(-1)
+
+
+def entropy(probs: torch.Tensor) -> torch.Tensor:
+    """Per-position entropy of a distribution (..., N) -> (...), 0 log 0 = 0."""
+    probs = probs.float()
+    return -(probs * probs.clamp(min=torch.finfo(probs.dtype).tiny).log()).sum(-1)
+
+
+def log_acceptance_loss(target_probs: torch.Tensor, logits: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Masked mean of -log alpha: maximises the acceptance rate itself (its gradient is
+    grad(alpha) / alpha, largest where the draft is accepted least). A position the draft cannot
+    be accepted at (alpha = 0, no gradient through min) adds 0."""
+    alpha = acceptance_rate(target_probs, logits)
+    return masked_mean(torch.where(alpha > 0, -alpha.clamp(min=1e-30).log(), 0.0), mask)
+
+
+def kl_acceptance_loss(
+    target_probs: torch.Tensor, logits: torch.Tensor, mask: torch.Tensor, decay: float = 1.0
+) -> torch.Tensor:
+    """w KL(p || q) + (1 - w)(1 - alpha_bar), w = exp(-decay alpha_bar), alpha_bar the batch's mean
+    acceptance (held constant): distillation while the draft is poor, the acceptance rate as it
+    improves (Samarin et al. 2026, "LK losses", arXiv 2602.23881; its default decay is 1)."""
+    kl = soft_cross_entropy(target_probs, logits) - entropy(target_probs)
+    alpha_bar = masked_mean(acceptance_rate(target_probs, logits), mask)
+    weight = torch.exp(-decay * alpha_bar.detach())
+    return weight * masked_mean(kl, mask) + (1 - weight) * (1 - alpha_bar)
+
+
+def soft_and_hard_loss(
+    target_probs: torch.Tensor, logits: torch.Tensor, mask: torch.Tensor, hard_target_weight: float = 0.0
+) -> torch.Tensor:
+    """Masked mean of (1 - w) softCE + w CE(argmax p), w = ``hard_target_weight``."""
+    w = hard_target_weight
+    soft = soft_cross_entropy(target_probs, logits) if w < 1 else 0.0
+    hard = cross_entropy(logits, target_probs.argmax(-1)) if w > 0 else 0.0
+    return masked_mean((1 - w) * soft + w * hard, mask)
+
+
+# EAGLE-3's head.objective: the loss of one training-time-test step, (target probs, logits, mask)
+# -> a scalar. soft_ce is the EAGLE-3 reference's; only it takes head.hard_target_weight.
+EAGLE3_STEP_LOSSES = {
+    "soft_ce": soft_and_hard_loss,
+    "log_acceptance": log_acceptance_loss,
+    "kl_acceptance": kl_acceptance_loss,
+}
+
+
 def eagle3_loss(
     step_logits: Sequence[torch.Tensor],
     step_target_probs: Sequence[torch.Tensor],
     step_masks: Sequence[torch.Tensor],
     decay: float = EAGLE3_DECAY,
     hard_target_weight: float = 0.0,
+    objective: str = "soft_ce",
 ) -> torch.Tensor:
-    """sum_j decay^j * L_j over training-time-test steps, L_j = (1 - w) softCE_j + w CE_j(argmax)
-    with w = ``hard_target_weight``; step j: (..., N) draft logits, (..., N) target probabilities
-    (``eagle3_targets``; their argmax is the base model's where the mask holds), (...) mask
-    (supervised and in the draft vocab)."""
-
-    def step_loss(logits, target_probs):
-        soft = soft_cross_entropy(target_probs, logits) if hard_target_weight < 1 else 0.0
-        hard = cross_entropy(logits, target_probs.argmax(-1)) if hard_target_weight > 0 else 0.0
-        return (1 - hard_target_weight) * soft + hard_target_weight * hard
+    """sum_j decay^j * L_j over training-time-test steps; step j: (..., N) draft logits, (..., N)
+    target probabilities (``eagle3_targets``; their argmax is the base model's where the mask
+    holds), (...) mask (supervised and in the draft vocab). L_j is ``EAGLE3_STEP_LOSSES[objective]``;
+    soft_ce's is (1 - w) softCE_j + w CE_j(argmax) with w = ``hard_target_weight``."""
+    if objective not in EAGLE3_STEP_LOSSES:
+        raise ValueError(f"objective must be one of {tuple(EAGLE3_STEP_LOSSES)}, got {objective!r}")
+    if hard_target_weight and objective != "soft_ce":
+        raise ValueError(f"hard_target_weight applies to the soft_ce objective, not {objective!r}")
+    step_loss = EAGLE3_STEP_LOSSES[objective]
+    if hard_target_weight:
+        step_loss = functools.partial(step_loss, hard_target_weight=hard_target_weight)
 
     terms = [
-        decay**j * masked_mean(step_loss(logits, target_probs), mask)
+        decay**j * step_loss(target_probs, logits, mask)
         for j, (logits, target_probs, mask) in enumerate(
             zip(step_logits, step_target_probs, step_masks, strict=True)
         )

@@ -231,7 +231,13 @@ def eagle3_objective(
         all_logits.append(logits)
         all_probs.append(target_probs[at])
         all_masks.append(in_draft_vocab[at])
-    loss = eagle3_loss(all_logits, all_probs, all_masks, hard_target_weight=head.config.hard_target_weight)
+    loss = eagle3_loss(
+        all_logits,
+        all_probs,
+        all_masks,
+        hard_target_weight=head.config.hard_target_weight,
+        objective=head.config.objective,
+    )
     return accuracy.output(loss)
 
 

@@ -156,6 +156,14 @@ def test_hard_target_weight_must_be_a_mix(weight):
         Eagle3Config(hard_target_weight=weight)
 
 
+def test_objective_is_a_known_name_and_owns_the_hard_target_weight():
+    assert Eagle3Config(objective="kl_acceptance").objective == "kl_acceptance"
+    with pytest.raises(ValueError, match="objective must be one of .* got 'lk'"):
+        Eagle3Config(objective="lk")
+    with pytest.raises(ValueError, match="hard_target_weight \\(0.5\\) applies to the soft_ce objective"):
+        Eagle3Config(objective="log_acceptance", hard_target_weight=0.5)
+
+
 def one_step_inputs():
     """Fixed (features, input_ids, positions, mask) for one drafting step of 2 rows x 9 tokens."""
     features = torch.randn(2, 9, 3 * 64, generator=torch.Generator().manual_seed(2))

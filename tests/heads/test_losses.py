@@ -8,11 +8,16 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from draftheads.heads.eagle3 import EAGLE3_OBJECTIVES
 from draftheads.train.losses import (
+    EAGLE3_STEP_LOSSES,
+    acceptance_rate,
     cross_entropy,
     eagle3_loss,
     eagle3_targets,
     eagle_loss,
+    kl_acceptance_loss,
+    log_acceptance_loss,
     masked_mean,
     medusa_loss,
     mtp_loss,
@@ -99,6 +104,59 @@ def test_eagle3_hard_targets_are_minimised_by_the_argmax_alone():
     assert eagle3_loss(sharp, probs, masks, hard_target_weight=1.0).item() < 1e-6
     entropy = -(probs[0] * probs[0].log()).sum()
     assert eagle3_loss(sharp, probs, masks, hard_target_weight=0.0).item() > entropy.item()
+
+
+def test_acceptance_rate_is_one_minus_total_variation():
+    p = torch.tensor([[0.5, 0.3, 0.2], [1.0, 0.0, 0.0]])
+    q_logits = torch.tensor([[0.2, 0.3, 0.5], [0.0, 1.0, 0.0]]).log()
+    alpha = acceptance_rate(p, q_logits)
+    torch.testing.assert_close(alpha, 1 - 0.5 * (p - q_logits.exp()).abs().sum(-1))
+    torch.testing.assert_close(alpha, torch.tensor([0.7, 0.0]))
+
+
+def test_acceptance_objectives_reach_their_optimum_at_the_target():
+    """At q = p: log_acceptance is 0 (alpha = 1) and kl_acceptance is 0; a draft that moves mass
+    off the target scores worse under each, and a position at alpha = 0 adds 0 to -log alpha."""
+    p = torch.tensor([[0.6, 0.3, 0.1], [0.2, 0.2, 0.6]])
+    mask = torch.tensor([True, True])
+    for name in ("log_acceptance", "kl_acceptance"):
+        loss = EAGLE3_STEP_LOSSES[name]
+        assert loss(p, p.log(), mask).abs().item() < 1e-6, name
+        assert loss(p, torch.tensor([[0.0, 0.0, 3.0], [3.0, 0.0, 0.0]]), mask).item() > 0.1, name
+    disjoint = torch.tensor([[1.0, 0.0, 0.0]])
+    assert log_acceptance_loss(disjoint, torch.tensor([[-1e4, 0.0, 0.0]]), torch.tensor([True])).item() == 0.0
+
+
+def test_log_acceptance_gradient_raises_alpha():
+    p = torch.tensor([[0.7, 0.2, 0.1]])
+    logits = torch.zeros(1, 3, requires_grad=True)
+    before = acceptance_rate(p, logits).item()
+    log_acceptance_loss(p, logits, torch.tensor([True])).backward()
+    after = acceptance_rate(p, logits.detach() - 0.5 * logits.grad).item()
+    assert after > before
+
+
+def test_kl_acceptance_weighs_kl_by_the_batch_acceptance():
+    p = torch.tensor([[0.6, 0.3, 0.1]])
+    logits = torch.tensor([[0.0, 1.0, 0.0]])
+    mask = torch.tensor([True])
+    alpha = acceptance_rate(p, logits)[0]
+    kl = (p * (p.log() - F.log_softmax(logits, -1))).sum()
+    weight = torch.exp(-alpha)
+    torch.testing.assert_close(kl_acceptance_loss(p, logits, mask), weight * kl + (1 - weight) * (1 - alpha))
+
+
+def test_eagle3_loss_takes_the_objective_by_name_and_refuses_mixes():
+    probs = [F.softmax(torch.randn(4, 6), -1) for _ in range(2)]
+    logits = [torch.randn(4, 6) for _ in range(2)]
+    masks = [torch.tensor([True, True, False, True])] * 2
+    expected = sum(0.8**j * log_acceptance_loss(probs[j], logits[j], masks[j]) for j in range(2))
+    torch.testing.assert_close(eagle3_loss(logits, probs, masks, objective="log_acceptance"), expected)
+    with pytest.raises(ValueError, match="objective must be one of"):
+        eagle3_loss(logits, probs, masks, objective="lk")
+    with pytest.raises(ValueError, match="hard_target_weight applies to the soft_ce objective"):
+        eagle3_loss(logits, probs, masks, hard_target_weight=0.5, objective="kl_acceptance")
+    assert tuple(EAGLE3_STEP_LOSSES) == EAGLE3_OBJECTIVES
 
 
 def test_mtp_loss_is_the_weighted_mean_over_modules():

@@ -70,6 +70,32 @@ def test_overfitting_a_fixed_dataset_lowers_the_loss(tmp_path, confident_llama, 
     ]
 
 
+@pytest.mark.parametrize("objective", ["log_acceptance", "kl_acceptance"])
+def test_eagle3_acceptance_objectives_learn_the_base(tmp_path, confident_llama, objective, monkeypatch):
+    """Trained on the acceptance rate instead of the cross-entropy (and only on it: the step loss
+    the run calls is the objective's), the head still learns to agree with the base: its held-out
+    top-1 rises well above the untrained head's."""
+    from draftheads.train import losses
+
+    calls = {name: 0 for name in losses.EAGLE3_STEP_LOSSES}
+    for name, loss in list(losses.EAGLE3_STEP_LOSSES.items()):
+
+        def counted(*args, name=name, loss=loss, **kwargs):
+            calls[name] += 1
+            return loss(*args, **kwargs)
+
+        monkeypatch.setitem(losses.EAGLE3_STEP_LOSSES, name, counted)
+    dataset = patterned_dataset()
+    config = _config(tmp_path, "eagle3", f"head.objective={objective}")
+    summary = run_training(config, base_model=confident_llama, datasets=(dataset, dataset))
+    records = read_metrics(tmp_path / "eagle3")
+    first_accuracy = sum(r["top1"][0] for r in records[:3] if "top1" in r) / 3
+    assert summary.eval["top1"][0] > max(0.1, first_accuracy + 0.05), (first_accuracy, summary.eval)
+    assert calls[objective] > 0 and sum(calls.values()) == calls[objective], calls
+    saved = json.loads((tmp_path / "eagle3" / "head" / "config.json").read_text())
+    assert saved["head_config"]["objective"] == objective
+
+
 @pytest.mark.parametrize("kind", ["eagle", "medusa"])  # eagle draws feature noise: RNG must resume too
 def test_a_resumed_run_ends_with_the_same_weights(tmp_path, tiny_llama, kind):
     dataset = patterned_dataset()
