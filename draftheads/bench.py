@@ -1060,7 +1060,7 @@ def bench(
         if engine is not None:
             logs = files.out / "engine-logs"
             engine_rows, record["engine"] = servers.enter_context(
-                engine_methods(engine, settings, base_name, logs)
+                engine_methods(engine, settings, base_name, logs, tokenizer)
             )
             methods = methods + engine_rows
         if progress:

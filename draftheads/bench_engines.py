@@ -36,7 +36,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
-from draftheads.bench import BenchError, BenchPrompt, BenchSettings, Sample
+from draftheads.bench import BenchError, BenchPrompt, BenchSettings, Sample, batch_stop_strings
+from draftheads.infer.stopping import StopRule
 from draftheads.serving import llamacpp
 from draftheads.serving.vllm import ServerError, get_text, request_json, served_model
 from draftheads.shipped import CHECKOUT
@@ -175,11 +176,14 @@ class VLLMClient:
         self.model_id = served_model(url)
         self.version = "vLLM " + request_json(url, "/version")["version"]
 
-    def complete(self, ids: list[int], max_new_tokens: int) -> list[int]:
-        """Greedy new token ids (EOS included when the model emitted it)."""
+    def complete(self, ids: list[int], max_new_tokens: int, stop: tuple[str, ...] = ()) -> list[int]:
+        """Greedy new token ids (EOS included when the model emitted it); the server ends a request
+        at a ``stop`` string too (its token ids can run on within the step: ``EngineMethod`` cuts)."""
         from draftheads.data.distill_vllm import completion_body
 
         body = completion_body(self.model_id, ids, max_new_tokens, temperature=0.0, seed=0)
+        if stop:
+            body["stop"] = list(stop)
         response = request_json(self.url, "/v1/completions", body, self.request_seconds)
         return list(response["choices"][0]["token_ids"])
 
@@ -194,9 +198,9 @@ class LlamaCppClient:
         self.port = port
         self.version = version
 
-    def complete(self, ids: list[int], max_new_tokens: int) -> list[int]:
+    def complete(self, ids: list[int], max_new_tokens: int, stop: tuple[str, ...] = ()) -> list[int]:
         try:
-            return llamacpp.complete(self.port, ids, max_new_tokens)["tokens"]
+            return llamacpp.complete(self.port, ids, max_new_tokens, stop)["tokens"]
         except OSError as err:
             raise ServerError(f"llama-server on port {self.port}: /completion: {err}") from err
 
@@ -307,12 +311,14 @@ class LlamaCppServer:
 
 class EngineMethod:
     """An engine server as a bench method (``draftheads.bench.run_bench``); it runs while its
-    ``serving()`` block is open. ``agrees_with``: the method its greedy output must equal."""
+    ``serving()`` block is open. ``agrees_with``: the method its greedy output must equal.
+    ``tokenizer``: the base's, for prompts with stop strings (plain text: the next user turn)."""
 
-    def __init__(self, name: str, server, agrees_with: str | None = None):
+    def __init__(self, name: str, server, agrees_with: str | None = None, tokenizer=None):
         self.name = name
         self.server = server
         self.agrees_with = agrees_with
+        self.tokenizer = tokenizer
         self.client = None
 
     @contextlib.contextmanager
@@ -333,20 +339,30 @@ class EngineMethod:
         batch_size: int | None = None,
     ) -> list[Sample]:
         """All ``prompts`` as concurrent requests, at most ``batch_size`` in flight (None: all);
-        one Sample per prompt. Greedy only (``check_engine`` refuses T > 0)."""
+        one Sample per prompt. Greedy only (``check_engine`` refuses T > 0). The prompts' stop
+        strings go to the server, and each answer is cut after the token completing one, where
+        our decoding and ``generate`` stop (an engine may return the rest of that step's tokens)."""
         if self.client is None:
             raise RuntimeError(f"{self.name}: run outside its serving() block")
         client = self.client
+        stop = batch_stop_strings(prompts)
+        if stop and self.tokenizer is None:
+            raise RuntimeError(f"{self.name}: prompts with stop strings {stop} need the base's tokenizer")
         before = client.spec_counts()
         pool = ThreadPoolExecutor(max_workers=batch_size or len(prompts))
         try:
             started = time.perf_counter()
-            futures = [pool.submit(client.complete, p.input_ids[0].tolist(), max_new_tokens) for p in prompts]
+            futures = [
+                pool.submit(client.complete, p.input_ids[0].tolist(), max_new_tokens, stop) for p in prompts
+            ]
             outputs = [future.result() for future in futures]
             seconds = time.perf_counter() - started
         finally:  # on an error or Ctrl-C, do not wait for the requests still in flight
             pool.shutdown(wait=False, cancel_futures=True)
         counts = client.spec_counts().minus(before)
+        if stop:
+            rule = StopRule(strings=stop)
+            outputs = [rule.cut([], tokens, max_new_tokens, self.tokenizer)[0] for tokens in outputs]
         return engine_samples(self.name, prompts, outputs, seconds, counts)
 
 
@@ -498,12 +514,13 @@ def with_engine_defaults(settings: BenchSettings) -> BenchSettings:
 
 @contextlib.contextmanager
 def engine_methods(
-    engine: EngineSettings, settings: BenchSettings, base_name: str, logs: Path
+    engine: EngineSettings, settings: BenchSettings, base_name: str, logs: Path, tokenizer=None
 ) -> Iterator[tuple[list[EngineMethod], dict]]:
     """The engine methods of the run, their servers started (each once, one after the other) for
     the ``with`` block and stopped after it, however it ends; yields them and the record of what
     ran (engine version, each method's server settings, what each agrees with). Exports and the
-    base GGUF live in a temporary directory removed afterwards; server logs go to ``logs``."""
+    base GGUF live in a temporary directory removed afterwards; server logs go to ``logs``.
+    ``tokenizer``: the base's, which cuts answers at the prompts' stop strings."""
     backend = ENGINES[engine.engine]
     logs.mkdir(parents=True, exist_ok=True)
     slots = max(settings.batch_sizes)
@@ -511,6 +528,7 @@ def engine_methods(
     with scratch as work, contextlib.ExitStack() as stack:
         methods = backend.methods(engine, base_name, head_kinds(settings), Path(work), logs, slots)
         for method in methods:
+            method.tokenizer = tokenizer
             stack.enter_context(method.serving())
         record = {
             **asdict(engine),

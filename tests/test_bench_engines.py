@@ -198,6 +198,37 @@ def test_a_batch_of_four_is_four_concurrent_requests_with_acceptance_from_metric
         assert (body["temperature"], body["cache_prompt"], body["n_predict"]) == (0.0, False, 6)
 
 
+class _AngleTokenizer:
+    """Token id i reads as "<i>"."""
+
+    def decode(self, ids, skip_special_tokens=True):
+        return "".join(f"<{i}>" for i in ids)
+
+
+@pytest.mark.parametrize("flavour", ["vllm", "llamacpp"])
+def test_stop_strings_go_to_the_server_and_cut_each_answer_after_the_completing_token(flavour):
+    """Plain-text prompts stop at the next user turn: the server is told, and whatever it returns
+    past the token completing the string (an engine may finish its step) is cut, as ours cut."""
+    engine = FakeEngine(flavour, delay=0.0)  # answers count up from the prompt's last token
+    prompts = [replace(p, stop=("<33>",)) for p in _prompts(3)]  # last tokens 10, 20, 30
+    with fake_server(engine) as port:
+        if flavour == "vllm":
+            client = VLLMClient(f"http://127.0.0.1:{port}", request_seconds=10)
+        else:
+            client = LlamaCppClient(port, "llama.cpp test")
+        method = EngineMethod(f"{flavour}:plain", ClientServer(client), tokenizer=_AngleTokenizer())
+        with method.serving():
+            samples = method.run(prompts, max_new_tokens=6, temperature=0.0, seed=0)
+        without = EngineMethod(f"{flavour}:plain", ClientServer(client))
+        with without.serving(), pytest.raises(RuntimeError, match="need the base's tokenizer"):
+            without.run(prompts, max_new_tokens=6, temperature=0.0, seed=0)
+    assert all(body["stop"] == ["<33>"] for body in engine.bodies)
+    by_id = {s.prompt_id: s.tokens for s in samples}
+    assert by_id["2"] == [31, 32, 33]  # cut after the token completing "<33>"
+    assert by_id["0"] == list(range(11, 17)) and by_id["1"] == list(range(21, 27))  # never reached it
+    assert [s.new_tokens for s in samples] == [6, 6, 3]
+
+
 def test_continuous_runs_keep_at_most_b_requests_in_flight():
     engine = FakeEngine("vllm", delay=0.03)
     with fake_server(engine) as port:

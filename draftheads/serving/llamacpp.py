@@ -94,9 +94,10 @@ def running_server(command: list[str], port: int, log_path: Path):
                 process.wait()
 
 
-def complete(port: int, ids: list[int], max_new_tokens: int) -> dict:
+def complete(port: int, ids: list[int], max_new_tokens: int, stop: tuple[str, ...] = ()) -> dict:
     """One greedy completion: its new token ids (it stops at the model's end-of-generation tokens, as
-    vLLM's reference does) and the server's timings (``predicted_n``, ``predicted_ms``, ...)."""
+    vLLM's reference does, and after the token completing a ``stop`` string) and the server's
+    timings (``predicted_n``, ``predicted_ms``, ...)."""
     body = {
         "prompt": ids,
         "n_predict": max_new_tokens,
@@ -106,6 +107,8 @@ def complete(port: int, ids: list[int], max_new_tokens: int) -> dict:
         "cache_prompt": False,
         "return_tokens": True,
     }
+    if stop:
+        body["stop"] = list(stop)
     response = json.loads(request(port, "/completion", body))
     return {"tokens": list(response["tokens"]), "timings": response["timings"]}
 
