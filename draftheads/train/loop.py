@@ -416,7 +416,7 @@ def describe_data(record: dict, given: bool) -> str:
     if given:
         return "given datasets"
     data = record["data"]
-    return data["source"] + (f" (first {data['limit']})" if data.get("limit") else "")
+    return data["source"] + source_range(data.get("skip", 0), data.get("limit"))
 
 
 def plan_data_history(

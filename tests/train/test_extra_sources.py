@@ -12,7 +12,7 @@ from distributed_launch import empty_config, run_options, write_conversations, w
 from draftheads.cli import main
 from draftheads.config import load_run_config
 from draftheads.data.features import FeatureCacheError
-from draftheads.train.loop import run_training, source_range
+from draftheads.train.loop import describe_data, run_training, source_range
 from draftheads.train.reporting import read_metrics
 
 
@@ -86,3 +86,6 @@ def test_a_cache_written_with_the_base_in_bf16_trains_the_fp32_run(tmp_path):
 def test_a_run_summary_names_the_conversations_it_read():
     assert source_range(0, None) == "" and source_range(0, 6000) == " (first 6000)"
     assert source_range(6000, 5000) == " (6000 to 11000)" and source_range(6000, None) == " (from 6000)"
+    record = {"data": {"source": "sharegpt", "skip": 6000, "limit": 7000}}
+    assert describe_data(record, given=False) == "sharegpt (6000 to 13000)"  # the data history's label
+    assert describe_data({"data": {"source": "s.jsonl", "limit": 10}}, given=False) == "s.jsonl (first 10)"
