@@ -411,6 +411,14 @@ def choose_resume_checkpoint(output_dir: Path, rank: int, world_size: int) -> Pa
     return None if answer[0] is None else Path(answer[0])
 
 
+def source_range(skip: int, limit: int | None) -> str:
+    """Which of a source's usable conversations a run read, for its summary and data history:
+    " (first 6000)", " (6000 to 13000)"."""
+    if skip == 0:
+        return f" (first {limit})" if limit else ""
+    return f" ({skip} to {skip + limit})" if limit else f" (from {skip})"
+
+
 def describe_data(record: dict, given: bool) -> str:
     """The data source of a ``run_record``, for the training record."""
     if given:
@@ -705,13 +713,6 @@ def _global_tensor_sum(run: TrainingRun, tensor: torch.Tensor) -> torch.Tensor:
     tensor = tensor.clone()
     torch.distributed.all_reduce(tensor)
     return tensor
-
-
-def source_range(skip: int, limit: int | None) -> str:
-    """Which of a source's usable conversations a run read, for its summary: " (first 6000)"."""
-    if skip == 0:
-        return f" (first {limit})" if limit else ""
-    return f" ({skip} to {skip + limit})" if limit else f" (from {skip})"
 
 
 class NonFiniteLossError(ConfigError):
