@@ -102,6 +102,13 @@ def eagle3_tensors(head: DraftHead, layer_prefix: str) -> dict[str, torch.Tensor
             f"the EAGLE-3 engine formats hold one draft layer; this head has {head.config.num_layers} "
             "(head.num_layers). Use --format draftheads."
         )
+    eagle31 = [name for name in ("fc_norm", "norm_output") if getattr(head.config, name)]
+    if eagle31:
+        # The formats here carry EAGLE-3's tensors and config fields; EAGLE-3.1's are not written.
+        raise FormatError(
+            f"this head uses EAGLE-3.1's {' and '.join(eagle31)}, which the eagle3, speculators and "
+            "gguf writers do not carry. Use --format draftheads."
+        )
     state = head.head_state_dict()
     layer = strip_prefix(state, "midlayer.")
     tensors = {f"{layer_prefix}{k}": v for k, v in layer.items()}

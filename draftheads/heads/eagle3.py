@@ -11,9 +11,9 @@ and the SGLang/SafeAILab checkpoint format:
   so q/k/v take 2h inputs: the base layer is built as is and its q/k/v projections are replaced by
   2h-input ones (a config with hidden_size 2h would also widen o_proj and the MLP, which is wrong);
 - the residual around attention is g_i (h wide), then the usual post-attention norm + MLP.
-Its output (before the final ``norm``) is the drafter state; ``lm_head(norm(state))`` gives logits
-over the draft vocabulary (N ids); ``d2t`` maps a draft id d to the target id d + d2t[d], and
-``t2d`` marks the target ids in the draft vocabulary.
+Its output (before the final ``norm``; after it with EAGLE-3.1's ``norm_output``) is the drafter
+state; ``lm_head(norm(state))`` gives logits over the draft vocabulary (N ids); ``d2t`` maps a
+draft id d to the target id d + d2t[d], and ``t2d`` marks the target ids in the draft vocabulary.
 
 Checkpoint names (match SGLang/SafeAILab): ``fc.weight``, ``midlayer.{self_attn.{q,k,v,o}_proj,
 mlp.{gate,up,down}_proj, input_layernorm, hidden_norm, post_attention_layernorm}.weight``,
@@ -66,7 +66,7 @@ DEFAULT_DRAFT_VOCAB_CAP = 32000
 GROWTH_RIDGE = 0.1
 EAGLE3_LAYOUTS = (None, "llama")  # head.layer_architecture
 # head.objective: the names of draftheads.train.losses.EAGLE3_STEP_LOSSES (heads never import train)
-EAGLE3_OBJECTIVES = ("soft_ce", "log_acceptance", "kl_acceptance")
+EAGLE3_OBJECTIVES = ("soft_ce", "log_acceptance", "kl_acceptance", "hass")
 
 
 @dataclass
@@ -102,7 +102,8 @@ class Eagle3Config(HeadConfig):
     # draft's (draftheads.train.losses): soft_ce, the EAGLE-3 reference's cross-entropy (with
     # hard_target_weight); log_acceptance, -log alpha with alpha = sum min(p, q), the acceptance
     # rate of speculative sampling; kl_acceptance, KL while alpha is low, 1 - alpha as it rises
-    # (the LK losses, arXiv 2602.23881).
+    # (the LK losses, arXiv 2602.23881); hass, soft_ce plus the cross-entropy on the base's top-10
+    # tokens (HASS, arXiv 2408.15766).
     objective: str = field(default="soft_ce", metadata={TRAINING_ONLY: True})
     # Draft decoder layers. The first is EAGLE-3's midlayer (attention over [embedding | g]); each
     # further one is a plain base-architecture decoder layer over the state, with its own slot in
@@ -117,6 +118,13 @@ class Eagle3Config(HeadConfig):
     # through the base's module (Gemma: rows x sqrt(hidden_size)), the engines take the raw rows of
     # the target's table; input_layernorm makes the two agree up to its epsilon.
     layer_architecture: str | None = None
+    # EAGLE-3.1's two changes (arXiv 2605.09992; vLLM and speculators call the fields fc_norm and
+    # norm_output). fc_norm: an RMSNorm on each captured base layer's state
+    # before fc, so every layer enters the fusion at one scale whatever its raw magnitude.
+    # norm_output: a draft step hands on the final norm's output (lm_head reads it as is), so the
+    # state fed back at depth d + 1 has the scale of the one lm_head was trained on.
+    fc_norm: bool = False
+    norm_output: bool = False
 
     def __post_init__(self):
         if self.feature_layers is not None:
@@ -281,6 +289,8 @@ class Eagle3Head(DraftHead):
         self.fc = nn.Linear(len(self._feature_layers) * hidden_size, hidden_size, bias=False)
         width = {"intermediate_size": config.intermediate_size} if config.intermediate_size else {}
         self.layer_config = draft_layer_base(base_config, config.layer_architecture)
+        if config.fc_norm:  # one norm per captured layer, in feature_layers order
+            self.fc_norm = nn.ModuleList(build_rms_norm(self.layer_config) for _ in self._feature_layers)
         self.midlayer = build_decoder_layer(
             self.layer_config, layer_idx=0, **width
         )  # checks the architecture
@@ -359,6 +369,13 @@ class Eagle3Head(DraftHead):
         layers and start as the identity: fresh weights, but zero ``o_proj`` and ``down_proj``, so
         neither residual branch adds anything until trained (as zero-initialised residual
         branches, Goyal et al. 2017, arXiv 1706.02677, and LoRA's zero B, arXiv 2106.09685)."""
+        for name in ("fc_norm", "norm_output"):
+            ours, theirs = getattr(self.config, name), getattr(saved.config, name)
+            if ours != theirs:
+                raise ConfigError(
+                    f"the saved head has head.{name}={theirs}, this run's is {ours}: it changes what "
+                    "every weight after it computes, so a run cannot switch it"
+                )
         layers, saved_layers = self.config.num_layers, saved.config.num_layers
         if saved_layers > layers:
             raise ConfigError(
@@ -437,7 +454,13 @@ class Eagle3Head(DraftHead):
 
     def fuse(self, features: torch.Tensor) -> torch.Tensor:
         """(B, T, 3h) concatenated base features -> (B, T, h) drafter input g, in the head's dtype."""
-        return self.fc(features.to(self.fc.weight.dtype))
+        features = features.to(self.fc.weight.dtype)
+        if self.config.fc_norm:
+            chunks = features.split(self.base_spec.hidden_size, dim=-1)  # 3 x (B, T, h)
+            features = torch.cat(
+                [norm(chunk) for norm, chunk in zip(self.fc_norm, chunks, strict=True)], dim=-1
+            )
+        return self.fc(features)
 
     def step(
         self,
@@ -475,11 +498,12 @@ class Eagle3Head(DraftHead):
                 **cache_kwargs(cache),
                 position_embeddings=position_embeddings,
             )  # (B, T, h)
-        return hidden
+        return self.norm(hidden) if self.config.norm_output else hidden
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """(..., h) drafter state -> (..., N) draft-vocabulary logits."""
-        return self.lm_head(self.norm(hidden))
+        """(..., h) drafter state -> (..., N) draft-vocabulary logits (with ``norm_output`` the
+        state is already the final norm's output)."""
+        return self.lm_head(hidden if self.config.norm_output else self.norm(hidden))
 
     def training_time_test(
         self,
@@ -521,9 +545,16 @@ class Eagle3Head(DraftHead):
         for step in range(1, self.config.ttt_steps):
             mask = torch.cat([causal] + [own_row] * step, dim=-1)  # (B, 1, R, T + step R)
             tokens = input_ids.gather(1, (index + step + 1).clamp(max=length - 1))  # (B, R)
-            hidden = self.step(hidden, tokens, index + step, mask, cache)
+            hidden = self.step(*self.later_step_inputs(hidden, tokens), index + step, mask, cache)
             states.append(hidden)
         return UnrolledRows(states, index, valid)
+
+    def later_step_inputs(
+        self, hidden: torch.Tensor, tokens: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """What TTT step j >= 1 of a row consumes, given its step j - 1 state and the data's next
+        tokens (B, R): here both, as a depth-j draft node does (P-EAGLE replaces them)."""
+        return hidden, tokens
 
     # ---- drafting -----------------------------------------------------------------------------
 

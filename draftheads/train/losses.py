@@ -19,6 +19,10 @@ import torch.nn.functional as F
 MEDUSA_DECAY = 0.8  # w_k = 0.8^k for head k (Medusa paper, Medusa-1 training)
 EAGLE_PROBABILITY_WEIGHT = 0.1  # weight of the soft CE next to the feature regression (EAGLE paper)
 EAGLE3_DECAY = 0.8  # w_j = 0.8^j for training-time-test step j (EAGLE-3 training code)
+# HASS's top-K distillation (Zhang et al. 2024, "Learning Harmonized Representations for
+# Speculative Sampling", arXiv 2408.15766): its release trains with K = 10 at weight 1.0.
+HASS_TOP_K = 10
+HASS_TOP_K_WEIGHT = 1.0
 
 
 def masked_mean(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -142,12 +146,38 @@ def soft_and_hard_loss(
     return masked_mean((1 - w) * soft + w * hard, mask)
 
 
+def top_k_cross_entropy(
+    target_probs: torch.Tensor, logits: torch.Tensor, k: int = HASS_TOP_K
+) -> torch.Tensor:
+    """Per-position -sum_{v in top-k(p)} p_v log q_v: the soft CE's terms on the k tokens the base
+    ranks highest, the only ones a tree of width <= k can draft; (..., N) each -> (...)."""
+    k = min(k, target_probs.shape[-1])
+    top = target_probs.float().topk(k, dim=-1)  # values, indices: (..., k)
+    log_probs = F.log_softmax(logits.float(), dim=-1).gather(-1, top.indices)  # (..., k)
+    return -(top.values * log_probs).sum(-1)
+
+
+def hass_loss(
+    target_probs: torch.Tensor,
+    logits: torch.Tensor,
+    mask: torch.Tensor,
+    top_k: int = HASS_TOP_K,
+    top_k_weight: float = HASS_TOP_K_WEIGHT,
+) -> torch.Tensor:
+    """Masked mean of softCE + w top-k CE (HASS's harmonised objective distillation): the soft
+    cross-entropy, with the terms of the base's top-k tokens counted 1 + w times, so the draft's
+    probability mass goes first where a draft tree looks."""
+    soft = soft_cross_entropy(target_probs, logits)
+    return masked_mean(soft + top_k_weight * top_k_cross_entropy(target_probs, logits, top_k), mask)
+
+
 # EAGLE-3's head.objective: the loss of one training-time-test step, (target probs, logits, mask)
 # -> a scalar. soft_ce is the EAGLE-3 reference's; only it takes head.hard_target_weight.
 EAGLE3_STEP_LOSSES = {
     "soft_ce": soft_and_hard_loss,
     "log_acceptance": log_acceptance_loss,
     "kl_acceptance": kl_acceptance_loss,
+    "hass": hass_loss,
 }
 
 

@@ -132,3 +132,14 @@ def test_eagle3_formats_refuse_more_than_one_draft_layer(tiny_llama, tmp_path, k
     with pytest.raises(FormatError, match="hold one draft layer; this head has 2.*--format draftheads"):
         write_head(head, tmp_path, kind)
     assert not (tmp_path / "config.json").exists()
+
+
+@pytest.mark.parametrize("kind", ["eagle3", "speculators"])
+@pytest.mark.parametrize("flag", ["fc_norm", "norm_output"])
+def test_eagle3_formats_refuse_eagle31_heads(tiny_llama, tmp_path, kind, flag):
+    head = make_head(
+        tiny_llama, "eagle3", draft_vocab_size=DRAFT_VOCAB, feature_layers=(1, 2, 3), **{flag: True}
+    )
+    with pytest.raises(FormatError, match=f"EAGLE-3.1's {flag}.*--format draftheads"):
+        write_head(head, tmp_path, kind)
+    assert not (tmp_path / "config.json").exists()

@@ -113,14 +113,22 @@ def test_mtp_catch_up_matches_the_training_forward(tiny_llama, sequence):
     torch.testing.assert_close(logits, head.module_logits(0, states[0][:, LENGTH - 1]), **TOLERANCE)
 
 
-@pytest.mark.parametrize("num_layers", [1, 2])
-def test_eagle3_training_time_test_equals_drafting_a_chain(tiny_llama, sequence, num_layers):
+EAGLE3_VARIANTS = {
+    "one-layer": {},
+    "two-layers": {"num_layers": 2},
+    "eagle3.1": {"fc_norm": True, "norm_output": True},
+}
+
+
+@pytest.mark.parametrize("variant", EAGLE3_VARIANTS)
+def test_eagle3_training_time_test_equals_drafting_a_chain(tiny_llama, sequence, variant):
     """TTT step j at row i must compute what inference computes for a depth-j chain node after
     catching up to position i: the same keys (prefix + own ancestors), positions and inputs, in
-    every draft layer's cache slot."""
+    every draft layer's cache slot (and, with EAGLE-3.1's norm_output, the same normed state)."""
     input_ids, hidden_states, positions = sequence
     torch.manual_seed(0)
-    config = dataclasses.replace(HEAD_CONFIGS["eagle3"], num_layers=num_layers)
+    config = dataclasses.replace(HEAD_CONFIGS["eagle3"], **EAGLE3_VARIANTS[variant])
+    num_layers = config.num_layers
     head = build_head(tiny_llama, config).eval()
     features = head.select_features(hidden_states)  # (2, 10, 3h)
     row = 4

@@ -292,3 +292,49 @@ def test_a_saved_head_grows_into_a_larger_draft_vocabulary(tiny_llama):
         small.load_saved(large, counts)
     with pytest.raises(ConfigError, match="growing the draft vocabulary from 32 to 48 ids needs"):
         large.load_saved(small)
+
+
+def eagle31_head(tiny_llama, **flags):
+    torch.manual_seed(0)
+    head = build_head(tiny_llama, Eagle3Config(feature_layers=(1, 2, 3), draft_vocab_size=64, **flags))
+    with torch.no_grad():  # norms off their initial ones, so a test sees their weights act
+        for name, parameter in head.named_parameters():
+            if "norm" in name:
+                parameter.add_(torch.rand(parameter.shape, generator=torch.Generator().manual_seed(2)))
+    return head.eval()
+
+
+def test_fc_norm_fuses_each_captured_layer_at_one_scale(tiny_llama):
+    """With fc_norm, scaling one captured layer's state leaves g unchanged (each chunk is
+    RMS-normalised before fc); without it, g moves (the control). Its norms are saved per layer."""
+    features = torch.randn(2, 5, 3 * 64, generator=torch.Generator().manual_seed(4))
+    scaled = features.clone()
+    scaled[..., 64:128] *= 40.0  # the middle layer's state, as a deep layer's outliers would be
+    normed, plain = eagle31_head(tiny_llama, fc_norm=True), eagle31_head(tiny_llama)
+    with torch.no_grad():
+        torch.testing.assert_close(normed.fuse(scaled), normed.fuse(features), rtol=1e-4, atol=1e-4)
+        assert (plain.fuse(scaled) - plain.fuse(features)).abs().max() > 1.0
+    names = {name for name in normed.state_dict() if name.startswith("fc_norm.")}
+    assert names == {f"fc_norm.{index}.weight" for index in range(3)}
+    assert not any(name.startswith("fc_norm.") for name in plain.state_dict())
+
+
+def test_norm_output_hands_on_the_normed_state(tiny_llama):
+    """With norm_output, a step returns norm(state) and lm_head reads it as is, so the logits are
+    the same function of the layer's output as without it; only the state fed back differs."""
+    features, input_ids, positions, mask = one_step_inputs()
+    normed, plain = eagle31_head(tiny_llama, norm_output=True), eagle31_head(tiny_llama)
+    normed.load_state_dict(plain.state_dict())
+    with torch.no_grad():
+        raw = plain.step(plain.fuse(features), input_ids, positions, mask, None)
+        state = normed.step(normed.fuse(features), input_ids, positions, mask, None)
+        torch.testing.assert_close(state, plain.norm(raw))
+        torch.testing.assert_close(normed.logits(state), plain.logits(raw))
+        assert (state - raw).abs().max() > 1e-3
+
+
+@pytest.mark.parametrize("flag", ["fc_norm", "norm_output"])
+def test_a_run_cannot_switch_eagle31_on_a_saved_head(tiny_llama, flag):
+    saved, switched = eagle31_head(tiny_llama), eagle31_head(tiny_llama, **{flag: True})
+    with pytest.raises(ConfigError, match=f"saved head has head.{flag}=False, this run's is True"):
+        switched.load_saved(saved)

@@ -16,12 +16,14 @@ from draftheads.train.losses import (
     eagle3_loss,
     eagle3_targets,
     eagle_loss,
+    hass_loss,
     kl_acceptance_loss,
     log_acceptance_loss,
     masked_mean,
     medusa_loss,
     mtp_loss,
     soft_cross_entropy,
+    top_k_cross_entropy,
 )
 
 
@@ -157,6 +159,29 @@ def test_eagle3_loss_takes_the_objective_by_name_and_refuses_mixes():
     with pytest.raises(ValueError, match="hard_target_weight applies to the soft_ce objective"):
         eagle3_loss(logits, probs, masks, hard_target_weight=0.5, objective="kl_acceptance")
     assert tuple(EAGLE3_STEP_LOSSES) == EAGLE3_OBJECTIVES
+
+
+def test_hass_counts_the_base_top_k_twice():
+    """HASS's loss is softCE + w * the CE on the base's top-k tokens: its terms outside the top k
+    are the soft CE's, so moving the draft's mass among those tokens changes the two equally."""
+    p = torch.tensor([[0.5, 0.25, 0.15, 0.06, 0.04]])
+    logits = torch.tensor([[0.1, -0.3, 0.2, 0.4, -0.1]])
+    mask = torch.tensor([True])
+    log_q = F.log_softmax(logits, -1)
+    top_two = -(p[0, :2] * log_q[0, :2]).sum()
+    torch.testing.assert_close(top_k_cross_entropy(p, logits, k=2)[0], top_two)
+    torch.testing.assert_close(top_k_cross_entropy(p, logits, k=99), soft_cross_entropy(p, logits))
+    expected = soft_cross_entropy(p, logits)[0] + 0.5 * top_two
+    torch.testing.assert_close(hass_loss(p, logits, mask, top_k=2, top_k_weight=0.5), expected)
+    # its gradient pulls harder on the top-k logits than the soft CE's (the harmonised objective)
+    for loss, name in ((hass_loss, "hass"), (EAGLE3_STEP_LOSSES["soft_ce"], "soft_ce")):
+        leaf = logits.clone().requires_grad_()
+        loss(p, leaf, mask).backward()
+        if name == "hass":
+            hass_grad = leaf.grad
+        else:
+            soft_grad = leaf.grad
+    assert (hass_grad[0, :1] < soft_grad[0, :1]).all()  # a larger push up on the base's argmax
 
 
 def test_mtp_loss_is_the_weighted_mean_over_modules():
