@@ -11,7 +11,9 @@ from draftheads.export.registry import ExportOptions, register_writer
 from draftheads.heads.base import CONFIG_NAME, DraftHead
 
 
-@register_writer("draftheads", ("medusa", "eagle", "eagle3", "mtp", "dflash"), "draftheads load_head")
+@register_writer(
+    "draftheads", ("medusa", "eagle", "eagle3", "peagle", "mtp", "dflash"), "draftheads load_head"
+)
 def write_draftheads(head: DraftHead, directory: Path, options: ExportOptions) -> dict[str, Any]:
     head.save_pretrained(directory)
     return json.loads((directory / CONFIG_NAME).read_text())

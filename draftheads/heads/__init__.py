@@ -24,6 +24,7 @@ from draftheads.heads.eagle import EagleConfig, EagleHead
 from draftheads.heads.eagle3 import Eagle3Config, Eagle3Head
 from draftheads.heads.medusa import MedusaConfig, MedusaHead
 from draftheads.heads.mtp import MtpConfig, MtpHead
+from draftheads.heads.peagle import PEagleConfig, PEagleHead
 
 __all__ = [
     "HEAD_REGISTRY",
@@ -42,6 +43,8 @@ __all__ = [
     "MedusaHead",
     "MtpConfig",
     "MtpHead",
+    "PEagleConfig",
+    "PEagleHead",
     "build_head",
     "head_class",
     "load_head",

@@ -32,6 +32,7 @@ from draftheads.heads.layers import additive_mask
 from draftheads.infer.draft import (
     BlockForward,
     CatchUp,
+    ChainForward,
     DepthLogits,
     Draft,
     Drafter,
@@ -351,8 +352,15 @@ def blocks_together(requests: Sequence[BlockForward]) -> list[torch.Tensor]:
     return [logits[row] for row in range(len(requests))]
 
 
+def chains_one_by_one(requests: Sequence[ChainForward]) -> list[torch.Tensor]:
+    """Rows' ``ChainForward``, each alone: P-EAGLE's forward is one drafter pass per row already,
+    and batched decoding with it is not laid out in one forward yet."""
+    return [request.run() for request in requests]
+
+
 # Each kind of head forward, run for every row of a batch that needs it in one call.
 TOGETHER = {
+    ChainForward: chains_one_by_one,
     CatchUp: catch_up_together,
     Expansion: run_together,
     DepthLogits: logits_together,

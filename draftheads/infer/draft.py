@@ -154,9 +154,27 @@ class BlockForward:
         return self.head.draft_block(self.cache, self.features, self.position, roots)[0]
 
 
+@dataclass(frozen=True)
+class ChainForward:
+    """The forward a causal-block drafter (P-EAGLE) owes for a tree at root ``position``:
+    ``head.draft_chain`` on its drafter ``cache`` (positions 0 .. position - n - 1), appending the
+    ``features`` (1, n, F) committed since its last forward and their ``next_ids`` (1, n)."""
+
+    head: object
+    cache: object
+    features: torch.Tensor
+    next_ids: torch.Tensor
+    position: int
+    depths: int
+
+    def run(self) -> torch.Tensor:
+        """The forward alone: (depths, N) draft-vocabulary logits, row d - 1 for depth d."""
+        return self.head.draft_chain(self.cache, self.features, self.next_ids, self.position, self.depths)[0]
+
+
 # A head forward a drafter may need; ``draftheads.infer.batch_draft`` runs one of each kind for all
 # the rows of a batch that need it.
-HeadForward = Expansion | CatchUp | DepthLogits | BlockForward
+HeadForward = Expansion | CatchUp | DepthLogits | BlockForward | ChainForward
 
 # A drafting generator yields the head forwards it needs (an ``Expansion`` per tree depth, a
 # ``CatchUp`` first where accepted tokens are pending; one ``DepthLogits`` or ``BlockForward`` for the
@@ -283,7 +301,8 @@ def register_drafter(style: str):
 
 def drafter_for(head, pad_to_multiple: int = 1) -> Drafter:
     """The Drafter for ``head``'s drafting style."""
-    import draftheads.infer.block  # noqa: F401  (registers the block drafter; it imports this module)
+    import draftheads.infer.block
+    import draftheads.infer.causal_block  # noqa: F401  (and the causal-block one)
 
     style = getattr(head, "drafting", None)
     if style not in DRAFTERS:

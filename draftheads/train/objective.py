@@ -265,6 +265,7 @@ OBJECTIVES: dict[str, Callable[..., ObjectiveOutput]] = {
     "medusa": medusa_objective,
     "eagle": eagle_objective,
     "eagle3": eagle3_objective,
+    "peagle": eagle3_objective,  # EAGLE-3's training-time test with mask rows (heads.peagle)
     "mtp": mtp_objective,
 }
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from draftheads.heads import Eagle3Config, EagleConfig, MedusaConfig, MtpConfig
+from draftheads.heads import Eagle3Config, EagleConfig, MedusaConfig, MtpConfig, PEagleConfig
 
 # The tiny Llama has 4 layers, so EAGLE-3's default (2, L//2, L-3) = (2, 2, 1) would repeat a layer.
 HEAD_CONFIGS = {
@@ -20,6 +20,7 @@ HEAD_CONFIGS = {
     "eagle": EagleConfig(),
     "eagle3": Eagle3Config(feature_layers=(1, 2, 3), draft_vocab_size=64, ttt_steps=3),
     "mtp": MtpConfig(num_modules=3),
+    "peagle": PEagleConfig(feature_layers=(1, 2, 3), draft_vocab_size=64, ttt_steps=3),
 }
 KINDS = tuple(HEAD_CONFIGS)
 AUTOREGRESSIVE_KINDS = ("eagle", "eagle3", "mtp")

@@ -34,7 +34,7 @@ def test_output_shapes_and_counts(kind, tiny_llama, batch):  # noqa: F811
         head, base_hidden_states(tiny_llama, input_ids, attention_mask), input_ids, loss_mask, attention_mask
     )
     assert isinstance(output, ObjectiveOutput)
-    steps = {"medusa": 3, "eagle": 1, "eagle3": 3, "mtp": 3}[kind]
+    steps = {"medusa": 3, "eagle": 1, "eagle3": 3, "mtp": 3, "peagle": 3}[kind]
     assert output.loss.dim() == 0 and output.loss.requires_grad
     assert output.top1_correct.shape == output.top5_correct.shape == output.counted.shape == (steps,)
     assert bool((output.top1_correct <= output.top5_correct).all())

@@ -10,7 +10,7 @@ import pytest
 import torch
 from infer_stubs import AutoregressiveStub, ModuleStub, ParallelStub, greedy_reference
 
-from draftheads.heads import Eagle3Config, EagleConfig, MedusaConfig, MtpConfig, build_head
+from draftheads.heads import Eagle3Config, EagleConfig, MedusaConfig, MtpConfig, PEagleConfig, build_head
 from draftheads.infer import SpeculativeGenerator
 from draftheads.infer.forward import TreeInputError, check_tree_inputs
 from draftheads.infer.tree import DynamicTree
@@ -23,9 +23,11 @@ HEAD_CONFIGS = {
     "eagle": EagleConfig(),
     "eagle3": Eagle3Config(feature_layers=(1, 2, 3), draft_vocab_size=64),
     "eagle3-2-layers": Eagle3Config(feature_layers=(1, 2, 3), draft_vocab_size=64, num_layers=2),
+    "eagle3.1": Eagle3Config(feature_layers=(1, 2, 3), draft_vocab_size=64, fc_norm=True, norm_output=True),
     "mtp": MtpConfig(num_modules=3),
+    "peagle": PEagleConfig(feature_layers=(1, 2, 3), draft_vocab_size=64, ttt_steps=3),
 }
-# (head kind, tree, pad_to_multiple): 11 cases x 3 prompts x 64 tokens = 33 prompts; every head
+# (head kind, tree, pad_to_multiple): 14 cases x 3 prompts x 64 tokens = 42 prompts; every head
 # kind, static and dynamic trees, padded (None: the default, 4 in fp32 on CPU) and unpadded (1).
 GREEDY_CASES = [
     ("medusa", "cpu-8", None),
@@ -37,8 +39,11 @@ GREEDY_CASES = [
     ("eagle3", DynamicTree("wide", top_k=3, depth=5, total_tokens=10), None),
     ("eagle3", "chain-4", None),
     ("eagle3-2-layers", DynamicTree("wide", top_k=3, depth=5, total_tokens=10), None),
+    ("eagle3.1", DynamicTree("wide", top_k=3, depth=5, total_tokens=10), None),
     ("mtp", "dynamic-cpu", None),
     ("mtp", "cpu-8", None),
+    ("peagle", "chain-4", None),
+    ("peagle", "cpu-8", 1),
 ]
 
 

@@ -1,0 +1,74 @@
+"""The Drafter of causal-block heads (P-EAGLE; arXiv 2602.01469): one head forward per step drafts
+every depth of the tree at once.
+
+The forward (``head.draft_chain``) catches the drafter up on the rows accepted since the last step,
+the last of which consumes the root and gives depth 1, and runs the mask rows that give the deeper
+depths; their distributions fill a static tree as Medusa's K heads do (``ParallelDrafter``). They
+depend on the rows committed up to the root, so they are kept until the next commit.
+
+State: the head's drafter cache (the rows of the committed positions before the pending ones), and
+the features and next tokens committed since the last forward, which it appends in the same pass.
+Cost per step: one drafter forward over (new rows + depth - 1 mask rows), whatever the tree's depth.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+
+from draftheads.infer.draft import ChainForward, ParallelDrafter, register_drafter
+
+
+@register_drafter("causal-block")
+class CausalBlockDrafter(ParallelDrafter):
+    def __init__(self, head, pad_to_multiple: int = 1):
+        super().__init__(head, pad_to_multiple)
+        self.cache = None  # the drafter rows of positions 0 .. committed - pending - 1
+        self.pending: list[tuple[torch.Tensor, torch.Tensor]] = []  # (features, next_ids) not yet in it
+        self.committed = 0  # positions whose features were committed
+        self.chain: tuple[int, torch.Tensor] | None = None  # (position, (D, N) logits)
+
+    def fork(self) -> CausalBlockDrafter:
+        other = copy.copy(self)
+        other.cache = copy.deepcopy(self.cache)
+        other.pending = list(self.pending)
+        return other
+
+    def prefill(self, features, next_ids) -> None:
+        self.cache = self.head.new_cache()
+        self.pending, self.committed, self.chain = [], 0, None
+        if features.shape[1]:
+            self.commit(features, next_ids, 0)
+
+    def commit(self, features, next_ids, position) -> None:
+        if position != self.committed:
+            raise ValueError(f"commit at position {position} does not follow {self.committed}")
+        self.pending.append((features, next_ids))
+        self.last_features = features[:, -1:]
+        self.committed += features.shape[1]
+        self.chain = None
+
+    def _depth_logits_steps(self, root: int, position: int):
+        """Yield the ``ChainForward`` for the tree at ``position`` (nothing if it ran already), take its
+        (D, N) logits, return them. The root must be the last committed next token: the forward's
+        depth-1 row consumes it."""
+        if self.chain is not None and self.chain[0] == position:
+            return self.chain[1]
+        if position != self.committed or not self.pending:
+            raise ValueError(
+                f"a P-EAGLE forward at position {position} needs the rows up to it committed "
+                f"({self.committed} committed, {len(self.pending)} pending)"
+            )
+        features = torch.cat([f for f, _ in self.pending], dim=1)  # (1, n, F)
+        next_ids = torch.cat([ids for _, ids in self.pending], dim=1)  # (1, n)
+        if int(next_ids[0, -1]) != root:
+            raise ValueError(
+                f"root {root} at position {position} is not the committed token {int(next_ids[0, -1])}"
+            )
+        logits = yield ChainForward(
+            self.head, self.cache, features, next_ids, position, self.head.num_draft_steps
+        )
+        self.pending = []
+        self.chain = (position, logits)
+        return logits
