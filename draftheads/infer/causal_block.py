@@ -13,33 +13,16 @@ Cost per step: one drafter forward over (new rows + depth - 1 mask rows), whatev
 
 from __future__ import annotations
 
-import copy
-
 import torch
 
-from draftheads.infer.draft import ChainForward, ParallelDrafter, register_drafter
+from draftheads.infer.block import BlockDrafter
+from draftheads.infer.draft import ChainForward, register_drafter
 
 
 @register_drafter("causal-block")
-class CausalBlockDrafter(ParallelDrafter):
-    def __init__(self, head, pad_to_multiple: int = 1):
-        super().__init__(head, pad_to_multiple)
-        self.cache = None  # the drafter rows of positions 0 .. committed - pending - 1
-        self.pending: list[tuple[torch.Tensor, torch.Tensor]] = []  # (features, next_ids) not yet in it
-        self.committed = 0  # positions whose features were committed
-        self.chain: tuple[int, torch.Tensor] | None = None  # (position, (D, N) logits)
-
-    def fork(self) -> CausalBlockDrafter:
-        other = copy.copy(self)
-        other.cache = copy.deepcopy(self.cache)
-        other.pending = list(self.pending)
-        return other
-
-    def prefill(self, features, next_ids) -> None:
-        self.cache = self.head.new_cache()
-        self.pending, self.committed, self.chain = [], 0, None
-        if features.shape[1]:
-            self.commit(features, next_ids, 0)
+class CausalBlockDrafter(BlockDrafter):
+    """``BlockDrafter``'s state and tree filling; ``pending`` holds (features, next_ids) per commit,
+    since the forward's new rows consume their next tokens too."""
 
     def commit(self, features, next_ids, position) -> None:
         if position != self.committed:
@@ -47,14 +30,14 @@ class CausalBlockDrafter(ParallelDrafter):
         self.pending.append((features, next_ids))
         self.last_features = features[:, -1:]
         self.committed += features.shape[1]
-        self.chain = None
+        self.block = None
 
     def _depth_logits_steps(self, root: int, position: int):
         """Yield the ``ChainForward`` for the tree at ``position`` (nothing if it ran already), take its
         (D, N) logits, return them. The root must be the last committed next token: the forward's
         depth-1 row consumes it."""
-        if self.chain is not None and self.chain[0] == position:
-            return self.chain[1]
+        if self.block is not None and self.block[:2] == (root, position):
+            return self.block[2]
         if position != self.committed or not self.pending:
             raise ValueError(
                 f"a P-EAGLE forward at position {position} needs the rows up to it committed "
@@ -70,5 +53,5 @@ class CausalBlockDrafter(ParallelDrafter):
             self.head, self.cache, features, next_ids, position, self.head.num_draft_steps
         )
         self.pending = []
-        self.chain = (position, logits)
+        self.block = (root, position, logits)
         return logits
