@@ -27,12 +27,13 @@ def sequence(tiny_llama):
     return input_ids, base_hidden_states(tiny_llama, input_ids)
 
 
-@pytest.mark.parametrize("new", [1, 3])
-def test_training_time_test_equals_one_drafting_forward(tiny_llama, sequence, new):
+@pytest.mark.parametrize("new,num_layers", [(1, 1), (3, 1), (3, 2)])
+def test_training_time_test_equals_one_drafting_forward(tiny_llama, sequence, new, num_layers):
     """Step j at row i of the unroll is depth j + 1 of the forward whose last new row is i: the same
-    prefix, mask rows and positions, whether the forward catches up on one row or several."""
+    prefix, mask rows and positions, whether the forward catches up on one row or several, in every
+    draft layer."""
     input_ids, hidden_states = sequence
-    head = make_head(tiny_llama)
+    head = make_head(tiny_llama, num_layers=num_layers)
     features = head.select_features(hidden_states)  # (2, 12, 3h)
     row = 6
     with torch.no_grad():
