@@ -12,8 +12,9 @@ and the SGLang/SafeAILab checkpoint format:
   2h-input ones (a config with hidden_size 2h would also widen o_proj and the MLP, which is wrong);
 - the residual around attention is g_i (h wide), then the usual post-attention norm + MLP.
 Its output (before the final ``norm``; after it with EAGLE-3.1's ``norm_output``) is the drafter
-state; ``lm_head(norm(state))`` gives logits over the draft vocabulary (N ids); ``d2t`` maps a
-draft id d to the target id d + d2t[d], and ``t2d`` marks the target ids in the draft vocabulary.
+state; ``lm_head(norm(state))`` (``lm_head(state)`` with ``norm_output``) gives logits over the
+draft vocabulary (N ids); ``d2t`` maps a draft id d to the target id d + d2t[d], and ``t2d`` marks
+the target ids in the draft vocabulary.
 
 Checkpoint names (match SGLang/SafeAILab): ``fc.weight``, ``midlayer.{self_attn.{q,k,v,o}_proj,
 mlp.{gate,up,down}_proj, input_layernorm, hidden_norm, post_attention_layernorm}.weight``,
@@ -102,8 +103,8 @@ class Eagle3Config(HeadConfig):
     # draft's (draftheads.train.losses): soft_ce, the EAGLE-3 reference's cross-entropy (with
     # hard_target_weight); log_acceptance, -log alpha with alpha = sum min(p, q), the acceptance
     # rate of speculative sampling; kl_acceptance, KL while alpha is low, 1 - alpha as it rises
-    # (the LK losses, arXiv 2602.23881); hass, soft_ce plus the cross-entropy on the base's top-10
-    # tokens (HASS, arXiv 2408.15766).
+    # (the LK losses, arXiv 2602.23881); hass, soft_ce plus the cross-entropy on the base's top-K
+    # tokens (HASS, arXiv 2408.15766; K and weight in draftheads.train.losses).
     objective: str = field(default="soft_ce", metadata={TRAINING_ONLY: True})
     # Draft decoder layers. The first is EAGLE-3's midlayer (attention over [embedding | g]); each
     # further one is a plain base-architecture decoder layer over the state, with its own slot in
@@ -369,13 +370,6 @@ class Eagle3Head(DraftHead):
         layers and start as the identity: fresh weights, but zero ``o_proj`` and ``down_proj``, so
         neither residual branch adds anything until trained (as zero-initialised residual
         branches, Goyal et al. 2017, arXiv 1706.02677, and LoRA's zero B, arXiv 2106.09685)."""
-        for name in ("fc_norm", "norm_output"):
-            ours, theirs = getattr(self.config, name), getattr(saved.config, name)
-            if ours != theirs:
-                raise ConfigError(
-                    f"the saved head has head.{name}={theirs}, this run's is {ours}: it changes what "
-                    "every weight after it computes, so a run cannot switch it"
-                )
         layers, saved_layers = self.config.num_layers, saved.config.num_layers
         if saved_layers > layers:
             raise ConfigError(
@@ -470,7 +464,8 @@ class Eagle3Head(DraftHead):
         attention_mask: torch.Tensor,
         cache: DynamicCache | None,
     ) -> torch.Tensor:
-        """One midlayer pass: (B, T, h) state + (B, T) tokens -> (B, T, h) next state (pre-norm).
+        """One midlayer pass: (B, T, h) state + (B, T) tokens -> (B, T, h) next state (pre-norm, or
+        normed with ``norm_output``).
         ``attention_mask`` is additive (B, 1, T, past + T); ``cache`` is extended in place."""
         layer = self.midlayer
         embeddings = self.embed_tokens(token_ids).to(hidden.dtype)  # (B, T, h)

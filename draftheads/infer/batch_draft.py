@@ -353,8 +353,8 @@ def blocks_together(requests: Sequence[BlockForward]) -> list[torch.Tensor]:
 
 
 def chains_one_by_one(requests: Sequence[ChainForward]) -> list[torch.Tensor]:
-    """Rows' ``ChainForward``, each alone: P-EAGLE's forward is one drafter pass per row already,
-    and batched decoding with it is not laid out in one forward yet."""
+    """Rows' ``ChainForward``, each alone (one drafter pass per row; rows are not stacked into one
+    forward)."""
     return [request.run() for request in requests]
 
 

@@ -22,6 +22,9 @@ Implementations, chosen by the head's ``drafting`` style through ``DRAFTERS``:
   drafter's distribution at the parent) or an EAGLE-2 dynamic tree. The drafter pairs the token at
   position j + 1 with its state at position j, so a depth-d node (its token at ``root_position + d``)
   is expanded at drafter position ``root_position + d - 1`` and attends to its tree ancestors.
+- ``BlockDrafter`` (DFlash, ``block.py``) and ``CausalBlockDrafter`` (P-EAGLE, ``causal_block.py``):
+  every depth from one head forward per step (``BlockForward``, ``ChainForward``), filling a static
+  tree as ``ParallelDrafter`` does.
 - ``ModulePerDepthDrafter`` (DeepSeek-V3 MTP; DeepSeek-AI 2024, sec. 2.2): depth d is module d, and
   every module acts at the last accepted position ``root_position - 1``, seeing its own cache
   prefix and itself, never the other depths' entries.
@@ -177,8 +180,9 @@ class ChainForward:
 HeadForward = Expansion | CatchUp | DepthLogits | BlockForward | ChainForward
 
 # A drafting generator yields the head forwards it needs (an ``Expansion`` per tree depth, a
-# ``CatchUp`` first where accepted tokens are pending; one ``DepthLogits`` or ``BlockForward`` for the
-# drafters that draft every depth at once), is sent each one's result, returns the Draft.
+# ``CatchUp`` first where accepted tokens are pending; one ``DepthLogits``, ``BlockForward`` or
+# ``ChainForward`` for the drafters that draft every depth at once), is sent each one's result,
+# returns the Draft.
 DraftSteps = Generator[HeadForward, object, "Draft"]
 
 
@@ -302,7 +306,7 @@ def register_drafter(style: str):
 def drafter_for(head, pad_to_multiple: int = 1) -> Drafter:
     """The Drafter for ``head``'s drafting style."""
     import draftheads.infer.block
-    import draftheads.infer.causal_block  # noqa: F401  (and the causal-block one)
+    import draftheads.infer.causal_block  # noqa: F401  (registers the causal-block drafter, likewise)
 
     style = getattr(head, "drafting", None)
     if style not in DRAFTERS:

@@ -147,14 +147,14 @@ def soft_and_hard_loss(
 
 
 def top_k_cross_entropy(
-    target_probs: torch.Tensor, logits: torch.Tensor, k: int = HASS_TOP_K
+    target_probs: torch.Tensor, log_probs: torch.Tensor, k: int = HASS_TOP_K
 ) -> torch.Tensor:
     """Per-position -sum_{v in top-k(p)} p_v log q_v: the soft CE's terms on the k tokens the base
-    ranks highest, the only ones a tree of width <= k can draft; (..., N) each -> (...)."""
+    ranks highest, the only ones a tree of width <= k can draft; (..., N) probabilities and draft
+    log-probabilities -> (...)."""
     k = min(k, target_probs.shape[-1])
     top = target_probs.float().topk(k, dim=-1)  # values, indices: (..., k)
-    log_probs = F.log_softmax(logits.float(), dim=-1).gather(-1, top.indices)  # (..., k)
-    return -(top.values * log_probs).sum(-1)
+    return -(top.values * log_probs.gather(-1, top.indices)).sum(-1)
 
 
 def hass_loss(
@@ -167,8 +167,9 @@ def hass_loss(
     """Masked mean of softCE + w top-k CE (HASS's harmonised objective distillation): the soft
     cross-entropy, with the terms of the base's top-k tokens counted 1 + w times, so the draft's
     probability mass goes first where a draft tree looks."""
-    soft = soft_cross_entropy(target_probs, logits)
-    return masked_mean(soft + top_k_weight * top_k_cross_entropy(target_probs, logits, top_k), mask)
+    log_probs = F.log_softmax(logits.float(), dim=-1)  # (..., N), once for both terms
+    soft = -(target_probs.float() * log_probs).sum(-1)
+    return masked_mean(soft + top_k_weight * top_k_cross_entropy(target_probs, log_probs, top_k), mask)
 
 
 # EAGLE-3's head.objective: the loss of one training-time-test step, (target probs, logits, mask)

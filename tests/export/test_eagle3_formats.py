@@ -134,7 +134,7 @@ def test_eagle3_formats_refuse_more_than_one_draft_layer(tiny_llama, tmp_path, k
     assert not (tmp_path / "config.json").exists()
 
 
-@pytest.mark.parametrize("kind", ["eagle3", "speculators"])
+@pytest.mark.parametrize("kind", ["eagle3", "speculators", "gguf"])
 @pytest.mark.parametrize("flag", ["fc_norm", "norm_output"])
 def test_eagle3_formats_refuse_eagle31_heads(tiny_llama, tmp_path, kind, flag):
     head = make_head(

@@ -130,6 +130,10 @@ def test_eagle3_training_time_test_equals_drafting_a_chain(tiny_llama, sequence,
     config = dataclasses.replace(HEAD_CONFIGS["eagle3"], **EAGLE3_VARIANTS[variant])
     num_layers = config.num_layers
     head = build_head(tiny_llama, config).eval()
+    with torch.no_grad():  # norms off unit weight, where a second norm would no longer be a no-op
+        for name, parameter in head.named_parameters():
+            if "norm" in name:
+                parameter.add_(torch.rand(parameter.shape, generator=torch.Generator().manual_seed(6)))
     features = head.select_features(hidden_states)  # (2, 10, 3h)
     row = 4
     with torch.no_grad():

@@ -331,10 +331,3 @@ def test_norm_output_hands_on_the_normed_state(tiny_llama):
         torch.testing.assert_close(state, plain.norm(raw))
         torch.testing.assert_close(normed.logits(state), plain.logits(raw))
         assert (state - raw).abs().max() > 1e-3
-
-
-@pytest.mark.parametrize("flag", ["fc_norm", "norm_output"])
-def test_a_run_cannot_switch_eagle31_on_a_saved_head(tiny_llama, flag):
-    saved, switched = eagle31_head(tiny_llama), eagle31_head(tiny_llama, **{flag: True})
-    with pytest.raises(ConfigError, match=f"saved head has head.{flag}=False, this run's is True"):
-        switched.load_saved(saved)

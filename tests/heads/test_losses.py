@@ -169,8 +169,8 @@ def test_hass_counts_the_base_top_k_twice():
     mask = torch.tensor([True])
     log_q = F.log_softmax(logits, -1)
     top_two = -(p[0, :2] * log_q[0, :2]).sum()
-    torch.testing.assert_close(top_k_cross_entropy(p, logits, k=2)[0], top_two)
-    torch.testing.assert_close(top_k_cross_entropy(p, logits, k=99), soft_cross_entropy(p, logits))
+    torch.testing.assert_close(top_k_cross_entropy(p, log_q, k=2)[0], top_two)
+    torch.testing.assert_close(top_k_cross_entropy(p, log_q, k=99), soft_cross_entropy(p, logits))
     expected = soft_cross_entropy(p, logits)[0] + 0.5 * top_two
     torch.testing.assert_close(hass_loss(p, logits, mask, top_k=2, top_k_weight=0.5), expected)
     # its gradient pulls harder on the top-k logits than the soft CE's (the harmonised objective)

@@ -7,7 +7,7 @@ import pytest
 import torch
 from head_fixtures import base_hidden_states
 
-from draftheads.heads import PEagleConfig, build_head
+from draftheads.heads import Eagle3Config, PEagleConfig, build_head
 from draftheads.heads.base import head_config_from_dict
 from draftheads.infer.draft import drafter_for
 from draftheads.settings import ConfigError
@@ -64,6 +64,11 @@ def test_mask_rows_do_not_read_the_data_beyond_the_root(tiny_llama, sequence):
         after = head.training_time_test(features, changed, None).states
     torch.testing.assert_close(after[2][:, 5], before[2][:, 5])  # row 5's root is t_6: unchanged
     assert (after[0][:, 7] - before[0][:, 7]).abs().max() > 1e-4  # row 7 consumes t_8 itself
+    eagle3 = build_head(tiny_llama, Eagle3Config(feature_layers=(1, 2, 3), draft_vocab_size=64, ttt_steps=3))
+    with torch.no_grad():  # the control: EAGLE-3's step 2 at row 5 consumes t_8
+        moved = eagle3.training_time_test(features, changed, None).states[2][:, 5]
+        kept = eagle3.training_time_test(features, input_ids, None).states[2][:, 5]
+    assert (moved - kept).abs().max() > 1e-4
 
 
 def test_drafter_refuses_a_root_that_is_not_the_committed_token(tiny_llama, sequence):
