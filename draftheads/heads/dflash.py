@@ -46,6 +46,15 @@ from draftheads.heads.layers import (
 from draftheads.settings import ConfigError
 
 
+def resolve_mask_token_id(mask_token_id: int | None, vocab_size: int) -> int:
+    """The base-vocabulary id whose embedding marks a mask row: ``head.mask_token_id``, or the last
+    id when it is None (an id the heads' data rarely holds)."""
+    chosen = vocab_size - 1 if mask_token_id is None else mask_token_id
+    if not 0 <= chosen < vocab_size:
+        raise ConfigError(f"head.mask_token_id={chosen} is outside the base vocab (size {vocab_size})")
+    return chosen
+
+
 @dataclass
 class DFlashConfig(HeadConfig):
     kind: ClassVar[str] = "dflash"
@@ -218,11 +227,7 @@ class DFlashHead(DraftHead):
         super().__init__(config, base_config, base_name)
         hidden_size, vocab_size = base_config.hidden_size, base_config.vocab_size
         self._feature_layers = resolve_feature_layers(config, base_config.num_hidden_layers)
-        self.mask_token_id = vocab_size - 1 if config.mask_token_id is None else config.mask_token_id
-        if self.mask_token_id >= vocab_size:
-            raise ConfigError(
-                f"head.mask_token_id={self.mask_token_id} is outside the base vocab (size {vocab_size})"
-            )
+        self.mask_token_id = resolve_mask_token_id(config.mask_token_id, vocab_size)
         self.fc = nn.Linear(len(self._feature_layers) * hidden_size, hidden_size, bias=False)
         self.layer_config = layer_config(base_config, config.layer_architecture)
         self.hidden_norm = build_rms_norm(self.layer_config)

@@ -29,9 +29,9 @@ from torch import nn
 from transformers import DynamicCache
 
 from draftheads.heads.base import register_head
+from draftheads.heads.dflash import resolve_mask_token_id
 from draftheads.heads.eagle3 import Eagle3Config, Eagle3Head
 from draftheads.heads.layers import prefix_causal_mask
-from draftheads.settings import ConfigError
 
 
 @dataclass
@@ -52,12 +52,7 @@ class PEagleHead(Eagle3Head):
 
     def __init__(self, config: PEagleConfig, base_config, base_name: str | None = None):
         super().__init__(config, base_config, base_name)
-        vocab_size = base_config.vocab_size
-        self.mask_token_id = vocab_size - 1 if config.mask_token_id is None else config.mask_token_id
-        if not 0 <= self.mask_token_id < vocab_size:
-            raise ConfigError(
-                f"head.mask_token_id={self.mask_token_id} is outside the base vocab (size {vocab_size})"
-            )
+        self.mask_token_id = resolve_mask_token_id(config.mask_token_id, base_config.vocab_size)
         # Unit-scale, so hidden_norm(fc(.)) starts away from zero, where RMSNorm's gradient blows up.
         self.mask_hidden = nn.Parameter(torch.randn(1, len(self.feature_layers) * base_config.hidden_size))
 
@@ -100,9 +95,7 @@ class PEagleHead(Eagle3Head):
         if not 1 <= depths <= self.num_draft_steps:
             raise ValueError(f"depths must be in 1..{self.num_draft_steps}, got {depths}")
         mask_state, mask_tokens = self.mask_rows(batch, depths - 1)
-        hidden = torch.cat(
-            [self.fuse(features), mask_state.to(self.fc.weight.dtype)], dim=1
-        )  # (B, n + D - 1, h)
+        hidden = torch.cat([self.fuse(features), mask_state], dim=1)  # (B, n + D - 1, h), fc's dtype
         tokens = torch.cat([next_ids, mask_tokens], dim=1)
         positions = torch.arange(position - new, position + depths - 1, device=hidden.device)[None].expand(
             batch, -1

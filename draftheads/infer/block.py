@@ -48,10 +48,15 @@ class BlockDrafter(ParallelDrafter):
     def commit(self, features, next_ids, position) -> None:
         if position != self.committed:
             raise ValueError(f"commit at position {position} does not follow {self.committed}")
-        self.pending.append(features)
+        self.pending.append(self.pending_entry(features, next_ids))
         self.last_features = features[:, -1:]
         self.committed += features.shape[1]
         self.block = None
+
+    def pending_entry(self, features, next_ids):
+        """What a commit leaves for the next forward: the features (a block's context rows do not
+        read their next tokens)."""
+        return features
 
     def _depth_logits_steps(self, root: int, position: int):
         """Yield the ``BlockForward`` for ``root`` at ``position`` (nothing if this root's block is known

@@ -24,13 +24,8 @@ class CausalBlockDrafter(BlockDrafter):
     """``BlockDrafter``'s state and tree filling; ``pending`` holds (features, next_ids) per commit,
     since the forward's new rows consume their next tokens too."""
 
-    def commit(self, features, next_ids, position) -> None:
-        if position != self.committed:
-            raise ValueError(f"commit at position {position} does not follow {self.committed}")
-        self.pending.append((features, next_ids))
-        self.last_features = features[:, -1:]
-        self.committed += features.shape[1]
-        self.block = None
+    def pending_entry(self, features, next_ids):
+        return features, next_ids
 
     def _depth_logits_steps(self, root: int, position: int):
         """Yield the ``ChainForward`` for the tree at ``position`` (nothing if it ran already), take its

@@ -305,7 +305,7 @@ def register_drafter(style: str):
 
 def drafter_for(head, pad_to_multiple: int = 1) -> Drafter:
     """The Drafter for ``head``'s drafting style."""
-    import draftheads.infer.block
+    import draftheads.infer.block  # registers the block drafter (it imports this module)
     import draftheads.infer.causal_block  # noqa: F401  (registers the causal-block drafter, likewise)
 
     style = getattr(head, "drafting", None)
