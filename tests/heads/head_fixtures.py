@@ -45,6 +45,15 @@ def base_hidden_states(model, input_ids, attention_mask=None):
         return model.model(input_ids, attention_mask=attention_mask, output_hidden_states=True).hidden_states
 
 
+def move_norms_off_unit_weight(head, seed: int) -> None:
+    """Add U(0, 1) to every norm weight of ``head``: at unit weight an RMSNorm applied twice equals
+    one, so a test of where a norm applies would pass either way."""
+    with torch.no_grad():
+        for name, parameter in head.named_parameters():
+            if "norm" in name:
+                parameter.add_(torch.rand(parameter.shape, generator=torch.Generator().manual_seed(seed)))
+
+
 def token_counts(input_ids: torch.Tensor, vocab_size: int) -> torch.Tensor:
     return torch.bincount(input_ids.flatten(), minlength=vocab_size)
 

@@ -7,7 +7,7 @@ import dataclasses
 
 import pytest
 import torch
-from head_fixtures import AUTOREGRESSIVE_KINDS, HEAD_CONFIGS, base_hidden_states
+from head_fixtures import AUTOREGRESSIVE_KINDS, HEAD_CONFIGS, base_hidden_states, move_norms_off_unit_weight
 
 from draftheads.heads import build_head
 from draftheads.heads.layers import prefix_and_self_mask, prefix_causal_mask
@@ -130,10 +130,7 @@ def test_eagle3_training_time_test_equals_drafting_a_chain(tiny_llama, sequence,
     config = dataclasses.replace(HEAD_CONFIGS["eagle3"], **EAGLE3_VARIANTS[variant])
     num_layers = config.num_layers
     head = build_head(tiny_llama, config).eval()
-    with torch.no_grad():  # norms off unit weight, where a second norm would no longer be a no-op
-        for name, parameter in head.named_parameters():
-            if "norm" in name:
-                parameter.add_(torch.rand(parameter.shape, generator=torch.Generator().manual_seed(6)))
+    move_norms_off_unit_weight(head, seed=6)
     features = head.select_features(hidden_states)  # (2, 10, 3h)
     row = 4
     with torch.no_grad():

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from head_fixtures import TINY_LLAMA
+from head_fixtures import TINY_LLAMA, move_norms_off_unit_weight
 from transformers import LlamaConfig
 
 from draftheads.heads import Eagle3Config, Eagle3Head, build_head
@@ -297,10 +297,7 @@ def test_a_saved_head_grows_into_a_larger_draft_vocabulary(tiny_llama):
 def eagle31_head(tiny_llama, **flags):
     torch.manual_seed(0)
     head = build_head(tiny_llama, Eagle3Config(feature_layers=(1, 2, 3), draft_vocab_size=64, **flags))
-    with torch.no_grad():  # norms off their initial ones, so a test sees their weights act
-        for name, parameter in head.named_parameters():
-            if "norm" in name:
-                parameter.add_(torch.rand(parameter.shape, generator=torch.Generator().manual_seed(2)))
+    move_norms_off_unit_weight(head, seed=2)
     return head.eval()
 
 
