@@ -4,11 +4,15 @@ into a head's trees, adaptive, and in batches."""
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import numpy as np
 import pytest
 import torch
 from infer_stubs import greedy_reference
 
+import draftheads.infer.adaptive
+import draftheads.infer.generate
 from draftheads.heads import Eagle3Config, MedusaConfig, MtpConfig, build_head
 from draftheads.infer import SpeculativeGenerator
 from draftheads.infer.context import ContextTree
@@ -208,9 +212,22 @@ def generator_for(model, kind: str | None, adaptive: bool = False) -> Speculativ
     return SpeculativeGenerator(model, head, tree=tree, context=SuffixTree(), adaptive=adaptive, cost=COST)
 
 
+@pytest.fixture
+def steady_clock(monkeypatch):
+    """Clocks that count work, not the machine's load, in the modules that time drafting and steps:
+    every read of the decode loop's clock advances it 1 ms, so a step of either kind (drafting or
+    plain) takes about the same time and the head gate keeps whichever emits more tokens a step; the
+    adaptive drafter's clock stands still, so its trees are priced by the cost curve alone. The
+    same decode then chooses the same drafts on every run."""
+    ticks = iter(range(1 << 62))
+    ticking = SimpleNamespace(perf_counter=lambda: next(ticks) * 1e-3)
+    monkeypatch.setattr(draftheads.infer.generate, "time", ticking)
+    monkeypatch.setattr(draftheads.infer.adaptive, "time", SimpleNamespace(perf_counter=lambda: 0.0))
+
+
 @pytest.mark.parametrize("kind", [None, *HEADS])
 @pytest.mark.parametrize("adaptive", [False, True])
-def test_greedy_matches_generate_and_the_history_drafts(model, kind, adaptive):
+def test_greedy_matches_generate_and_the_history_drafts(model, kind, adaptive, steady_clock):
     """Suffix drafts alone and merged into each head's trees: each prompt decoded twice, the second
     time with its own first answer in the history, so that the history's drafts are verified too."""
     generator = generator_for(model, kind, adaptive)
