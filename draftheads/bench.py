@@ -873,12 +873,15 @@ def speculative_methods(
     with context drafts merged into its trees (``<kind>+context:<label>``); ``suffix``: also suffix
     drafts (``draftheads.infer.suffix``) alone (``suffix``) and merged into each head's trees
     (``<kind>+suffix:<label>``); ``adaptive``: each of these also with adaptive drafting
-    (``.../adaptive``). ``keep``: which method names to build.
+    (``.../adaptive``), and for a head directory holding a fitted acceptance head
+    (``draftheads fit-confidence``) with adaptive drafting priced by it (``.../adaptive/confidence``).
+    ``keep``: which method names to build.
     ``draft_dtypes``: each head loaded once per dtype it drafts in (``draftheads.infer.precision``);
     with more than one, method names say which (``eagle3:run@bfloat16``)."""
     from draftheads.heads import load_head_and_base
     from draftheads.heads.base import resolve_head_dir
     from draftheads.infer import SpeculativeGenerator
+    from draftheads.infer.confidence import CONFIDENCE_CONFIG, load_confidence
     from draftheads.infer.packed import pack_linears, set_packed_forms
     from draftheads.infer.suffix import SuffixTree
     from draftheads.infer.verify_cost import load_tuned_costs
@@ -907,8 +910,11 @@ def speculative_methods(
             if keep(generator.method):
                 methods.append(SpeculativeMethod(generator.method, generator))
     for head_dir, head, head_model, dtype in loaded:
+        # adaptive drafting priced by the head's fitted acceptance head too, where it has one
+        confidence = load_confidence(head_dir) if (Path(head_dir) / CONFIDENCE_CONFIG).is_file() else None
+        pricing = [(False, None), (True, None)] + ([(True, confidence)] if confidence is not None else [])
         for with_context in merged:
-            for is_adaptive in variants:
+            for is_adaptive, acceptance in pricing[: len(pricing) if adaptive else 1]:
                 costs = load_tuned_costs(head_dir, head_model.dtype, head_model.device) if is_adaptive else {}
                 generator = SpeculativeGenerator(
                     head_model,
@@ -918,6 +924,7 @@ def speculative_methods(
                     context=with_context,
                     adaptive=is_adaptive,
                     cost=costs.get(1),
+                    confidence=acceptance,
                 )
                 generator.batch_costs.update(costs)  # tune-tree's curves, when measured on this machine
                 if keep(generator.method):

@@ -35,6 +35,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "draftheads.commands.tune_tree",
         "pick the draft tree that maximises tokens/s on this machine",
     ),
+    "fit-confidence": (
+        "draftheads.commands.fit_confidence",
+        "fit the acceptance head adaptive drafting can price draft nodes with",
+    ),
     "demo": ("draftheads.commands.demo", "the end-to-end demo on the embedded defaults"),
 }
 

@@ -57,6 +57,14 @@ class Calibration:
         prior_score = score if score > 0 else 0.0
         return (accepted + self.prior * prior_score) / (proposed + self.prior)
 
+    def path_probabilities(self, draft: Draft) -> list[float]:
+        """``draft``'s real nodes' probabilities (root first, 1.0), a child never above its parent."""
+        parents = list(draft.topology.parents[: draft.topology.num_nodes])
+        return monotone(
+            parents,
+            [1.0] + [self.probability(draft.sources[n], draft.scores[n]) for n in range(1, len(parents))],
+        )
+
     def record(self, sources: Sequence[str], scores: Sequence[float], accepted_nodes: Sequence[int]) -> None:
         """One verified step: ``sources`` / ``scores`` per node (root first), the accepted nodes."""
         for entry in self.table.values():
@@ -246,6 +254,8 @@ class AdaptiveDrafter(Drafter):
         cost: the verify-cost curve of this machine, model and dtype (``infer/verify_cost.py``).
         calibration, gate: explicit state, fresh by default (one per sequence, or shared to carry
             what was learned from one sequence to the next).
+        confidence: a learned acceptance head (``draftheads.infer.confidence.ConfidenceHead``) that
+            prices the nodes in place of ``calibration``; None: the calibration does.
     """
 
     def __init__(
@@ -254,11 +264,13 @@ class AdaptiveDrafter(Drafter):
         cost: CostCurve,
         calibration: Calibration | None = None,
         gate: HeadGate | None = None,
+        confidence=None,
     ):
         super().__init__(inner.head, inner.pad_to_multiple)
         self.inner = inner
         self.cost = cost
         self.calibration = calibration or Calibration()
+        self.confidence = confidence
         self.gate = gate if gate is not None else (HeadGate(inner.source) if inner.head is not None else None)
         self._last: tuple[bool, float] | None = None  # the unrecorded proposal: head drafted, seconds
         self._last_started: float | None = None  # when the previous proposal began
@@ -331,16 +343,11 @@ class AdaptiveDrafter(Drafter):
         return pruned
 
     def path_probabilities(self, draft: Draft) -> list[float]:
-        """Calibrated path probabilities of ``draft``'s real nodes (root first, 1.0)."""
-        parents = list(draft.topology.parents[: draft.topology.num_nodes])
-        return monotone(
-            parents,
-            [1.0]
-            + [
-                self.calibration.probability(draft.sources[n], draft.scores[n])
-                for n in range(1, len(parents))
-            ],
-        )
+        """Calibrated path probabilities of ``draft``'s real nodes (root first, 1.0): the confidence
+        head's where there is one."""
+        if self.confidence is not None:
+            return self.confidence.path_probabilities(draft)
+        return self.calibration.path_probabilities(draft)
 
     def record(self, draft: Draft, accepted_nodes: tuple[int, ...]) -> None:
         self.calibration.record(draft.sources, draft.scores, accepted_nodes)

@@ -19,7 +19,7 @@ from __future__ import annotations
 import copy
 import time
 from collections import Counter
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -403,6 +403,8 @@ class SpeculativeGenerator:
             (``draftheads.infer.step_gate``).
         cost: the verify-cost curve adaptive drafting weighs against (``draftheads.infer.verify_cost``);
             default: measured on this machine at the first ``generate`` call.
+        confidence: with ``adaptive``, a learned acceptance head that prices every node in place of
+            the online calibration (``draftheads.infer.confidence``, ``draftheads fit-confidence``).
     """
 
     def __init__(
@@ -415,6 +417,7 @@ class SpeculativeGenerator:
         context: bool | ContextTree | SuffixTree = False,
         adaptive: bool = False,
         cost: CostCurve | None = None,
+        confidence=None,
     ):
         implementation = getattr(base_model.config, "_attn_implementation", None)
         if implementation not in SUPPORTED_ATTENTION:
@@ -456,6 +459,11 @@ class SpeculativeGenerator:
         self.step_gate = StepGate()  # adaptive: whether steps draft at all, per batch size; carried too
         # adaptive: whether the head drafts; each sequence starts from the last finished one's
         self.head_gate: HeadGate | None = None
+        if confidence is not None and not adaptive:
+            raise ValueError("a confidence head prices adaptive drafting's nodes: pass adaptive=True with it")
+        self.confidence = confidence  # adaptive: a learned acceptance head in place of the calibration
+        # called after every verified step with the row's draft and its accepted nodes (traces)
+        self.step_observers: list[Callable[[Draft, tuple[int, ...]], None]] = []
 
     @property
     def method(self) -> str:
@@ -465,7 +473,7 @@ class SpeculativeGenerator:
         name = text.source if self.head is None else self.head.kind
         if self.head is not None and text is not None:
             name += "+" + text.source
-        return name + ("/adaptive" if self.adaptive else "")
+        return name + ("/adaptive" if self.adaptive else "") + ("/confidence" if self.confidence else "")
 
     def _text_drafter(self) -> ContextDrafter | SuffixDrafter | None:
         """The drafter of the text for one sequence, as the settings say; None for a head alone."""
@@ -487,7 +495,7 @@ class SpeculativeGenerator:
                 drafter = HybridDrafter(drafter, text)
         if self.adaptive:
             gate = copy.copy(self.head_gate) if self.head_gate is not None else None
-            drafter = AdaptiveDrafter(drafter, self.cost, self.calibration, gate)
+            drafter = AdaptiveDrafter(drafter, self.cost, self.calibration, gate, self.confidence)
         return drafter
 
     @classmethod
@@ -503,6 +511,7 @@ class SpeculativeGenerator:
         suffix: bool = RECOMMENDED_SUFFIX,
         adaptive: bool = RECOMMENDED_ADAPTIVE,
         draft_dtype: str = DEFAULT_DRAFT_DTYPE,
+        confidence: bool = False,
     ) -> SpeculativeGenerator:
         """Load a saved head and its base model (by default the one recorded in the head's
         config.json ``base_model.name_or_path``); ``head_dir=None`` (with ``base``): no head, the
@@ -518,15 +527,22 @@ class SpeculativeGenerator:
         weighing against the verify-cost curves ``tune-tree`` measured on this machine (saved in
         the head's ``tree.json``), else curves measured at the first call (see the class).
         ``draft_dtype``: the dtype the head drafts in, ``auto`` (bf16 where that pays, see
-        ``draftheads.infer.precision``), ``float32`` or ``bfloat16``; the output does not depend on it."""
+        ``draftheads.infer.precision``), ``float32`` or ``bfloat16``; the output does not depend on it.
+        ``confidence``: with ``adaptive``, price nodes with the acceptance head ``draftheads
+        fit-confidence`` saved in the head directory (``draftheads.infer.confidence``)."""
         from draftheads.base_model import load_base
         from draftheads.device import check_device
         from draftheads.heads import load_head_and_base, resolve_base_model
         from draftheads.heads.base import HeadFormatError, resolve_head_dir
+        from draftheads.infer.confidence import load_confidence
 
         check_device(device)  # before loading: a model moved to an unusable device fails deep in torch
         context = text_settings(context, suffix)  # refused before anything loads
+        if confidence and not adaptive:
+            raise ValueError("a confidence head prices adaptive drafting's nodes: pass adaptive=True with it")
         if head_dir is None:
+            if confidence:
+                raise ValueError("a confidence head is fitted for a head: give its directory")
             if not base:
                 raise ValueError("without a head directory, give the base model (base=...)")
             model, tokenizer = load_base(base, dtype=dtype, device=device)
@@ -536,6 +552,7 @@ class SpeculativeGenerator:
             generator.kernels = kernels.describe()
             return generator
         head_dir = resolve_head_dir(head_dir)  # a training run's output directory: its head/
+        acceptance = load_confidence(head_dir) if confidence else None  # a broken file: before the base loads
         model, tokenizer = load_base(resolve_base_model(head_dir, base), dtype=dtype, device=device)
         # A Medusa-2 head drafts for its adapted base: adapt the base loaded here in place.
         head, model = load_head_and_base(head_dir, model, map_location=device, copy_base=False)
@@ -547,7 +564,14 @@ class SpeculativeGenerator:
         costs = load_tuned_costs(head_dir, model.dtype, model.device)  # measured here by tune-tree
         try:
             generator = cls(
-                model, head, tokenizer, tree=tree, context=context, adaptive=adaptive, cost=costs.get(1)
+                model,
+                head,
+                tokenizer,
+                tree=tree,
+                context=context,
+                adaptive=adaptive,
+                cost=costs.get(1),
+                confidence=acceptance,
             )
         except TreeFitError as err:  # a tree.json this head cannot draft: a fault of the head's files
             if not tuned or tree is None:
@@ -818,6 +842,8 @@ class SpeculativeGenerator:
             sequences.tallies[row].record_step(acceptance.accepted_drafts)
             sequences.tallies[row].record_sources(draft.sources, acceptance.nodes)
             drafter.record(draft, acceptance.nodes)
+            for observe in self.step_observers:
+                observe(draft, acceptance.nodes)
             new = tokens_in_trees[b][accepted[b][1:]].tolist() + [acceptance.next_token]
             tokens, done = sequences.emit(row, new)
             chunks.append((row, tokens))

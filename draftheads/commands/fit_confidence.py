@@ -1,0 +1,84 @@
+"""``draftheads fit-confidence``: fit the acceptance head adaptive drafting can price nodes with."""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+from draftheads.arguments import (
+    add_pack_argument,
+    add_template_argument,
+    device_name,
+    dtype_name,
+    non_negative_int,
+    positive_int,
+    probability,
+)
+from draftheads.tuning.confidence import ConfidenceSettings
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    defaults = ConfidenceSettings()
+    parser.add_argument("--heads", required=True, help="head directory; the confidence head is saved there")
+    parser.add_argument("--base", default=None, help="base model (default: the one recorded in the head)")
+    parser.add_argument("--data", default=defaults.data, help="conversation source or prompt file")
+    add_template_argument(parser)
+    parser.add_argument(
+        "--skip",
+        type=non_negative_int,
+        default=defaults.skip,
+        help="skip the first N prompts (training data)",
+    )
+    parser.add_argument("--prompts", type=positive_int, default=defaults.prompts, help="prompts decoded")
+    parser.add_argument(
+        "--held-out",
+        type=probability,
+        default=defaults.held_out,
+        help="share of the prompts scored, not fitted",
+    )
+    parser.add_argument("--max-new-tokens", type=positive_int, default=defaults.max_new_tokens)
+    parser.add_argument("--max-prompt-tokens", type=positive_int, default=defaults.max_prompt_tokens)
+    parser.add_argument(
+        "--hidden", type=positive_int, default=defaults.hidden, help="the head's hidden width"
+    )
+    parser.add_argument("--steps", type=positive_int, default=defaults.steps, help="optimiser steps")
+    parser.add_argument("--seed", type=non_negative_int, default=defaults.seed)
+    parser.add_argument("--dtype", type=dtype_name, default=defaults.dtype, help="float32 | bfloat16")
+    parser.add_argument("--device", type=device_name, default=defaults.device)
+    add_pack_argument(parser)
+
+
+def settings_from_args(args: argparse.Namespace) -> ConfidenceSettings:
+    return ConfidenceSettings(
+        data=args.data,
+        template=args.template,
+        skip=args.skip,
+        prompts=args.prompts,
+        held_out=args.held_out,
+        max_new_tokens=args.max_new_tokens,
+        max_prompt_tokens=args.max_prompt_tokens,
+        hidden=args.hidden,
+        steps=args.steps,
+        seed=args.seed,
+        dtype=args.dtype,
+        device=args.device,
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    from draftheads.heads.base import resolve_head_dir
+    from draftheads.infer import SpeculativeGenerator
+    from draftheads.tuning.confidence import describe, fit_head_confidence
+
+    settings = settings_from_args(args)
+    head_dir = resolve_head_dir(args.heads)  # a training run's output directory: its head/
+    # the trees adaptive drafting prunes: the head's tuned tree with context drafts, unpruned here
+    generator = SpeculativeGenerator.from_pretrained(
+        head_dir, args.base, dtype=settings.dtype, device=settings.device, pack=args.pack, adaptive=False
+    )
+    print(f"decoding with {generator.method}; linear kernels: {generator.kernels}")
+    started = time.perf_counter()
+    _, record = fit_head_confidence(generator, generator.tokenizer, head_dir, settings)
+    print(describe(record))
+    print(f"fitted in {time.perf_counter() - started:.0f} s; wrote " + ", ".join(record["paths"]))
+    return 0
