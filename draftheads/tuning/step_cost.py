@@ -103,14 +103,18 @@ class DecodingBench:
 
     @torch.inference_mode()
     def draft_seconds(self, tree: StaticTree | DynamicTree) -> float:
-        """Median seconds the drafter needs for one step with ``tree``: ``propose`` (which rolls its
-        own writes back) plus the step's ``commit`` of the accepted tokens; memoised by tree shape."""
+        """Median seconds the drafter needs for one step with ``tree``: ``propose`` plus the step's
+        ``commit`` of the accepted tokens; memoised by tree shape. Each propose runs on its own fork
+        of the drafter, forked before the clock starts: a drafter that keeps the distributions it
+        computed until the next commit (Medusa's depth logits, a block head's block) would answer a
+        second propose from them, timing a step without its head forward."""
         key = tree.choices if isinstance(tree, StaticTree) else (tree.top_k, tree.depth, tree.total_tokens)
         if key not in self._draft_seconds:
+            forks = [self.drafter.fork() for _ in range(self.repeats + 1)]
+            forks.pop().propose(self.root, self.past, tree)  # warm-up
 
             def draft() -> None:
-                self.drafter.propose(self.root, self.past, tree)
+                forks.pop().propose(self.root, self.past, tree)
 
-            draft()  # warm-up
             self._draft_seconds[key] = self.commit_seconds + self._median(draft)
         return self._draft_seconds[key]

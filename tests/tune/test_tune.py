@@ -10,7 +10,8 @@ import json
 import pytest
 import torch
 
-from draftheads.heads import Eagle3Config, MedusaConfig, MtpConfig, build_head
+from draftheads.heads import DFlashConfig, Eagle3Config, MedusaConfig, MtpConfig, build_head
+from draftheads.infer.draft import BlockForward, DepthLogits, Expansion
 from draftheads.infer.packed import packing_supported
 from draftheads.infer.tree import DynamicTree, StaticTree, load_tuned_tree, padded_size, tuned_tree_key
 from draftheads.infer.verify_cost import load_tuned_costs
@@ -245,6 +246,24 @@ def test_timing_runs_the_real_drafting_code(tiny_llama, kind):
     for tree in trees:
         assert bench.draft_seconds(tree) > 0
         assert bench.draft_seconds(tree) == bench.draft_seconds(tree)  # memoised
+
+
+@pytest.mark.parametrize(
+    "config",
+    [TINY_HEADS["medusa"], DFlashConfig(block_size=4, feature_layers=(1, 2, 3)), TINY_HEADS["eagle3"]],
+    ids=["medusa", "dflash", "eagle3"],
+)
+def test_every_timed_draft_runs_the_head_forward(tiny_llama, monkeypatch, config):
+    """Drafters that keep a step's distributions until the next commit (Medusa, block heads) must
+    not answer a timed propose from the warm-up's: each of the repeats runs the head itself."""
+    head = build_head(tiny_llama, config).eval()
+    bench = DecodingBench(tiny_llama, head, torch.arange(3, 40), pad_to_multiple=4, repeats=3)
+    forwards = []
+    for kind in (DepthLogits, BlockForward, Expansion):
+        run = kind.run
+        monkeypatch.setattr(kind, "run", lambda self, run=run: forwards.append(self) or run(self))
+    bench.draft_seconds(StaticTree("t", ((0,), (1,), (0, 0))))
+    assert len(forwards) >= 1 + 3  # the warm-up and each timed repeat: at least one head forward
 
 
 # ---- saving and using the choice ----------------------------------------------------------------
