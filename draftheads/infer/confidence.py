@@ -50,11 +50,12 @@ DEFAULT_HIDDEN = 16
 
 
 def _log(value: float) -> float:
-    return math.log(value) if value > 0 else LOG_FLOOR
+    return max(math.log(value), LOG_FLOOR) if value > 0 else LOG_FLOOR
 
 
 def node_features(draft: Draft) -> torch.Tensor:
-    """(num_nodes - 1, len(FEATURES)) float32: one row per non-root node of ``draft``, in order."""
+    """(num_nodes - 1, len(FEATURES)) float32: one row per non-root node of ``draft``, in order.
+    Built as Python lists and made a tensor once: adaptive drafting calls this every step."""
     count = draft.topology.num_nodes
     parents = list(draft.topology.parents[:count])
     scores = draft.scores
@@ -67,18 +68,20 @@ def node_features(draft: Draft) -> torch.Tensor:
     for group in siblings.values():
         for place, node in enumerate(sorted(group, key=lambda n: (-scores[n], n))):
             rank[node] = place
-    rows = torch.zeros(max(count - 1, 0), len(FEATURES))
-    for row, node in enumerate(range(1, count)):
+    rows = []
+    for node in range(1, count):
         parent_score = scores[parents[node]]
         conditional = scores[node] / parent_score if parent_score > 0 else 0.0
-        rows[row, 0] = max(_log(min(conditional, 1.0)), LOG_FLOOR)
-        rows[row, 1] = max(_log(min(parent_score, 1.0)), LOG_FLOOR)
-        rows[row, 2 + min(depth[node], DEPTH_BUCKETS) - 1] = 1.0
-        rows[row, 2 + DEPTH_BUCKETS + min(rank[node], RANK_BUCKETS - 1)] = 1.0
+        row = [0.0] * len(FEATURES)
+        row[0] = _log(min(conditional, 1.0))
+        row[1] = _log(min(parent_score, 1.0))
+        row[2 + min(depth[node], DEPTH_BUCKETS) - 1] = 1.0
+        row[2 + DEPTH_BUCKETS + min(rank[node], RANK_BUCKETS - 1)] = 1.0
         parts = draft.sources[node].split(BOTH)
-        rows[row, -2] = float(any(part not in TEXT_SOURCES for part in parts))
-        rows[row, -1] = float(any(part in TEXT_SOURCES for part in parts))
-    return rows
+        row[-2] = float(any(part not in TEXT_SOURCES for part in parts))
+        row[-1] = float(any(part in TEXT_SOURCES for part in parts))
+        rows.append(row)
+    return torch.tensor(rows, dtype=torch.float32).reshape(len(rows), len(FEATURES))
 
 
 class ConfidenceHead(nn.Module):
