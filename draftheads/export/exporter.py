@@ -14,6 +14,7 @@ from draftheads.export.model_card import BENCH_NAME, read_bench, render_model_ca
 from draftheads.export.public import strip_local_paths
 from draftheads.export.registry import FORMAT_REGISTRY, ExportOptions, FormatError, export_format, write_head
 from draftheads.heads.base import object_field, read_head_config, resolve_head_dir
+from draftheads.infer.confidence import CONFIDENCE_CONFIG, CONFIDENCE_FILE
 from draftheads.infer.tree import TUNED_TREE_FILE
 from draftheads.storage import check_free_space
 
@@ -24,6 +25,11 @@ CARD_NAME = "README.md"
 SPACE_MARGIN_BYTES = 8 * 2**20
 
 
+# What tuning saved beside the head, carried by a draftheads-format export: the tree tune-tree
+# chose and the acceptance head fit-confidence fitted.
+TRAVELLING_FILES = (TUNED_TREE_FILE, CONFIDENCE_FILE, CONFIDENCE_CONFIG)
+
+
 def estimated_bytes(head, heads_dir: Path, with_base_weights: bool, joint: bool) -> int:
     """What an export of ``head`` writes, at most: its tensors, the frozen base tensors a format may
     store (embedding and lm_head), a Medusa-2 adapter and bench.json, plus ``SPACE_MARGIN_BYTES``."""
@@ -31,7 +37,7 @@ def estimated_bytes(head, heads_dir: Path, with_base_weights: bool, joint: bool)
     if with_base_weights:
         tensors += [head.embed_tokens.weight, head.base_lm_head.weight]
     tensor_bytes = sum(t.numel() * t.element_size() for t in tensors)  # tied tensors are written twice
-    copied = [heads_dir / BENCH_NAME, heads_dir / TUNED_TREE_FILE]
+    copied = [heads_dir / name for name in (BENCH_NAME, *TRAVELLING_FILES)]
     if joint:
         from draftheads.heads.adapter import ADAPTER_DIR
 
@@ -98,9 +104,9 @@ def export_head(
         if bench is not None:
             bench = strip_local_paths(bench)
             (staging / BENCH_NAME).write_text(json.dumps(bench, indent=2) + "\n")
-        if format_name == DEFAULT_FORMAT and (heads_dir / TUNED_TREE_FILE).is_file():
-            # the tree `tune-tree` chose travels with the head `generate` reads it from
-            shutil.copyfile(heads_dir / TUNED_TREE_FILE, staging / TUNED_TREE_FILE)
+        for name in TRAVELLING_FILES if format_name == DEFAULT_FORMAT else ():
+            if (heads_dir / name).is_file():  # read with the head by generate and bench
+                shutil.copyfile(heads_dir / name, staging / name)
         parameters = sum(t.numel() for t in head.head_state_dict().values() if t.is_floating_point())
         card = render_model_card(card_config, parameters, bench)
         if format_name != DEFAULT_FORMAT:

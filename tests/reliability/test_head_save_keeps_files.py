@@ -1,6 +1,6 @@
 """Saving a run's head replaces the files the save writes and keeps the rest: the tree `tune-tree`
 chose (tree.json) and a user's own files survive a resumed run's save, and a `draftheads`-format
-export carries tree.json along."""
+export carries tree.json and a fitted confidence head along."""
 
 from __future__ import annotations
 
@@ -9,6 +9,13 @@ import json
 import pytest
 
 from draftheads.export.exporter import export_head
+from draftheads.infer.confidence import (
+    CONFIDENCE_CONFIG,
+    CONFIDENCE_FILE,
+    ConfidenceHead,
+    load_confidence,
+    save_confidence,
+)
 from draftheads.train.loop import run_training
 from tests.reliability.train_fixtures import patterned_dataset, short_run
 
@@ -41,9 +48,13 @@ def test_a_resumed_runs_head_save_keeps_tree_json_and_the_users_files(finished, 
     assert leftovers == []
 
 
-def test_a_draftheads_export_carries_tree_json(finished, tmp_path):
+def test_a_draftheads_export_carries_tree_json_and_the_confidence_head(finished, tmp_path):
     output_dir, _ = finished
     (output_dir / "head" / "tree.json").write_text(json.dumps(TREE) + "\n")
+    save_confidence(ConfidenceHead(), output_dir / "head", {})
     written = export_head(output_dir / "head", tmp_path / "export", "draftheads")
     assert tmp_path / "export" / "tree.json" in written
     assert json.loads((tmp_path / "export" / "tree.json").read_text()) == TREE
+    for name in (CONFIDENCE_FILE, CONFIDENCE_CONFIG):
+        assert (tmp_path / "export" / name).read_bytes() == (output_dir / "head" / name).read_bytes()
+    load_confidence(tmp_path / "export")  # the copy loads
