@@ -146,3 +146,23 @@ def add_template_argument(parser: argparse.ArgumentParser) -> None:
         "for a pretrained base; answers stop where the model begins the next 'User:' turn); auto "
         "(default): chat where the tokenizer has a template, else plain, as training's data.template",
     )
+
+
+def add_tuning_prompt_arguments(parser: argparse.ArgumentParser, defaults, saved: str) -> None:
+    """The head and the prompts a tuning command decodes (``tune-tree``, ``fit-confidence``):
+    ``--heads`` (where ``saved`` is written), ``--base``, ``--data``, ``--template``, ``--skip``,
+    ``--prompts``, ``--max-new-tokens``, ``--max-prompt-tokens``; defaults from the command's
+    settings (``defaults``)."""
+    parser.add_argument("--heads", required=True, help=f"head directory; the {saved} is saved there")
+    parser.add_argument("--base", default=None, help="base model (default: the one recorded in the head)")
+    parser.add_argument("--data", default=defaults.data, help="mt-bench | humaneval | conversation source")
+    add_template_argument(parser)
+    parser.add_argument(
+        "--skip",
+        type=non_negative_int,
+        default=defaults.skip,
+        help="skip the first N prompts (training data)",
+    )
+    parser.add_argument("--prompts", type=positive_int, default=defaults.prompts, help="prompts decoded")
+    parser.add_argument("--max-new-tokens", type=positive_int, default=defaults.max_new_tokens)
+    parser.add_argument("--max-prompt-tokens", type=positive_int, default=defaults.max_prompt_tokens)

@@ -7,7 +7,7 @@ import time
 
 from draftheads.arguments import (
     add_pack_argument,
-    add_template_argument,
+    add_tuning_prompt_arguments,
     device_name,
     dtype_name,
     non_negative_int,
@@ -19,25 +19,13 @@ from draftheads.tuning.confidence import ConfidenceSettings
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     defaults = ConfidenceSettings()
-    parser.add_argument("--heads", required=True, help="head directory; the confidence head is saved there")
-    parser.add_argument("--base", default=None, help="base model (default: the one recorded in the head)")
-    parser.add_argument("--data", default=defaults.data, help="conversation source or prompt file")
-    add_template_argument(parser)
-    parser.add_argument(
-        "--skip",
-        type=non_negative_int,
-        default=defaults.skip,
-        help="skip the first N prompts (training data)",
-    )
-    parser.add_argument("--prompts", type=positive_int, default=defaults.prompts, help="prompts decoded")
+    add_tuning_prompt_arguments(parser, defaults, "confidence head")
     parser.add_argument(
         "--held-out",
         type=probability,
         default=defaults.held_out,
         help="share of the prompts scored, not fitted",
     )
-    parser.add_argument("--max-new-tokens", type=positive_int, default=defaults.max_new_tokens)
-    parser.add_argument("--max-prompt-tokens", type=positive_int, default=defaults.max_prompt_tokens)
     parser.add_argument(
         "--hidden", type=positive_int, default=defaults.hidden, help="the head's hidden width"
     )

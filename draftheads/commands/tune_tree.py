@@ -8,11 +8,10 @@ import time
 from draftheads.arguments import (
     add_draft_dtype_argument,
     add_pack_argument,
-    add_template_argument,
+    add_tuning_prompt_arguments,
     at_least,
     device_name,
     dtype_name,
-    non_negative_int,
     positive_int,
 )
 from draftheads.tuning.tune import TuneSettings
@@ -20,19 +19,7 @@ from draftheads.tuning.tune import TuneSettings
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     defaults = TuneSettings()
-    parser.add_argument("--heads", required=True, help="head directory; the tuned tree is saved there")
-    parser.add_argument("--base", default=None, help="base model (default: the one recorded in the head)")
-    parser.add_argument("--data", default=defaults.data, help="mt-bench | humaneval | conversation source")
-    add_template_argument(parser)
-    parser.add_argument(
-        "--skip",
-        type=non_negative_int,
-        default=defaults.skip,
-        help="skip the first N prompts (training data)",
-    )
-    parser.add_argument("--prompts", type=positive_int, default=defaults.prompts, help="held-out prompts")
-    parser.add_argument("--max-new-tokens", type=positive_int, default=defaults.max_new_tokens)
-    parser.add_argument("--max-prompt-tokens", type=positive_int, default=defaults.max_prompt_tokens)
+    add_tuning_prompt_arguments(parser, defaults, "tuned tree")
     parser.add_argument("--top-k", type=positive_int, default=defaults.top_k, help="ranks measured per depth")
     parser.add_argument(
         "--max-depth", type=positive_int, default=defaults.max_depth, help="depths measured (EAGLE)"
