@@ -17,9 +17,12 @@ from draftheads.infer.draft import drafter_for
 from draftheads.infer.forward import prefill_forward, prefill_rows
 from draftheads.infer.tree import DynamicTree, StaticTree
 from draftheads.infer.verify_cost import CostCurve, isotonic, measure_verify_cost
+from draftheads.settings import ConfigError
 from draftheads.timing import synchronize
 
 __all__ = ["CostCurve", "DecodingBench", "cost_sizes", "isotonic"]
+
+STEP_TOKENS = 3  # the tokens a typical step accepts (the root's included), committed before timing
 
 
 def cost_sizes(max_nodes: int, pad_to_multiple: int) -> list[int]:
@@ -48,10 +51,28 @@ class DecodingBench:
         self.cache, output = prefill_forward(model, ids, self.drafter.feature_layers)
         self.past = ids.shape[1]
         self.root = int(output.logits[0, -1].argmax())
-        self.drafter.start(output.hidden_states, ids, self.root)
-        self.drafter.flush()  # the prefix is caught up before anything is timed
-        self.commit_seconds = self._commit_seconds(self.drafter.select_features(output.hidden_states)[:, -3:])
+        features = self.drafter.select_features(output.hidden_states)
+        self._start_as_after_a_step(features, ids)
+        self.commit_seconds = self._commit_seconds(features[:, -STEP_TOKENS:])
         self._draft_seconds: dict[object, float] = {}
+
+    def _start_as_after_a_step(self, features: torch.Tensor, ids: torch.Tensor) -> None:
+        """Leave the drafter as a decoding step finds it: the prefix but its last ``STEP_TOKENS``
+        taken in and drafted from once, those tokens committed since, and caught up. A block
+        drafter takes committed features in at its next forward, so one started on the whole
+        prefix would run every timed forward over all of it; and a drafter that keeps the
+        distributions it drafted from until the next commit must be timed after one."""
+        split = self.past - STEP_TOKENS
+        if split < 1:
+            raise ConfigError(
+                f"--prefix-tokens: timing a step needs a prefix of more than {STEP_TOKENS} tokens, "
+                f"got {self.past}"
+            )
+        next_ids = torch.cat([ids[:, 1:], ids.new_tensor([[self.root]])], dim=1)  # (1, T)
+        self.drafter.prefill(features[:, :split], next_ids[:, :split])
+        self.drafter.propose(int(ids[0, split]), split, StaticTree("first", ((0,),)))
+        self.drafter.commit(features[:, split:], next_ids[:, split:], split)
+        self.drafter.flush()  # caught up: catching up is in commit_seconds
 
     def _median(self, action: Callable[[], None]) -> float:
         times = []
@@ -64,7 +85,7 @@ class DecodingBench:
         return statistics.median(times)
 
     def _commit_seconds(self, features: torch.Tensor) -> float:
-        """Median seconds of one step's ``commit`` (a typical step accepts ~3 tokens), each run on a
+        """Median seconds of one step's ``commit`` (of ``STEP_TOKENS`` tokens), each run on a
         fork of the drafter: committing moves state that a rollback would not undo (MTP)."""
         count = features.shape[1]
         ids = torch.full((1, count), self.root, dtype=torch.long, device=self.device)

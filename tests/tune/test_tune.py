@@ -19,7 +19,7 @@ from draftheads.machine import machine_info
 from draftheads.tuning.acceptance import AcceptanceModel, acceptance_from_ranks, judgeable, measure_acceptance
 from draftheads.tuning.report import describe
 from draftheads.tuning.search import choose_dynamic_tree, choose_static_tree, dynamic_proposals
-from draftheads.tuning.step_cost import CostCurve, DecodingBench, isotonic
+from draftheads.tuning.step_cost import STEP_TOKENS, CostCurve, DecodingBench, isotonic
 from draftheads.tuning.tune import TuneSettings, save_tuned_tree, timing_check
 from tests.data.data_fixtures import save_tiny_base
 from tests.infer.infer_stubs import AutoregressiveStub, ModuleStub, ParallelStub, greedy_reference
@@ -255,7 +255,8 @@ def test_timing_runs_the_real_drafting_code(tiny_llama, kind):
 )
 def test_every_timed_draft_runs_the_head_forward(tiny_llama, monkeypatch, config):
     """Drafters that keep a step's distributions until the next commit (Medusa, block heads) must
-    not answer a timed propose from the warm-up's: each of the repeats runs the head itself."""
+    not answer a timed propose from the warm-up's: each of the repeats runs the head itself, on
+    what a decoding step hands it."""
     head = build_head(tiny_llama, config).eval()
     bench = DecodingBench(tiny_llama, head, torch.arange(3, 40), pad_to_multiple=4, repeats=3)
     forwards = []
@@ -264,6 +265,8 @@ def test_every_timed_draft_runs_the_head_forward(tiny_llama, monkeypatch, config
         monkeypatch.setattr(kind, "run", lambda self, run=run: forwards.append(self) or run(self))
     bench.draft_seconds(StaticTree("t", ((0,), (1,), (0, 0))))
     assert len(forwards) >= 1 + 3  # the warm-up and each timed repeat: at least one head forward
+    # a block head's forward takes in what one step committed, not the whole prefix
+    assert all(f.features.shape[1] <= STEP_TOKENS for f in forwards if isinstance(f, BlockForward))
 
 
 # ---- saving and using the choice ----------------------------------------------------------------
