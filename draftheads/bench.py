@@ -910,11 +910,12 @@ def speculative_methods(
             if keep(generator.method):
                 methods.append(SpeculativeMethod(generator.method, generator))
     for head_dir, head, head_model, dtype in loaded:
-        # adaptive drafting priced by the head's fitted acceptance head too, where it has one
-        confidence = load_confidence(head_dir) if (Path(head_dir) / CONFIDENCE_CONFIG).is_file() else None
-        pricing = [(False, None), (True, None)] + ([(True, confidence)] if confidence is not None else [])
+        # with adaptive drafting: priced by the calibration, and by a fitted acceptance head too
+        fitted = adaptive and (Path(head_dir) / CONFIDENCE_CONFIG).is_file()
+        pricing = [(False, None)] + ([(True, None)] if adaptive else [])
+        pricing += [(True, load_confidence(head_dir))] if fitted else []
         for with_context in merged:
-            for is_adaptive, acceptance in pricing[: len(pricing) if adaptive else 1]:
+            for is_adaptive, acceptance in pricing:
                 costs = load_tuned_costs(head_dir, head_model.dtype, head_model.device) if is_adaptive else {}
                 generator = SpeculativeGenerator(
                     head_model,

@@ -105,7 +105,12 @@ def export_head(
             bench = strip_local_paths(bench)
             (staging / BENCH_NAME).write_text(json.dumps(bench, indent=2) + "\n")
         for name in TRAVELLING_FILES if format_name == DEFAULT_FORMAT else ():
-            if (heads_dir / name).is_file():  # read with the head by generate and bench
+            if not (heads_dir / name).is_file():
+                continue
+            if name.endswith(".json"):  # records name local files by file name only, as the card does
+                record = strip_local_paths(json.loads((heads_dir / name).read_text()))
+                (staging / name).write_text(json.dumps(record, indent=2) + "\n")
+            else:  # read with the head by generate and bench
                 shutil.copyfile(heads_dir / name, staging / name)
         parameters = sum(t.numel() for t in head.head_state_dict().values() if t.is_floating_point())
         card = render_model_card(card_config, parameters, bench)

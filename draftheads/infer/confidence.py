@@ -31,6 +31,7 @@ from torch import nn
 from draftheads.heads.base import HeadFormatError
 from draftheads.infer.draft import Draft
 from draftheads.infer.hybrid import BOTH
+from draftheads.settings import ConfigError
 
 CONFIDENCE_FILE = "confidence.safetensors"
 CONFIDENCE_CONFIG = "confidence.json"
@@ -47,6 +48,9 @@ FEATURES = (
     + (f"rank_{RANK_BUCKETS - 1}+", "from_head", "from_text")
 )
 DEFAULT_HIDDEN = 16
+DEFAULT_FIT_STEPS = 500  # full-batch optimiser steps
+FIT_LEARNING_RATE = 0.02
+NEEDS_ADAPTIVE = "a confidence head prices adaptive drafting's nodes: pass adaptive=True with it"
 
 
 def _log(value: float) -> float:
@@ -141,19 +145,19 @@ def fit_confidence(
     features: torch.Tensor,
     labels: torch.Tensor,
     hidden: int = DEFAULT_HIDDEN,
-    steps: int = 500,
+    steps: int = DEFAULT_FIT_STEPS,
     seed: int = 0,
 ) -> ConfidenceHead:
     """A ``ConfidenceHead`` fitted to (features, labels) by full-batch Adam on the binary
     cross-entropy; refuses an empty or one-class sample, which cannot teach a probability."""
     if labels.numel() == 0 or labels.min() == labels.max():
-        raise ValueError(
+        raise ConfigError(
             f"fitting a confidence head needs accepted and rejected nodes; got {labels.numel()} nodes, "
-            f"{int(labels.sum())} accepted"
+            f"{int(labels.sum())} accepted: decode more prompts (--prompts) or longer (--max-new-tokens)"
         )
     torch.manual_seed(seed)
     head = ConfidenceHead(hidden)
-    optimizer = torch.optim.Adam(head.parameters(), lr=0.02)
+    optimizer = torch.optim.Adam(head.parameters(), lr=FIT_LEARNING_RATE)
     loss_fn = nn.BCEWithLogitsLoss()
     for _ in range(steps):
         optimizer.zero_grad()
@@ -243,5 +247,6 @@ def load_confidence(directory: str | Path) -> ConfidenceHead:
     try:
         head.load_state_dict(load_file(str(weights_path)))
     except (OSError, RuntimeError, ValueError, SafetensorError) as err:
-        raise ConfidenceFormatError(f"{weights_path}: {str(err).splitlines()[0]}") from err
+        detail = "; ".join(line.strip() for line in str(err).splitlines() if line.strip())
+        raise ConfidenceFormatError(f"{weights_path}: {detail} (config hidden: {hidden})") from err
     return head.eval()

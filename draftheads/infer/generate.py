@@ -30,6 +30,7 @@ from draftheads.base_model import DEFAULT_DTYPE
 from draftheads.infer.adaptive import AdaptiveDrafter, Calibration, HeadGate, common_tree_size, keep_likeliest
 from draftheads.infer.batch_draft import propose_rows
 from draftheads.infer.cache import add_rows, keep_accepted_rows, left_aligned_slots, select_rows
+from draftheads.infer.confidence import NEEDS_ADAPTIVE, load_confidence
 from draftheads.infer.context import ContextDrafter, ContextTree
 from draftheads.infer.draft import Draft, Drafter, drafter_for
 from draftheads.infer.forward import SUPPORTED_ATTENTION, TreeInputError, prefill_rows, rows_forward
@@ -460,7 +461,7 @@ class SpeculativeGenerator:
         # adaptive: whether the head drafts; each sequence starts from the last finished one's
         self.head_gate: HeadGate | None = None
         if confidence is not None and not adaptive:
-            raise ValueError("a confidence head prices adaptive drafting's nodes: pass adaptive=True with it")
+            raise ValueError(NEEDS_ADAPTIVE)
         self.confidence = confidence  # adaptive: a learned acceptance head in place of the calibration
         # called after every verified step with the row's draft and its accepted nodes (traces)
         self.step_observers: list[Callable[[Draft, tuple[int, ...]], None]] = []
@@ -534,12 +535,11 @@ class SpeculativeGenerator:
         from draftheads.device import check_device
         from draftheads.heads import load_head_and_base, resolve_base_model
         from draftheads.heads.base import HeadFormatError, resolve_head_dir
-        from draftheads.infer.confidence import load_confidence
 
         check_device(device)  # before loading: a model moved to an unusable device fails deep in torch
         context = text_settings(context, suffix)  # refused before anything loads
         if confidence and not adaptive:
-            raise ValueError("a confidence head prices adaptive drafting's nodes: pass adaptive=True with it")
+            raise ValueError(NEEDS_ADAPTIVE)
         if head_dir is None:
             if confidence:
                 raise ValueError("a confidence head is fitted for a head: give its directory")

@@ -17,8 +17,16 @@ from pathlib import Path
 
 from draftheads.base_model import DEFAULT_DTYPE
 from draftheads.infer.adaptive import Calibration
-from draftheads.infer.confidence import DEFAULT_HIDDEN, Traces, fit_confidence, path_scores, save_confidence
+from draftheads.infer.confidence import (
+    DEFAULT_FIT_STEPS,
+    DEFAULT_HIDDEN,
+    Traces,
+    fit_confidence,
+    path_scores,
+    save_confidence,
+)
 from draftheads.prompt_format import DEFAULT_TEMPLATE, choose_template, stop_strings
+from draftheads.settings import ConfigError
 from draftheads.tuning.held_out import held_out_prompts
 
 
@@ -34,7 +42,7 @@ class ConfidenceSettings:
     max_new_tokens: int = 128
     max_prompt_tokens: int = 256
     hidden: int = DEFAULT_HIDDEN
-    steps: int = 500  # full-batch optimiser steps
+    steps: int = DEFAULT_FIT_STEPS
     seed: int = 0
     dtype: str = DEFAULT_DTYPE
     device: str = "cpu"
@@ -83,7 +91,9 @@ def fit_head_confidence(
         settings.data, settings.skip, settings.prompts, tokenizer, settings.max_prompt_tokens, template
     )
     if len(prompts) < 2:
-        raise ValueError(f"{settings.data}: fitting and scoring need 2 prompts or more, found {len(prompts)}")
+        raise ConfigError(
+            f"--prompts: fitting and scoring need 2 prompts or more; {settings.data} gave {len(prompts)}"
+        )
     traces = decode_traces(generator, prompts, settings.max_new_tokens, stop_strings(template), progress)
     scored_count = min(len(traces) - 1, max(1, math.ceil(settings.held_out * len(traces))))
     fitting, scored = traces[:-scored_count], traces[-scored_count:]

@@ -156,7 +156,7 @@ COST = CostCurve((1, 4, 8, 16), (1.0, 1.3, 1.6, 2.2))
 @pytest.mark.parametrize(
     "config", [Eagle3Config(feature_layers=(1, 2, 3), draft_vocab_size=64), MtpConfig(num_modules=2)]
 )
-def test_greedy_output_is_the_base_models_with_the_confidence_head(config):
+def test_greedy_output_is_the_base_models_with_the_confidence_head(config, monkeypatch):
     model = make_tiny_llama()
     torch.manual_seed(0)
     head = build_head(model, config)
@@ -167,11 +167,15 @@ def test_greedy_output_is_the_base_models_with_the_confidence_head(config):
     assert generator.method.endswith("+context/adaptive/confidence")
     traces = Traces()
     generator.step_observers.append(traces.record)
+    priced = []  # the trees the confidence head priced: proof that adaptive drafting asked it
+    original = ConfidenceHead.path_probabilities
+    monkeypatch.setattr(ConfidenceHead, "path_probabilities", lambda h, d: priced.append(d) or original(h, d))
     for seed in range(2):
         prompt = torch.randint(3, 256, (1, 9), generator=torch.Generator().manual_seed(seed))
         result = generator.generate(prompt, max_new_tokens=24)
         assert result.sequences[0].tolist() == greedy_reference(model, prompt, 24).tolist()
     assert traces.steps  # the observer saw the verified steps
+    assert len(priced) >= len(traces.steps) // 2  # most steps drafted, each tree priced by the head
     with pytest.raises(ValueError, match="adaptive=True"):
         SpeculativeGenerator(model, head, confidence=confidence)
 

@@ -51,10 +51,13 @@ def test_a_resumed_runs_head_save_keeps_tree_json_and_the_users_files(finished, 
 def test_a_draftheads_export_carries_tree_json_and_the_confidence_head(finished, tmp_path):
     output_dir, _ = finished
     (output_dir / "head" / "tree.json").write_text(json.dumps(TREE) + "\n")
-    save_confidence(ConfidenceHead(), output_dir / "head", {})
+    source = str(tmp_path / "private" / "chats.jsonl")
+    save_confidence(ConfidenceHead(), output_dir / "head", {"settings": {"data": source}})
     written = export_head(output_dir / "head", tmp_path / "export", "draftheads")
     assert tmp_path / "export" / "tree.json" in written
     assert json.loads((tmp_path / "export" / "tree.json").read_text()) == TREE
-    for name in (CONFIDENCE_FILE, CONFIDENCE_CONFIG):
-        assert (tmp_path / "export" / name).read_bytes() == (output_dir / "head" / name).read_bytes()
-    load_confidence(tmp_path / "export")  # the copy loads
+    exported = tmp_path / "export"
+    assert (exported / CONFIDENCE_FILE).read_bytes() == (output_dir / "head" / CONFIDENCE_FILE).read_bytes()
+    record = json.loads((exported / CONFIDENCE_CONFIG).read_text())
+    assert record["settings"]["data"] == "chats.jsonl"  # local paths by file name only, as in the card
+    load_confidence(exported)  # the copy loads
