@@ -25,9 +25,11 @@ CARD_NAME = "README.md"
 SPACE_MARGIN_BYTES = 8 * 2**20
 
 
-# What tuning saved beside the head, carried by a draftheads-format export: the tree tune-tree
-# chose and the acceptance head fit-confidence fitted.
-TRAVELLING_FILES = (TUNED_TREE_FILE, CONFIDENCE_FILE, CONFIDENCE_CONFIG)
+# What tuning saved beside the head, carried by a draftheads-format export (generate and bench read
+# them with the head): the tree tune-tree chose and the acceptance head fit-confidence fitted. The
+# JSON records are written with local paths replaced by file names, as the card is; the rest copied.
+TRAVELLING_RECORDS = (TUNED_TREE_FILE, CONFIDENCE_CONFIG)
+TRAVELLING_FILES = (CONFIDENCE_FILE,)
 
 
 def estimated_bytes(head, heads_dir: Path, with_base_weights: bool, joint: bool) -> int:
@@ -37,7 +39,7 @@ def estimated_bytes(head, heads_dir: Path, with_base_weights: bool, joint: bool)
     if with_base_weights:
         tensors += [head.embed_tokens.weight, head.base_lm_head.weight]
     tensor_bytes = sum(t.numel() * t.element_size() for t in tensors)  # tied tensors are written twice
-    copied = [heads_dir / name for name in (BENCH_NAME, *TRAVELLING_FILES)]
+    copied = [heads_dir / name for name in (BENCH_NAME, *TRAVELLING_RECORDS, *TRAVELLING_FILES)]
     if joint:
         from draftheads.heads.adapter import ADAPTER_DIR
 
@@ -104,13 +106,13 @@ def export_head(
         if bench is not None:
             bench = strip_local_paths(bench)
             (staging / BENCH_NAME).write_text(json.dumps(bench, indent=2) + "\n")
-        for name in TRAVELLING_FILES if format_name == DEFAULT_FORMAT else ():
-            if not (heads_dir / name).is_file():
-                continue
-            if name.endswith(".json"):  # records name local files by file name only, as the card does
+        travelling = format_name == DEFAULT_FORMAT
+        for name in TRAVELLING_RECORDS if travelling else ():
+            if (heads_dir / name).is_file():
                 record = strip_local_paths(json.loads((heads_dir / name).read_text()))
                 (staging / name).write_text(json.dumps(record, indent=2) + "\n")
-            else:  # read with the head by generate and bench
+        for name in TRAVELLING_FILES if travelling else ():
+            if (heads_dir / name).is_file():
                 shutil.copyfile(heads_dir / name, staging / name)
         parameters = sum(t.numel() for t in head.head_state_dict().values() if t.is_floating_point())
         card = render_model_card(card_config, parameters, bench)

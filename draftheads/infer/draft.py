@@ -69,6 +69,13 @@ class Draft:
         return self.topology.pad_tokens(self.tokens)  # (N,)
 
 
+def next_token_ids(input_ids: torch.Tensor, root: int) -> torch.Tensor:
+    """(1, T) the token after each position of ``input_ids`` (1, T): its own next ids, then ``root``
+    (the base model's token after the last): what ``Drafter.prefill`` and ``commit`` pair features
+    with."""
+    return torch.cat([input_ids[:, 1:], input_ids.new_tensor([[root]])], dim=1)
+
+
 def root_only(root: int) -> Draft:
     """The tree of the root alone: verifying it is a plain decoding step."""
     return Draft(torch.tensor([root], dtype=torch.long), tree_topology([ROOT_PARENT]), ("",), (1.0,))
@@ -255,8 +262,7 @@ class Drafter:
     def start(self, hidden_states, input_ids: torch.Tensor, root: int) -> None:
         """``prefill`` from the prompt's forward: its ``hidden_states``, its (1, T) ids, and the base
         model's first token ``root`` (at position T)."""
-        next_ids = torch.cat([input_ids[:, 1:], input_ids.new_tensor([[root]])], dim=1)  # (1, T)
-        self.prefill(self.select_features(hidden_states), next_ids)
+        self.prefill(self.select_features(hidden_states), next_token_ids(input_ids, root))
 
     def commit(self, features: torch.Tensor, next_ids: torch.Tensor, position: int) -> None:
         """Accepted: features (1, n, F) at positions position.., next_ids (1, n) one position later.

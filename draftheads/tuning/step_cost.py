@@ -13,7 +13,7 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-from draftheads.infer.draft import drafter_for
+from draftheads.infer.draft import drafter_for, next_token_ids
 from draftheads.infer.forward import prefill_forward, prefill_rows
 from draftheads.infer.tree import DynamicTree, StaticTree
 from draftheads.infer.verify_cost import CostCurve, isotonic, measure_verify_cost
@@ -68,7 +68,7 @@ class DecodingBench:
                 f"--prefix-tokens: timing a step needs a prefix of more than {STEP_TOKENS} tokens, "
                 f"got {self.past}"
             )
-        next_ids = torch.cat([ids[:, 1:], ids.new_tensor([[self.root]])], dim=1)  # (1, T)
+        next_ids = next_token_ids(ids, self.root)  # (1, T)
         self.drafter.prefill(features[:, :split], next_ids[:, :split])
         self.drafter.propose(int(ids[0, split]), split, StaticTree("first", ((0,),)))
         self.drafter.commit(features[:, split:], next_ids[:, split:], split)
