@@ -276,6 +276,7 @@ class AdaptiveDrafter(Drafter):
         self._last_started: float | None = None  # when the previous proposal began
         self._step_seconds: float | None = None  # between the last two proposals
         self._expected = (0.0, 1.0)  # tokens the last tree was expected to add: the head's alone, all
+        self._priced: tuple[Draft, list[float]] | None = None  # the last pruned tree, its nodes' prices
 
     @property
     def source(self) -> str:
@@ -332,6 +333,7 @@ class AdaptiveDrafter(Drafter):
             parents, probabilities, lambda size: self.cost.relative(size) + drafted, self.pad_to_multiple
         )
         pruned = prune_draft(draft, kept, self.pad_to_multiple)
+        self._priced = (pruned, [probabilities[n] for n in kept])
         own = self.gate.source if self.gate is not None else None
         self._expected = (
             sum(probabilities[n] for n in kept[1:] if draft.sources[n] == own),  # the head's alone
@@ -344,7 +346,14 @@ class AdaptiveDrafter(Drafter):
 
     def path_probabilities(self, draft: Draft) -> list[float]:
         """Calibrated path probabilities of ``draft``'s real nodes (root first, 1.0): the confidence
-        head's where there is one."""
+        head's where there is one.
+
+        For the tree this drafter last returned, the prices it was pruned by, read from the whole
+        tree as drafted: a node's chance of acceptance does not depend on which of its siblings
+        are verified, while the confidence head's sibling ranks would shift in the pruned tree
+        (and pricing it again would cost a second pass)."""
+        if self._priced is not None and draft is self._priced[0]:
+            return list(self._priced[1])
         if self.confidence is not None:
             return self.confidence.path_probabilities(draft)
         return self.calibration.path_probabilities(draft)

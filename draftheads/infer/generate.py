@@ -716,7 +716,7 @@ class SpeculativeGenerator:
                 return
             plan = self._plan_step(batch, tallies)
             step_started = time.perf_counter()
-            drafts = self._draft(batch, plan, context)
+            drafts, expected = self._draft(batch, plan, context)
             tokens_in_trees = [draft.padded_tokens for draft in drafts]  # (N_b,) each
             output = rows_forward(
                 self.model,
@@ -726,9 +726,6 @@ class SpeculativeGenerator:
                 batch.slots,
                 hidden_layers,
             )
-            expected = None  # tokens each row's tree was expected to emit, for the step gate
-            if self.adaptive and plan.gated and plan.drafting:
-                expected = [sum(d.path_probabilities(x)) for d, x in zip(batch.drafters, drafts)]
             acceptances = _verify(drafts, tokens_in_trees, output.logits, plan.drafting, params, generator)
             chunks, step_tokens = self._accept(
                 batch, drafts, tokens_in_trees, acceptances, output.hidden_states, sequences
@@ -804,9 +801,11 @@ class SpeculativeGenerator:
         gated = cost.ceiling()[0] > 1.0
         return _StepPlan(drafting=gated and self.step_gate.drafts(len(batch.rows)), gated=gated, cost=cost)
 
-    def _draft(self, batch: _Batch, plan: _StepPlan, context: int) -> list[Draft]:
+    def _draft(self, batch: _Batch, plan: _StepPlan, context: int) -> tuple[list[Draft], list[float] | None]:
         """Each row's tree for this step: its drafter's proposal, or its root alone where the step
-        does not draft; under adaptive drafting, a batch's trees pruned to one size."""
+        does not draft; under adaptive drafting, a batch's trees pruned to one size. With them,
+        under adaptive drafting, the tokens each row's tree is expected to emit (for the step
+        gate), from the prices its drafter pruned by; else None."""
         # Node depth d lands at position length + d; accepting d drafts makes the sequence
         # length + d + 2 long, which must stay within the context: at its edge, verify the root alone.
         trees = [
@@ -814,11 +813,15 @@ class SpeculativeGenerator:
             for n in batch.lengths
         ]
         drafts = propose_rows(batch.drafters, batch.roots, batch.lengths, trees)
-        if self.adaptive and plan.drafting and len(batch.rows) > 1:  # one tree size: see common_tree_size
-            probabilities = [d.path_probabilities(x) for d, x in zip(batch.drafters, drafts)]
-            size = common_tree_size([p[1:] for p in probabilities], plan.cost.relative, self.pad_to_multiple)
-            drafts = [keep_likeliest(x, p, size, self.pad_to_multiple) for x, p in zip(drafts, probabilities)]
-        return drafts
+        if not (self.adaptive and plan.drafting):
+            return drafts, None
+        probabilities = [d.path_probabilities(x) for d, x in zip(batch.drafters, drafts)]
+        if len(batch.rows) == 1:
+            return drafts, [sum(probabilities[0])]
+        # one tree size: see common_tree_size
+        size = common_tree_size([p[1:] for p in probabilities], plan.cost.relative, self.pad_to_multiple)
+        drafts = [keep_likeliest(x, p, size, self.pad_to_multiple) for x, p in zip(drafts, probabilities)]
+        return drafts, [p[0] + sum(sorted(p[1:], reverse=True)[: size - 1]) for p in probabilities]
 
     def _accept(
         self,

@@ -12,7 +12,7 @@ from infer_stubs import greedy_reference
 
 from draftheads.heads import Eagle3Config, MtpConfig, build_head
 from draftheads.infer import SpeculativeGenerator
-from draftheads.infer.adaptive import Calibration
+from draftheads.infer.adaptive import AdaptiveDrafter, Calibration
 from draftheads.infer.confidence import (
     CONFIDENCE_CONFIG,
     CONFIDENCE_FILE,
@@ -170,12 +170,18 @@ def test_greedy_output_is_the_base_models_with_the_confidence_head(config, monke
     priced = []  # the trees the confidence head priced: proof that adaptive drafting asked it
     original = ConfidenceHead.path_probabilities
     monkeypatch.setattr(ConfidenceHead, "path_probabilities", lambda h, d: priced.append(d) or original(h, d))
+    proposals = []  # each tree is priced once, when it is drafted, not again for the step gate
+    propose_steps = AdaptiveDrafter.propose_steps
+    monkeypatch.setattr(
+        AdaptiveDrafter, "propose_steps", lambda a, *args: proposals.append(args) or propose_steps(a, *args)
+    )
     for seed in range(2):
         prompt = torch.randint(3, 256, (1, 9), generator=torch.Generator().manual_seed(seed))
         result = generator.generate(prompt, max_new_tokens=24)
         assert result.sequences[0].tolist() == greedy_reference(model, prompt, 24).tolist()
     assert traces.steps  # the observer saw the verified steps
     assert len(priced) >= len(traces.steps) // 2  # most steps drafted, each tree priced by the head
+    assert len(priced) == len(proposals)
     with pytest.raises(ValueError, match="adaptive=True"):
         SpeculativeGenerator(model, head, confidence=confidence)
 
