@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
@@ -44,6 +45,13 @@ from draftheads.heads.eagle3 import default_feature_layers
 
 ARCHITECTURES = ("LlamaForCausalLMEagle3", "Eagle3LlamaForCausalLM")
 HEAD_TENSORS = ("fc.weight", "norm.weight", "lm_head.weight", "d2t", "t2d")  # besides the layer
+# EAGLE-3.1 (arXiv 2605.09992): one RMSNorm per captured layer before fc, and the final norm's output
+# handed to the next draft step. vLLM reads both flags from the draft's config (llama_eagle3.py: a
+# ModuleList ``fc_norm`` over the captured states' chunks; ``norm_output`` picks the post-norm state
+# as the next step's input) and from a speculators config's top level (speculators/algos.py); the
+# speculators package names them alike (speculators/models/eagle3/config.py).
+EAGLE31_FIELDS = ("fc_norm", "norm_output")
+FC_NORM_NAME = re.compile(r"fc_norm\.\d+\.weight")
 
 
 # ---- capture layers ---------------------------------------------------------------------------
@@ -84,6 +92,22 @@ def capture_layer_ids(config: dict[str, Any]) -> list[int] | None:
     return [i + 1 for i in nested] if nested else None
 
 
+def eagle31_fields(head: DraftHead) -> dict[str, bool]:
+    """EAGLE-3.1's config flags the head sets; none for an EAGLE-3 head, whose exports stay as before."""
+    return {name: True for name in EAGLE31_FIELDS if getattr(head.config, name)}
+
+
+def refuse_eagle31(head: DraftHead, format_name: str) -> None:
+    """A format whose loader builds EAGLE-3's graph only refuses an EAGLE-3.1 head: it would draft
+    from weights wired differently, losslessly but with little accepted."""
+    used = [name for name in EAGLE31_FIELDS if getattr(head.config, name)]
+    if used:
+        raise FormatError(
+            f"format '{format_name}': this head uses EAGLE-3.1's {' and '.join(used)}, which its "
+            "loader does not build. Use --format eagle3 or speculators (vLLM reads both), or draftheads."
+        )
+
+
 # ---- writers ----------------------------------------------------------------------------------
 
 
@@ -102,22 +126,16 @@ def eagle3_tensors(head: DraftHead, layer_prefix: str) -> dict[str, torch.Tensor
             f"the EAGLE-3 engine formats hold one draft layer; this head has {head.config.num_layers} "
             "(head.num_layers). Use --format draftheads."
         )
-    eagle31 = [name for name in ("fc_norm", "norm_output") if getattr(head.config, name)]
-    if eagle31:
-        # The formats here carry EAGLE-3's tensors and config fields; EAGLE-3.1's are not written.
-        raise FormatError(
-            f"this head uses EAGLE-3.1's {' and '.join(eagle31)}, which the eagle3, speculators and "
-            "gguf writers do not carry. Use --format draftheads."
-        )
     state = head.head_state_dict()
     layer = strip_prefix(state, "midlayer.")
     tensors = {f"{layer_prefix}{k}": v for k, v in layer.items()}
-    for name in ("fc.weight", "norm.weight", "lm_head.weight"):
+    fc_norms = {name for name in state if FC_NORM_NAME.fullmatch(name)}  # EAGLE-3.1's, if any
+    for name in ("fc.weight", "norm.weight", "lm_head.weight", *sorted(fc_norms)):
         tensors[name] = state[name]
     # d2t: int64 offsets (target = draft + d2t[draft]); t2d: bool mask over the target vocabulary.
     tensors["d2t"] = state["d2t"].to(torch.int64)
     tensors["t2d"] = state["t2d"].to(torch.bool)
-    unexpected = set(state) - set(HEAD_TENSORS) - {f"midlayer.{k}" for k in layer}
+    unexpected = set(state) - set(HEAD_TENSORS) - fc_norms - {f"midlayer.{k}" for k in layer}
     if unexpected:
         raise FormatError(
             f"eagle3 head has tensors the EAGLE-3 format has no place for: {sorted(unexpected)}"
@@ -134,6 +152,7 @@ def write_eagle3(head: DraftHead, directory: Path, options: ExportOptions) -> di
     config["draft_vocab_size"] = int(tensors["lm_head.weight"].shape[0])
     config["vocab_size"] = head.base_spec.vocab_size
     config.update(layer_id_fields(head))
+    config.update(eagle31_fields(head))
     config[DRAFTHEADS_KEY] = head_metadata(head)
     save_tensors(tensors, directory / WEIGHTS_NAME)
     return write_config(config, directory)
@@ -158,6 +177,7 @@ def write_speculators(head: DraftHead, directory: Path, options: ExportOptions) 
         # keeps the un-normed fc output as the residual, i.e. False.
         "norm_before_residual": False,
         "eagle_aux_hidden_state_layer_ids": list(head.feature_layers),
+        **eagle31_fields(head),
         "speculators_config": {
             "algorithm": "eagle3",
             "proposal_methods": [
@@ -215,6 +235,9 @@ class Eagle3Reader(EngineReader):
         layers = capture_layer_ids(config)
         if layers is not None and tuple(layers) != default_feature_layers(base_num_layers):
             values["feature_layers"] = list(layers)
+        for name in EAGLE31_FIELDS:
+            if config.get(name):
+                values[name] = True
         return values
 
     def head_state(self, tensors, config, where):
@@ -231,7 +254,9 @@ class Eagle3Reader(EngineReader):
                 out["midlayer." + name[len(prefix) :]] = value
             elif name in HEAD_TENSORS:
                 out[name] = value
-            elif name.removeprefix("model.") in ("fc.weight", "norm.weight"):
+            elif name.removeprefix("model.") in ("fc.weight", "norm.weight") or (
+                config.get("fc_norm") and FC_NORM_NAME.fullmatch(name.removeprefix("model."))
+            ):
                 out[name.removeprefix("model.")] = value
             elif "embed_tokens" in name:
                 notes.append(f"ignored {name} (the base model's embedding is used)")
@@ -277,6 +302,7 @@ class SpeculatorsReader(Eagle3Reader):
             "eagle_aux_hidden_state_layer_ids",
             "norm_before_residual",
             "target_hidden_size",
+            *EAGLE31_FIELDS,
         ):
             if key in saved:
                 config[key] = saved[key]

@@ -30,7 +30,7 @@ from typing import Any
 import torch
 
 from draftheads.export.draft_layer import require_engine_features, require_llama_layer, rope_fields
-from draftheads.export.eagle3 import eagle3_tensors
+from draftheads.export.eagle3 import eagle3_tensors, refuse_eagle31
 from draftheads.export.registry import ExportOptions, FormatError, register_writer
 from draftheads.heads.base import DraftHead
 
@@ -230,6 +230,7 @@ def write_gguf(head: DraftHead, directory: Path, options: ExportOptions) -> dict
 
     require_llama_layer(head.layer_config, "gguf")
     require_engine_features(head, "gguf")
+    refuse_eagle31(head, "gguf")  # llama.cpp's EAGLE-3 graph (src/models/eagle3.cpp) has no fc norms
     tensors = gguf_tensors(head)
     target = target_gguf_path(head, options)
     reader = GGUFReader(target)

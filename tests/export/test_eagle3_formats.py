@@ -134,12 +134,45 @@ def test_eagle3_formats_refuse_more_than_one_draft_layer(tiny_llama, tmp_path, k
     assert not (tmp_path / "config.json").exists()
 
 
-@pytest.mark.parametrize("kind", ["eagle3", "speculators", "gguf"])
+@pytest.mark.parametrize("kind", ["eagle3", "speculators"])
+@pytest.mark.parametrize("third_party", [False, True])
+def test_eagle31_heads_written_as_vllm_reads_them_and_read_back(tiny_llama, tmp_path, kind, third_party):
+    """vLLM's llama_eagle3.py builds ``fc_norm`` (one RMSNorm per captured state) and ``norm_output``
+    from the draft's config, a speculators config's top level included (speculators/algos.py)."""
+    head = make_head(
+        tiny_llama,
+        "eagle3",
+        draft_vocab_size=DRAFT_VOCAB,
+        feature_layers=(1, 2, 3),
+        fc_norm=True,
+        norm_output=True,
+    )
+    with torch.no_grad():  # off unit weight, so a norm read into the wrong slot shows
+        for index, norm in enumerate(head.fc_norm):
+            norm.weight.copy_(torch.linspace(0.5, 1.5, HIDDEN) * (index + 1))
+    config = write_head(head, tmp_path, kind)
+    assert config["fc_norm"] is True and config["norm_output"] is True
+    tensors = load_file(str(tmp_path / "model.safetensors"))
+    for index in range(3):
+        assert torch.equal(tensors[f"fc_norm.{index}.weight"], head.fc_norm[index].weight)
+    if third_party:  # only the engine's fields: the reader's own mapping, not our metadata
+        saved = json.loads((tmp_path / "config.json").read_text())
+        del saved[DRAFTHEADS_KEY]
+        (tmp_path / "config.json").write_text(json.dumps(saved))
+    loaded = load_head(tmp_path, base_model=tiny_llama)
+    assert loaded.config.fc_norm and loaded.config.norm_output
+    expected = head.head_state_dict()
+    assert loaded.head_state_dict().keys() == expected.keys()
+    assert all(torch.equal(value, expected[name]) for name, value in loaded.head_state_dict().items())
+
+
 @pytest.mark.parametrize("flag", ["fc_norm", "norm_output"])
-def test_eagle3_formats_refuse_eagle31_heads(tiny_llama, tmp_path, kind, flag):
+def test_gguf_refuses_eagle31_heads(tiny_llama, tmp_path, flag):
     head = make_head(
         tiny_llama, "eagle3", draft_vocab_size=DRAFT_VOCAB, feature_layers=(1, 2, 3), **{flag: True}
     )
-    with pytest.raises(FormatError, match=f"EAGLE-3.1's {flag}.*--format draftheads"):
-        write_head(head, tmp_path, kind)
+    with pytest.raises(
+        FormatError, match=f"format 'gguf'.*EAGLE-3.1's {flag}.*--format eagle3 or speculators"
+    ):
+        write_head(head, tmp_path, "gguf")
     assert not (tmp_path / "config.json").exists()
