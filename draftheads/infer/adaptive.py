@@ -158,13 +158,18 @@ def common_tree_size(
     return best_size
 
 
+def likeliest_nodes(probabilities: Sequence[float], size: int) -> list[int]:
+    """The root and the ``size - 1`` likeliest nodes, ascending (``probabilities``: path
+    probabilities of every node, root first, never above a parent's: a closed subtree)."""
+    order = sorted(range(1, len(probabilities)), key=lambda n: (-probabilities[n], n))
+    return [0, *sorted(order[: size - 1])]
+
+
 def keep_likeliest(
     draft: Draft, probabilities: Sequence[float], size: int, pad_to_multiple: int = 1
 ) -> Draft:
-    """``draft`` cut to its root and its ``size - 1`` likeliest nodes (``probabilities``: path
-    probabilities of every node, root first, never above a parent's: a closed subtree)."""
-    order = sorted(range(1, len(probabilities)), key=lambda n: (-probabilities[n], n))
-    return prune_draft(draft, [0, *sorted(order[: size - 1])], pad_to_multiple)
+    """``draft`` cut to ``likeliest_nodes(probabilities, size)``."""
+    return prune_draft(draft, likeliest_nodes(probabilities, size), pad_to_multiple)
 
 
 # ---- whether the head drafts --------------------------------------------------------------------

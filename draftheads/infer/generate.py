@@ -27,7 +27,14 @@ from typing import TYPE_CHECKING
 import torch
 
 from draftheads.base_model import DEFAULT_DTYPE
-from draftheads.infer.adaptive import AdaptiveDrafter, Calibration, HeadGate, common_tree_size, keep_likeliest
+from draftheads.infer.adaptive import (
+    AdaptiveDrafter,
+    Calibration,
+    HeadGate,
+    common_tree_size,
+    likeliest_nodes,
+    prune_draft,
+)
 from draftheads.infer.batch_draft import propose_rows
 from draftheads.infer.cache import add_rows, keep_accepted_rows, left_aligned_slots, select_rows
 from draftheads.infer.confidence import NEEDS_ADAPTIVE, load_confidence
@@ -820,8 +827,9 @@ class SpeculativeGenerator:
             return drafts, [sum(probabilities[0])]
         # one tree size: see common_tree_size
         size = common_tree_size([p[1:] for p in probabilities], plan.cost.relative, self.pad_to_multiple)
-        drafts = [keep_likeliest(x, p, size, self.pad_to_multiple) for x, p in zip(drafts, probabilities)]
-        return drafts, [p[0] + sum(sorted(p[1:], reverse=True)[: size - 1]) for p in probabilities]
+        kept = [likeliest_nodes(p, size) for p in probabilities]
+        drafts = [prune_draft(x, nodes, self.pad_to_multiple) for x, nodes in zip(drafts, kept)]
+        return drafts, [sum(p[n] for n in nodes) for p, nodes in zip(probabilities, kept)]
 
     def _accept(
         self,
