@@ -100,7 +100,7 @@ def eagle31_fields(head: DraftHead) -> dict[str, bool]:
 def refuse_eagle31(head: DraftHead, format_name: str) -> None:
     """A format whose loader builds EAGLE-3's graph only refuses an EAGLE-3.1 head: it would draft
     from weights wired differently, losslessly but with little accepted."""
-    used = [name for name in EAGLE31_FIELDS if getattr(head.config, name)]
+    used = list(eagle31_fields(head))
     if used:
         raise FormatError(
             f"format '{format_name}': this head uses EAGLE-3.1's {' and '.join(used)}, which its "
@@ -250,14 +250,15 @@ class Eagle3Reader(EngineReader):
         notes: list[str] = []
         for name, value in tensors.items():
             prefix = next((p for p in LAYER_PREFIXES if name.startswith(p)), None)
+            bare = name.removeprefix("model.")
             if prefix is not None:
                 out["midlayer." + name[len(prefix) :]] = value
             elif name in HEAD_TENSORS:
                 out[name] = value
-            elif name.removeprefix("model.") in ("fc.weight", "norm.weight") or (
-                config.get("fc_norm") and FC_NORM_NAME.fullmatch(name.removeprefix("model."))
+            elif bare in ("fc.weight", "norm.weight") or (
+                config.get("fc_norm") and FC_NORM_NAME.fullmatch(bare)
             ):
-                out[name.removeprefix("model.")] = value
+                out[bare] = value
             elif "embed_tokens" in name:
                 notes.append(f"ignored {name} (the base model's embedding is used)")
             else:
