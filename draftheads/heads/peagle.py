@@ -71,6 +71,17 @@ class PEagleHead(Eagle3Head):
         state, mask_tokens = self.mask_rows(*tokens.shape)
         return state.to(hidden.dtype), mask_tokens
 
+    def check_chain(self, past: int, new: int, position: int, depths: int) -> None:
+        """Raise unless a forward at root ``position`` over ``past`` cached rows and ``new`` new ones
+        holds the rows up to the root and asks for depths the head drafts."""
+        if new < 1 or past + new != position:
+            raise ValueError(
+                f"a P-EAGLE forward at position {position} needs the rows up to it: cache holds {past}, "
+                f"{new} new (at least 1: the row of the root)"
+            )
+        if not 1 <= depths <= self.num_draft_steps:
+            raise ValueError(f"depths must be in 1..{self.num_draft_steps}, got {depths}")
+
     def draft_chain(
         self, cache: DynamicCache, features: torch.Tensor, next_ids: torch.Tensor, position: int, depths: int
     ) -> torch.Tensor:
@@ -87,21 +98,37 @@ class PEagleHead(Eagle3Head):
         """
         batch, new = next_ids.shape
         past = cache.get_seq_length()
-        if new < 1 or past + new != position:
-            raise ValueError(
-                f"a P-EAGLE forward at position {position} needs the rows up to it: cache holds {past}, "
-                f"{new} new (at least 1: the row of the root)"
-            )
-        if not 1 <= depths <= self.num_draft_steps:
-            raise ValueError(f"depths must be in 1..{self.num_draft_steps}, got {depths}")
+        self.check_chain(past, new, position, depths)
+        device = features.device
+        positions = torch.arange(position - new, position + depths - 1, device=device)[None].expand(batch, -1)
+        mask = prefix_causal_mask(batch, past, new + depths - 1, self.fc.weight.dtype, device)
+        logits = self.draft_chains(cache, features, next_ids, positions, mask, depths)
+        if depths > 1:
+            cache.crop(-(depths - 1))  # mask rows are not context (crop counts from the end)
+        return logits
+
+    def draft_chains(
+        self,
+        cache: DynamicCache,
+        features: torch.Tensor,
+        next_ids: torch.Tensor,
+        position_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        depths: int,
+    ) -> torch.Tensor:
+        """``draft_chain``'s forward for rows of any prefix and new-row counts: the caller lays the
+        rows out, each row's last new row (the root's) at index n - 1, and masks what each row sees.
+
+        Args:
+            features: (B, n, F h) and next_ids (B, n): the new rows, appended to ``cache`` with the
+                D - 1 mask rows after them; position_ids: (B, n + D - 1);
+            attention_mask: (B, 1, n + D - 1, past + n + D - 1) additive.
+        Returns:
+            (B, depths, N) draft-vocabulary logits.
+        """
+        batch, new = next_ids.shape
         mask_state, mask_tokens = self.mask_rows(batch, depths - 1)
         hidden = torch.cat([self.fuse(features), mask_state], dim=1)  # (B, n + D - 1, h), fc's dtype
         tokens = torch.cat([next_ids, mask_tokens], dim=1)
-        positions = torch.arange(position - new, position + depths - 1, device=hidden.device)[None].expand(
-            batch, -1
-        )
-        mask = prefix_causal_mask(batch, past, hidden.shape[1], hidden.dtype, hidden.device)
-        states = self.step(hidden, tokens, positions, mask, cache)  # (B, n + D - 1, h)
-        if depths > 1:
-            cache.crop(-(depths - 1))  # mask rows are not context (crop counts from the end)
+        states = self.step(hidden, tokens, position_ids, attention_mask, cache)  # (B, n + D - 1, h)
         return self.logits(states[:, new - 1 :])  # (B, D, N)

@@ -15,7 +15,8 @@ Catching up on the accepted tokens (a ``CatchUp``) is batched the same way for h
 longest, so each row's last position, whose state drafting starts from, is its real last one. The
 drafters that draft every depth in one forward batch it too: Medusa's heads on the rows' last
 features stacked (``DepthLogits``), DFlash's block over each row's own context cache, the rows'
-new context rows left-padded (``BlockForward``). What stays per row is the Python bookkeeping of
+new context rows left-padded (``BlockForward``), and P-EAGLE's new rows and mask rows the same
+way (``ChainForward``). What stays per row is the Python bookkeeping of
 each tree.
 """
 
@@ -352,15 +353,60 @@ def blocks_together(requests: Sequence[BlockForward]) -> list[torch.Tensor]:
     return [logits[row] for row in range(len(requests))]
 
 
-def chains_one_by_one(requests: Sequence[ChainForward]) -> list[torch.Tensor]:
-    """Rows' ``ChainForward``, each alone (one drafter pass per row; rows are not stacked into one
-    forward)."""
-    return [request.run() for request in requests]
+def chains_together(requests: Sequence[ChainForward]) -> list[torch.Tensor]:
+    """Run rows' ``ChainForward`` (one head, each row on its own drafter cache) as one
+    ``draft_chains``; return each one's (D, N) logits and append its new rows to its own cache, as
+    ``ChainForward.run`` does for one.
+
+    Keys: the rows' caches stacked (left-aligned, padded to the longest), then the new rows (row b's
+    n_b at the end of the padded width: left padding, so every row's root row is the last), then the
+    D - 1 mask rows. A new row sees its row's cached prefix and its new rows up to itself, a mask row
+    those, the root's row and the mask rows up to itself, a padding row only itself; nothing sees a
+    padding row. Mask rows are not appended: they are not context."""
+    depths = requests[0].depths
+    if len(requests) == 1 or any(r.depths != depths for r in requests):
+        return [request.run() for request in requests]
+    head, caches = requests[0].head, [r.cache for r in requests]
+    keys = [cache.get_seq_length() for cache in caches]
+    counts = [r.next_ids.shape[1] for r in requests]
+    for request, seen, count in zip(requests, keys, counts):
+        head.check_chain(seen, count, request.position, depths)
+    longest, widest, extra = max(keys), max(counts), depths - 1
+    batched, target = _stack_caches(head, caches, 0, longest)
+    visible = torch.zeros(len(requests), widest + extra, longest + widest + extra, dtype=torch.bool)
+    visible[:, :widest, : longest + widest] = _catch_up_visible(keys, counts)  # the new rows
+    visible[:, widest:, longest + widest :] = torch.ones(extra, extra, dtype=torch.bool).tril()
+    position_ids = []
+    for row, (request, seen, count) in enumerate(zip(requests, keys, counts)):
+        pad = widest - count
+        visible[row, widest:, :seen] = True  # mask rows: the cached prefix and the real new rows
+        visible[row, widest:, longest + pad : longest + widest] = True
+        first = request.position - count  # the first new row's position
+        position_ids.append(
+            torch.cat(
+                [
+                    torch.full((pad,), first, dtype=torch.long),
+                    torch.arange(first, request.position + extra, dtype=torch.long),
+                ]
+            )
+        )
+    features = _left_padded([r.features for r in requests], widest)  # (B, widest, F)
+    device = features.device
+    logits = head.draft_chains(
+        batched,
+        features,
+        _left_padded([r.next_ids for r in requests], widest),  # (B, widest)
+        torch.stack(position_ids).to(device),  # (B, widest + D - 1)
+        additive_mask(visible, features.dtype)[:, None].to(device),  # (B, 1, widest + D - 1, keys)
+        depths,
+    )
+    _append_rows(target, caches, [slice(longest + widest - count, longest + widest) for count in counts])
+    return [logits[row] for row in range(len(requests))]
 
 
 # Each kind of head forward, run for every row of a batch that needs it in one call.
 TOGETHER = {
-    ChainForward: chains_one_by_one,
+    ChainForward: chains_together,
     CatchUp: catch_up_together,
     Expansion: run_together,
     DepthLogits: logits_together,

@@ -10,7 +10,15 @@ import pytest
 import torch
 from infer_stubs import SelfDraftStub
 
-from draftheads.heads import DFlashConfig, Eagle3Config, EagleConfig, MedusaConfig, MtpConfig, build_head
+from draftheads.heads import (
+    DFlashConfig,
+    Eagle3Config,
+    EagleConfig,
+    MedusaConfig,
+    MtpConfig,
+    PEagleConfig,
+    build_head,
+)
 from draftheads.infer import SpeculativeGenerator
 from draftheads.infer.batch_draft import CATCH_UP_PADDING_LIMIT
 from draftheads.infer.cache import keep_accepted_rows, left_aligned_slots, select_rows
@@ -33,6 +41,7 @@ HEADS = {
     ),
     "mtp": (MtpConfig(num_modules=3), "cpu-8"),
     "dflash": (DFlashConfig(num_layers=2, block_size=5, feature_layers=(1, 2, 3)), "cpu-8"),
+    "peagle": (PEagleConfig(feature_layers=(1, 2, 3), draft_vocab_size=64, ttt_steps=3), "cpu-8"),
 }
 
 
@@ -565,12 +574,14 @@ def test_rows_catch_up_together_as_each_alone(model, kind, caught_up, limit):
                 torch.testing.assert_close(layer.values, expected_layer.values, rtol=1e-4, atol=1e-5)
 
 
-@pytest.mark.parametrize("kind,forward", [("medusa", "draft_logits"), ("dflash", "draft_blocks")])
+@pytest.mark.parametrize(
+    "kind,forward", [("medusa", "draft_logits"), ("dflash", "draft_blocks"), ("peagle", "draft_chains")]
+)
 @torch.no_grad()
 def test_drafters_of_every_depth_at_once_draft_a_batch_in_one_forward(model, kind, forward):
-    """Medusa's heads and DFlash's block run once for all the rows (ragged prefixes, 1 to 60 new
-    positions each, block caches still empty beside filled ones) and give every row the tree, and
-    leave it the drafting state, that it drafts alone."""
+    """Medusa's heads, DFlash's block and P-EAGLE's chain run once for all the rows (ragged
+    prefixes, 1 to 60 new positions each, drafter caches still empty beside filled ones) and give
+    every row the tree, and leave it the drafting state, that it drafts alone."""
     from draftheads.infer.batch_draft import propose_rows
     from draftheads.infer.draft import drafter_for
     from draftheads.infer.forward import prefill_forward
@@ -607,7 +618,7 @@ def test_drafters_of_every_depth_at_once_draft_a_batch_in_one_forward(model, kin
     for row, (single, batched) in enumerate(zip(singles, together)):
         assert batched.tokens.tolist() == single.tokens.tolist(), row
         assert batched.scores == pytest.approx(single.scores, rel=1e-4, abs=1e-6), row
-    if kind == "dflash":  # each row's context cache holds what drafting alone leaves
+    if kind != "medusa":  # each row's drafter cache holds what drafting alone leaves
         for row, (ours, theirs) in enumerate(zip(drafters, alone)):
             assert ours.cache.get_seq_length() == theirs.cache.get_seq_length() == positions[row], row
             assert not ours.pending
