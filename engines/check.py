@@ -89,6 +89,9 @@ FAILING = ("fail", "engine-error")
 # Per speculators algorithm: the release layout its converter reads (speculators convert/:
 # Eagle3Converter, DFlashConverter) and our speculators layout of the same head.
 SPECULATORS_PAIRS = {"eagle3": ("eagle3", "speculators"), "dflash": ("dflash", "dflash-speculators")}
+# speculators algorithms, each named as the head kind it holds, that speculators loads but has no
+# converter for from a layout of ours: our export of it, checked for loading alone (models/peagle).
+SPECULATORS_LOAD_ONLY = {"peagle": "speculators"}
 
 
 # Shipped heads that no engine here can draft with, and why (docs/architecture.md, "Adding a base
@@ -191,18 +194,23 @@ def acceptance_gap(ours: dict, engine: dict) -> float | None:
 
 def speculators_checks(result: dict) -> dict[str, bool]:
     """(c) as booleans from ``speculators_check.py``'s result."""
-    load, convert = result.get("load", {}), result.get("convert", {})
-    return {
+    load = result.get("load", {})
+    checks = {
         "speculators_loads": "error" not in load
         and not load.get("missing")
         and not load.get("unexpected")
         and not load.get("altered"),
-        "converter_round_trip": "error" not in convert
-        and not convert.get("only_converted")
-        and not convert.get("only_ours")
-        and not convert.get("differing")
-        and not convert.get("config_differences"),
     }
+    if "convert" in result:  # absent for a load-only algorithm
+        convert = result["convert"]
+        checks["converter_round_trip"] = (
+            "error" not in convert
+            and not convert.get("only_converted")
+            and not convert.get("only_ours")
+            and not convert.get("differing")
+            and not convert.get("config_differences")
+        )
+    return checks
 
 
 # ---- our side -----------------------------------------------------------------------------------
@@ -222,10 +230,12 @@ def prompt_ids(tokenizer, prompts: tuple[str, ...]) -> list[list[int]]:
 
 def engine_chain(head, chain: int) -> int:
     """Draft tokens per step for ``head``, in the engines and ours: ``chain``, but a block head's whole
-    block. vLLM drafts DFlash as one block of 1 + num_speculative_tokens rows that attend to each other
-    (vllm/v1/spec_decode/dflash.py, ``set_inputs_first_pass``) and we always draft the trained block,
-    so both draft the same tokens only at num_speculative_tokens = block_size - 1."""
-    return head.num_draft_steps if head.drafting == "block" else chain
+    block and a causal-block head's trained depths. vLLM drafts DFlash as one block of
+    1 + num_speculative_tokens rows that attend to each other (vllm/v1/spec_decode/dflash.py,
+    ``set_inputs_first_pass``) and P-EAGLE as the root's row and num_speculative_tokens - 1 mask rows
+    (llm_base_proposer.py, parallel drafting); we always draft the trained block or depths, so both
+    draft the same tokens only at those lengths."""
+    return head.num_draft_steps if head.drafting in ("block", "causal-block") else chain
 
 
 def decode_ours(base_model, tokenizer, head, ids: list[list[int]], chain: int, max_new_tokens: int) -> dict:
@@ -332,6 +342,8 @@ UNTRAINED_HEADS = {
     # Qwen3 layers, the only DFlash layer the engines build (draftheads.export.dflash); a block of 4
     # drafts a chain of 3, as the other fresh heads do.
     "dflash": {"kind": "dflash", "layer_architecture": "qwen3", "block_size": 4},
+    # Three depths in one forward, the chain of 3 the other fresh heads draft.
+    "peagle": {"kind": "peagle", "ttt_steps": 3},
 }
 UNTRAINED_SEED = 0
 
@@ -689,13 +701,17 @@ def check_speculators(
     head_dir: Path, algorithm: str, exports: dict[str, Path], run: BaseRun, settings, work
 ) -> Outcome:
     """(c): speculators loads our speculators export of ``algorithm`` and converts our release-layout
-    export (``SPECULATORS_PAIRS``) into it."""
-    release_format, speculators_format = SPECULATORS_PAIRS[algorithm]
+    export (``SPECULATORS_PAIRS``) into it; a load-only algorithm (``SPECULATORS_LOAD_ONLY``) is
+    loaded alone."""
+    if algorithm in SPECULATORS_PAIRS:
+        release_format, speculators_format = SPECULATORS_PAIRS[algorithm]
+    else:
+        release_format, speculators_format = None, SPECULATORS_LOAD_ONLY[algorithm]
     outcome = Outcome(head_dir.name, head_kind(head_dir), speculators_format, "speculators", status="pass")
     request = {
         "algorithm": algorithm,
         "speculators_export": str(exports[speculators_format]),
-        "release_export": str(exports[release_format]),
+        "release_export": str(exports[release_format]) if release_format else None,
         "verifier": run.base_path,
         "work_dir": str(work / f"{head_dir.name}.{speculators_format}-convert"),
     }
@@ -737,6 +753,8 @@ def check_head(head_dir: Path, run: BaseRun, settings: CheckSettings, work: Path
     for algorithm, pair in SPECULATORS_PAIRS.items():
         if set(pair) <= set(exports):
             outcomes.append(check_speculators(head_dir, algorithm, exports, run, settings, work))
+    if SPECULATORS_LOAD_ONLY.get(head.kind) in exports:
+        outcomes.append(check_speculators(head_dir, head.kind, exports, run, settings, work))
     for format_name in converted:
         outcomes.append(check_llamacpp_converted(head_dir, format_name, run, ours, chain, settings, work))
     return outcomes

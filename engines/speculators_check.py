@@ -3,11 +3,12 @@ the speculators virtualenv (it imports nothing from draftheads).
 
     python engines/speculators_check.py REQUEST.json RESULT.json
 
-REQUEST: {"algorithm": "eagle3" or "dflash", "speculators_export": our speculators export,
+REQUEST: {"algorithm": "eagle3", "dflash" or "peagle", "speculators_export": our speculators export,
 "release_export": our export of the same head in the layout speculators' converter reads (eagle3,
-dflash), "verifier": the base model dir, "work_dir": scratch}. RESULT: {"load": {missing, unexpected,
-ignored_missing, config_class} or {error}, "convert": {converted_keys, ours_keys, only_converted,
-only_ours, differing, config_differences} or {error}, "speculators_version"}.
+dflash; null where there is none: then nothing is converted), "verifier": the base model dir,
+"work_dir": scratch}. RESULT: {"load": {missing, unexpected, ignored_missing, config_class} or
+{error}, "convert" (with a release export): {converted_keys, ours_keys, only_converted, only_ours,
+differing, config_differences} or {error}, "speculators_version"}.
 """
 
 from __future__ import annotations
@@ -135,16 +136,17 @@ def main(argv: list[str]) -> int:
         result["load"] = load_export(request["speculators_export"])
     except Exception as err:  # noqa: BLE001 (the package's own error is the finding)
         result["load"] = engine_error(err)
-    try:
-        result["convert"] = convert_export(
-            request["algorithm"],
-            request["release_export"],
-            request["speculators_export"],
-            request["verifier"],
-            request["work_dir"],
-        )
-    except Exception as err:  # noqa: BLE001
-        result["convert"] = engine_error(err)
+    if request["release_export"] is not None:  # else no converter reads a layout of ours
+        try:
+            result["convert"] = convert_export(
+                request["algorithm"],
+                request["release_export"],
+                request["speculators_export"],
+                request["verifier"],
+                request["work_dir"],
+            )
+        except Exception as err:  # noqa: BLE001
+            result["convert"] = engine_error(err)
     with open(result_path, "w") as handle:
         json.dump(result, handle, indent=1)
     return 0

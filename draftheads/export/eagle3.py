@@ -4,8 +4,9 @@
 - ``eagle3``: SGLang ``LlamaForCausalLMEagle3`` (sglang/srt/models/llama_eagle3.py), which vLLM
   also loads (vllm/model_executor/models/llama_eagle3.py renames ``midlayer.`` -> ``layers.0.``).
 - ``speculators``: vLLM's speculators config (vllm/transformers_utils/configs/speculators/
-  {base,algos}.py): ``vllm serve DIR`` reads the verifier from it. vLLM registers only ``eagle3``
-  there, so EAGLE-1 heads have no speculators layout.
+  {base,algos}.py): ``vllm serve DIR`` reads the verifier from it. vLLM registers ``eagle3`` there
+  and ``peagle`` (P-EAGLE: EAGLE-3's tensors plus ``mask_hidden``, served as eagle3 with
+  ``parallel_drafting``), so EAGLE-1 heads have no speculators layout.
 """
 
 from __future__ import annotations
@@ -44,6 +45,8 @@ from draftheads.heads.base import WEIGHTS_NAME, DraftHead
 from draftheads.heads.eagle3 import default_feature_layers
 
 ARCHITECTURES = ("LlamaForCausalLMEagle3", "Eagle3LlamaForCausalLM")
+# The speculators package's model classes (speculators/models/{eagle3,peagle}).
+SPECULATOR_ARCHITECTURES = {"eagle3": "Eagle3Speculator", "peagle": "PEagleSpeculator"}
 HEAD_TENSORS = ("fc.weight", "norm.weight", "lm_head.weight", "d2t", "t2d")  # besides the layer
 # EAGLE-3.1 (arXiv 2605.09992): one RMSNorm per captured layer before fc, and the final norm's output
 # handed to the next draft step. vLLM reads both flags from the draft's config (llama_eagle3.py: a
@@ -52,6 +55,12 @@ HEAD_TENSORS = ("fc.weight", "norm.weight", "lm_head.weight", "d2t", "t2d")  # b
 # speculators package names them alike (speculators/models/eagle3/config.py).
 EAGLE31_FIELDS = ("fc_norm", "norm_output")
 FC_NORM_NAME = re.compile(r"fc_norm\.\d+\.weight")
+# P-EAGLE's learned mask-row features: vLLM loads ``mask_hidden`` (any shape, viewed as (1, F h))
+# into the buffer its parallel drafting feeds through ``fc`` for every mask row (llama_eagle3.py
+# ``load_weights``; v1/spec_decode/llm_base_proposer.py) and reads the mask rows' token from
+# ``mask_token_id`` (algos.py ``update_peagle``: ``pard_token``); the speculators package's
+# PEagleDraftModel holds it as (1, 1, F h) (speculators/models/peagle/core.py).
+MASK_HIDDEN = "mask_hidden"
 
 
 # ---- capture layers ---------------------------------------------------------------------------
@@ -129,13 +138,16 @@ def eagle3_tensors(head: DraftHead, layer_prefix: str) -> dict[str, torch.Tensor
     state = head.head_state_dict()
     layer = strip_prefix(state, "midlayer.")
     tensors = {f"{layer_prefix}{k}": v for k, v in layer.items()}
-    fc_norms = {name for name in state if FC_NORM_NAME.fullmatch(name)}  # EAGLE-3.1's, if any
-    for name in ("fc.weight", "norm.weight", "lm_head.weight", *sorted(fc_norms)):
+    extra = {name for name in state if FC_NORM_NAME.fullmatch(name)}  # EAGLE-3.1's, if any
+    for name in ("fc.weight", "norm.weight", "lm_head.weight", *sorted(extra)):
         tensors[name] = state[name]
+    if head.kind == "peagle":
+        extra.add(MASK_HIDDEN)
+        tensors[MASK_HIDDEN] = state[MASK_HIDDEN][None]  # (1, 1, F h), as speculators' own P-EAGLE saves it
     # d2t: int64 offsets (target = draft + d2t[draft]); t2d: bool mask over the target vocabulary.
     tensors["d2t"] = state["d2t"].to(torch.int64)
     tensors["t2d"] = state["t2d"].to(torch.bool)
-    unexpected = set(state) - set(HEAD_TENSORS) - fc_norms - {f"midlayer.{k}" for k in layer}
+    unexpected = set(state) - set(HEAD_TENSORS) - extra - {f"midlayer.{k}" for k in layer}
     if unexpected:
         raise FormatError(
             f"eagle3 head has tensors the EAGLE-3 format has no place for: {sorted(unexpected)}"
@@ -158,7 +170,16 @@ def write_eagle3(head: DraftHead, directory: Path, options: ExportOptions) -> di
     return write_config(config, directory)
 
 
-@register_writer("speculators", ("eagle3",), "vLLM (`vllm serve DIR`, speculators eagle3)")
+def algorithm_fields(head: DraftHead, options: ExportOptions) -> tuple[str, int, dict[str, Any]]:
+    """The speculators algorithm of ``head``, the draft tokens a step vLLM defaults to, and the
+    algorithm's own config fields. A P-EAGLE head drafts exactly its trained depths in one forward
+    (vLLM: one real row, then num_speculative_tokens - 1 mask rows), as a DFlash export its block."""
+    if head.kind == "peagle":
+        return "peagle", head.num_draft_steps, {"mask_token_id": head.mask_token_id}
+    return "eagle3", options.speculative_tokens, {}
+
+
+@register_writer("speculators", ("eagle3", "peagle"), "vLLM (`vllm serve DIR`, speculators eagle3 / peagle)")
 def write_speculators(head: DraftHead, directory: Path, options: ExportOptions) -> dict[str, Any]:
     require_llama_layer(head.layer_config, "speculators")
     require_engine_features(head, "speculators")
@@ -168,9 +189,10 @@ def write_speculators(head: DraftHead, directory: Path, options: ExportOptions) 
     layer_config = eagle3_layer_config(head, "LlamaForCausalLM")
     layer_config["vocab_size"] = head.base_spec.vocab_size
     verifier = options.verifier or hub_name(head.base_spec.name_or_path)
+    algorithm, speculative_tokens, own_fields = algorithm_fields(head, options)
     config = {
-        "architectures": ["Eagle3Speculator"],
-        "speculators_model_type": "eagle3",
+        "architectures": [SPECULATOR_ARCHITECTURES[algorithm]],
+        "speculators_model_type": algorithm,
         "transformer_layer_config": layer_config,
         "draft_vocab_size": int(tensors["lm_head.weight"].shape[0]),
         # vLLM algos.py defaults norm_before_residual to TRUE when absent; EAGLE-3 (and our head)
@@ -178,11 +200,10 @@ def write_speculators(head: DraftHead, directory: Path, options: ExportOptions) 
         "norm_before_residual": False,
         "eagle_aux_hidden_state_layer_ids": list(head.feature_layers),
         **eagle31_fields(head),
+        **own_fields,
         "speculators_config": {
-            "algorithm": "eagle3",
-            "proposal_methods": [
-                {"proposal_type": "greedy", "speculative_tokens": options.speculative_tokens}
-            ],
+            "algorithm": algorithm,
+            "proposal_methods": [{"proposal_type": "greedy", "speculative_tokens": speculative_tokens}],
             "default_proposal_method": "greedy",
             "verifier": {
                 "name_or_path": verifier,
@@ -275,27 +296,31 @@ class Eagle3Reader(EngineReader):
         return out, notes
 
 
+# speculators model types read elsewhere: dflash by draftheads.export.dflash, peagle below.
+OTHER_SPECULATORS = ("dflash", "peagle")
+
+
 @register_reader
 class SpeculatorsReader(Eagle3Reader):
-    """vLLM speculators checkpoints (``speculators_model_type``); only eagle3 is readable."""
+    """vLLM speculators checkpoints (``speculators_model_type``) of EAGLE-3."""
 
     name = "speculators"
     description = "speculators eagle3"
     base_name_field = "speculators_config.verifier.name_or_path"
+    model_type = "eagle3"
 
     def recognises(self, saved):
-        # dflash speculators checkpoints have their own reader (draftheads.export.dflash).
-        return "speculators_model_type" in saved and saved["speculators_model_type"] != "dflash"
+        return "speculators_model_type" in saved and saved["speculators_model_type"] not in OTHER_SPECULATORS
 
     def recognises_layout(self, tensors):
         return False
 
     def engine_config(self, saved, where):
         """Flatten the speculators config into the plain draft-layer config EAGLE-3 reads."""
-        if saved["speculators_model_type"] != "eagle3":
+        if saved["speculators_model_type"] != self.model_type:
             raise FormatError(
                 f"{where}: speculators_model_type '{saved['speculators_model_type']}' is not readable here "
-                "(readable: eagle3)"
+                "(readable: eagle3, peagle, dflash)"
             )
         config = dict(saved.get("transformer_layer_config") or {})
         for key in (
@@ -303,8 +328,42 @@ class SpeculatorsReader(Eagle3Reader):
             "eagle_aux_hidden_state_layer_ids",
             "norm_before_residual",
             "target_hidden_size",
+            "mask_token_id",
             *EAGLE31_FIELDS,
         ):
             if key in saved:
                 config[key] = saved[key]
+        methods = (saved.get("speculators_config") or {}).get("proposal_methods") or [{}]
+        config["speculative_tokens"] = methods[0].get("speculative_tokens")
         return config
+
+
+@register_reader
+class PEagleSpeculatorsReader(SpeculatorsReader):
+    """vLLM speculators checkpoints of P-EAGLE: EAGLE-3's, plus ``mask_hidden`` and the mask token;
+    the draft depth is the proposal's ``speculative_tokens``."""
+
+    name = "speculators-peagle"
+    kind = "peagle"
+    description = "speculators peagle"
+    model_type = "peagle"
+
+    def recognises(self, saved):
+        return saved.get("speculators_model_type") == self.model_type
+
+    def head_config_values(self, config, base_num_layers):
+        values = super().head_config_values(config, base_num_layers)
+        if config.get("mask_token_id") is not None:
+            values["mask_token_id"] = config["mask_token_id"]
+        if config.get("speculative_tokens"):
+            values["ttt_steps"] = config["speculative_tokens"]
+        return values
+
+    def head_state(self, tensors, config, where):
+        if MASK_HIDDEN not in tensors:
+            raise FormatError(f"{where}: a speculators peagle checkpoint without '{MASK_HIDDEN}'")
+        mask_hidden = tensors[MASK_HIDDEN]
+        rest = {name: value for name, value in tensors.items() if name != MASK_HIDDEN}
+        out, notes = super().head_state(rest, config, where)
+        out[MASK_HIDDEN] = mask_hidden.reshape(1, -1)
+        return out, notes

@@ -176,3 +176,74 @@ def test_gguf_refuses_eagle31_heads(tiny_llama, tmp_path, flag):
     ):
         write_head(head, tmp_path, "gguf")
     assert not (tmp_path / "config.json").exists()
+
+
+def peagle_head(base):
+    """A P-EAGLE head of 3 depths with a non-default mask token and a draft vocabulary mapping."""
+    from draftheads.heads import PEagleConfig, build_head
+
+    config = PEagleConfig(
+        draft_vocab_size=DRAFT_VOCAB, feature_layers=(1, 2, 3), ttt_steps=3, mask_token_id=7
+    )
+    head = build_head(base, config, base_name="tiny-llama")
+    counts = torch.zeros(VOCAB)
+    counts[torch.randperm(VOCAB, generator=torch.Generator().manual_seed(3))[:DRAFT_VOCAB]] = (
+        1.0 + torch.arange(DRAFT_VOCAB)
+    )
+    head.init_from_data(counts)
+    with torch.no_grad():
+        head.mask_hidden.copy_(torch.linspace(-1.0, 1.0, head.mask_hidden.numel()).view_as(head.mask_hidden))
+    return head
+
+
+def peagle_chain(head, base) -> torch.Tensor:
+    """Every depth's logits from one drafting forward after a 12-token prefix."""
+    input_ids = torch.randint(3, VOCAB, (1, 12), generator=torch.Generator().manual_seed(5))
+    with torch.no_grad():
+        features = head.select_features(base(input_ids, output_hidden_states=True).hidden_states)
+        return head.draft_chain(head.new_cache(), features[:, :11], input_ids[:, 1:], 11, 3)
+
+
+@pytest.mark.parametrize("third_party", [False, True])
+def test_peagle_speculators_layout_is_what_vllm_reads_and_reads_back(tiny_llama, tmp_path, third_party):
+    """vLLM serves a speculators ``peagle`` checkpoint as eagle3 with parallel drafting
+    (speculators/base.py), its mask token from ``mask_token_id`` (algos.py ``update_peagle``) and its
+    mask-row features from the ``mask_hidden`` tensor (llama_eagle3.py ``load_weights``)."""
+    head = peagle_head(tiny_llama)
+    config = write_head(head, tmp_path, "speculators")
+    assert config["speculators_model_type"] == "peagle" and config["architectures"] == ["PEagleSpeculator"]
+    assert config["mask_token_id"] == 7 and config["norm_before_residual"] is False
+    speculators = config["speculators_config"]
+    assert speculators["algorithm"] == "peagle"
+    assert speculators["proposal_methods"][0]["speculative_tokens"] == 3  # the trained depths
+    tensors = load_file(str(tmp_path / "model.safetensors"))
+    assert tensors["mask_hidden"].shape == (1, 1, 3 * HIDDEN)  # speculators' PEagleDraftModel shape
+    assert torch.equal(tensors["mask_hidden"].view(1, -1), head.mask_hidden)
+    assert "layers.0.hidden_norm.weight" in tensors and "d2t" in tensors
+    if third_party:  # only the engine's fields: the reader's own mapping, not our metadata
+        saved = json.loads((tmp_path / "config.json").read_text())
+        del saved[DRAFTHEADS_KEY]
+        (tmp_path / "config.json").write_text(json.dumps(saved))
+    loaded = load_head(tmp_path, base_model=tiny_llama)
+    assert loaded.kind == "peagle" and loaded.mask_token_id == 7 and loaded.num_draft_steps == 3
+    expected = head.head_state_dict()
+    assert loaded.head_state_dict().keys() == expected.keys()
+    assert all(torch.equal(value, expected[name]) for name, value in loaded.head_state_dict().items())
+    assert torch.equal(peagle_chain(loaded, tiny_llama), peagle_chain(head, tiny_llama))
+
+
+def test_a_peagle_checkpoint_without_mask_hidden_is_named(tiny_llama, tmp_path):
+    from safetensors.torch import save_file
+
+    write_head(peagle_head(tiny_llama), tmp_path, "speculators")
+    tensors = load_file(str(tmp_path / "model.safetensors"))
+    del tensors["mask_hidden"]
+    save_file(tensors, str(tmp_path / "model.safetensors"))
+    with pytest.raises(FormatError, match="speculators peagle checkpoint without 'mask_hidden'"):
+        load_head(tmp_path, base_model=tiny_llama)
+
+
+def test_peagle_has_no_eagle3_or_gguf_layout(tiny_llama, tmp_path):
+    for format_name in ("eagle3", "gguf"):
+        with pytest.raises(FormatError, match="cannot express a peagle head"):
+            write_head(peagle_head(tiny_llama), tmp_path / format_name, format_name)

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from draftheads.export import write_head
-from draftheads.heads import DFlashConfig, build_head
+from draftheads.heads import DFlashConfig, PEagleConfig, build_head
 from draftheads.heads.base import head_config_from_dict
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -78,6 +78,9 @@ def test_speculators_verdicts_fail_on_any_key_or_tensor_difference(check):
         assert verdict["converter_round_trip"] is False, key
     differs = {**convert, "config_differences": {"draft_vocab_size": {"converted": 8192, "ours": 4096}}}
     assert check.speculators_checks({"load": load, "convert": differs})["converter_round_trip"] is False
+    # a load-only algorithm (P-EAGLE: no converter reads a layout of ours) is judged on its load alone
+    assert check.speculators_checks({"load": load}) == {"speculators_loads": True}
+    assert check.speculators_checks({"load": {"error": "KeyError"}}) == {"speculators_loads": False}
     errors = check.speculators_checks({"load": {"error": "KeyError: x"}, "convert": {"error": "OSError: y"}})
     assert errors == {"speculators_loads": False, "converter_round_trip": False}
 
@@ -115,6 +118,11 @@ def test_a_block_head_drafts_its_whole_block_in_every_engine(check, tiny_llama):
     assert check.engine_chain(dflash, chain=3) == 4
     eagle = build_head(tiny_llama, head_config_from_dict(check.UNTRAINED_HEADS["eagle"]), "tiny")
     assert check.engine_chain(eagle, chain=3) == 3
+    # vLLM's parallel drafting: the root's row and num_speculative_tokens - 1 mask rows.
+    peagle = build_head(tiny_llama, PEagleConfig(ttt_steps=2, feature_layers=(1, 2, 3)), "tiny")
+    assert check.engine_chain(peagle, chain=3) == 2
+    fresh = head_config_from_dict({**check.UNTRAINED_HEADS["peagle"], "feature_layers": [1, 2, 3]})
+    assert check.engine_chain(build_head(tiny_llama, fresh, "tiny"), chain=3) == 3  # as the others
 
 
 def test_report_shows_failed_checks_and_the_engines_last_error_line(check):

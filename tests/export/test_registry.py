@@ -39,6 +39,7 @@ def test_every_format_and_reader_is_registered_in_order():
     assert list(READER_REGISTRY) == [
         "eagle3",
         "speculators",
+        "speculators-peagle",
         "eagle",
         "medusa-vllm",
         "dflash",
@@ -46,6 +47,7 @@ def test_every_format_and_reader_is_registered_in_order():
     ]
     assert formats_for("eagle3") == ["draftheads", "eagle3", "speculators", "gguf"]
     assert formats_for("dflash") == ["draftheads", "dflash", "dflash-speculators"]
+    assert formats_for("peagle") == ["draftheads", "speculators"]
 
 
 def test_format_that_cannot_hold_the_head_is_refused_with_alternatives(tiny_llama, tmp_path):
