@@ -53,7 +53,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--speculative-tokens",
         type=positive_int,
         default=ExportOptions.speculative_tokens,
-        help="speculators: proposal length",
+        help="speculators: proposal length of an EAGLE-3 head (P-EAGLE and DFlash: their trained depths)",
     )
     parser.add_argument(
         "--target-gguf",
