@@ -328,13 +328,10 @@ class SpeculatorsReader(Eagle3Reader):
             "eagle_aux_hidden_state_layer_ids",
             "norm_before_residual",
             "target_hidden_size",
-            "mask_token_id",
             *EAGLE31_FIELDS,
         ):
             if key in saved:
                 config[key] = saved[key]
-        methods = (saved.get("speculators_config") or {}).get("proposal_methods") or [{}]
-        config["speculative_tokens"] = methods[0].get("speculative_tokens")
         return config
 
 
@@ -350,6 +347,13 @@ class PEagleSpeculatorsReader(SpeculatorsReader):
 
     def recognises(self, saved):
         return saved.get("speculators_model_type") == self.model_type
+
+    def engine_config(self, saved, where):
+        config = super().engine_config(saved, where)
+        config["mask_token_id"] = saved.get("mask_token_id")
+        methods = (saved.get("speculators_config") or {}).get("proposal_methods") or [{}]
+        config["speculative_tokens"] = methods[0].get("speculative_tokens")
+        return config
 
     def head_config_values(self, config, base_num_layers):
         values = super().head_config_values(config, base_num_layers)

@@ -306,6 +306,38 @@ def logits_together(requests: Sequence[DepthLogits]) -> list[torch.Tensor]:
     return [logits[row, -1] for row in range(len(requests))]
 
 
+def _rows_then_queries(
+    keys: Sequence[int], counts: Sequence[int], positions: Sequence[int], queries: int, causal: bool
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The layout of a forward that appends rows' new rows and then ``queries`` query rows to their
+    stacked caches (row b's ``keys[b]`` entries left-aligned, its ``counts[b]`` new rows left-padded,
+    the last at ``positions[b] - 1``). Returns the (B, widest + Q, longest + widest + Q) bool
+    visibility: a new row sees its cached prefix and its new rows up to itself (``_catch_up_visible``),
+    a query row those and the query rows (up to itself where ``causal``, else all of them), a padding
+    row only itself, and nothing sees a padding row; and the (B, widest + Q) position ids: the query
+    rows at positions[b] onwards, a padding row at its row's first new position."""
+    longest, widest = max(keys), max(counts)
+    visible = torch.zeros(len(keys), widest + queries, longest + widest + queries, dtype=torch.bool)
+    visible[:, :widest, : longest + widest] = _catch_up_visible(keys, counts)  # the new rows
+    among = torch.ones(queries, queries, dtype=torch.bool)
+    visible[:, widest:, longest + widest :] = among.tril() if causal else among
+    position_ids = []
+    for row, (seen, count, position) in enumerate(zip(keys, counts, positions)):
+        pad = widest - count
+        visible[row, widest:, :seen] = True  # query rows: the cached prefix and the real new rows
+        visible[row, widest:, longest + pad : longest + widest] = True
+        first = position - count  # the first new row's position
+        position_ids.append(
+            torch.cat(
+                [
+                    torch.full((pad,), max(first, 0), dtype=torch.long),
+                    torch.arange(first, position + queries, dtype=torch.long),
+                ]
+            )
+        )
+    return visible, torch.stack(position_ids)
+
+
 def blocks_together(requests: Sequence[BlockForward]) -> list[torch.Tensor]:
     """Run rows' ``BlockForward`` (one head, each row on its own context cache) as one
     ``draft_blocks``; return each one's (K - 1, V) logits and append its new context rows to its own
@@ -320,24 +352,10 @@ def blocks_together(requests: Sequence[BlockForward]) -> list[torch.Tensor]:
     head, caches = requests[0].head, [r.cache for r in requests]
     keys = [cache.get_seq_length() for cache in caches]
     counts = [r.features.shape[1] for r in requests]
-    longest, widest, size = max(keys), max(counts), head.block_size
+    longest, widest = max(keys), max(counts)
     batched, target = _stack_caches(head, caches, 0, longest)
-    visible = torch.zeros(len(requests), widest + size, longest + widest + size, dtype=torch.bool)
-    visible[:, :widest, : longest + widest] = _catch_up_visible(keys, counts)  # the context rows
-    position_ids = []
-    for row, (request, seen, count) in enumerate(zip(requests, keys, counts)):
-        pad = widest - count
-        visible[row, widest:, :seen] = True  # block rows: the cached prefix,
-        visible[row, widest:, longest + pad :] = True  # the real new context rows and the whole block
-        first = request.position - count  # the first new context row's position
-        position_ids.append(
-            torch.cat(
-                [
-                    torch.full((pad,), max(first, 0), dtype=torch.long),
-                    torch.arange(first, request.position + size, dtype=torch.long),
-                ]
-            )
-        )
+    positions = [r.position for r in requests]
+    visible, position_ids = _rows_then_queries(keys, counts, positions, head.block_size, causal=False)
     features = _left_padded([r.features for r in requests], widest)  # (B, widest, F)
     device = features.device
     # (B, 1, widest + K, longest + widest + K)
@@ -346,7 +364,7 @@ def blocks_together(requests: Sequence[BlockForward]) -> list[torch.Tensor]:
         batched,
         features,
         torch.tensor([r.root for r in requests], dtype=torch.long, device=device),
-        torch.stack(position_ids).to(device),  # (B, widest + K)
+        position_ids.to(device),  # (B, widest + K)
         mask,
     )
     _append_rows(target, caches, [slice(longest + widest - count, longest + widest) for count in counts])
@@ -371,32 +389,17 @@ def chains_together(requests: Sequence[ChainForward]) -> list[torch.Tensor]:
     counts = [r.next_ids.shape[1] for r in requests]
     for request, seen, count in zip(requests, keys, counts):
         head.check_chain(seen, count, request.position, depths)
-    longest, widest, extra = max(keys), max(counts), depths - 1
+    longest, widest = max(keys), max(counts)
     batched, target = _stack_caches(head, caches, 0, longest)
-    visible = torch.zeros(len(requests), widest + extra, longest + widest + extra, dtype=torch.bool)
-    visible[:, :widest, : longest + widest] = _catch_up_visible(keys, counts)  # the new rows
-    visible[:, widest:, longest + widest :] = torch.ones(extra, extra, dtype=torch.bool).tril()
-    position_ids = []
-    for row, (request, seen, count) in enumerate(zip(requests, keys, counts)):
-        pad = widest - count
-        visible[row, widest:, :seen] = True  # mask rows: the cached prefix and the real new rows
-        visible[row, widest:, longest + pad : longest + widest] = True
-        first = request.position - count  # the first new row's position
-        position_ids.append(
-            torch.cat(
-                [
-                    torch.full((pad,), first, dtype=torch.long),
-                    torch.arange(first, request.position + extra, dtype=torch.long),
-                ]
-            )
-        )
+    positions = [r.position for r in requests]
+    visible, position_ids = _rows_then_queries(keys, counts, positions, depths - 1, causal=True)
     features = _left_padded([r.features for r in requests], widest)  # (B, widest, F)
     device = features.device
     logits = head.draft_chains(
         batched,
         features,
         _left_padded([r.next_ids for r in requests], widest),  # (B, widest)
-        torch.stack(position_ids).to(device),  # (B, widest + D - 1)
+        position_ids.to(device),  # (B, widest + D - 1)
         additive_mask(visible, features.dtype)[:, None].to(device),  # (B, 1, widest + D - 1, keys)
         depths,
     )
