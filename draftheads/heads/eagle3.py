@@ -83,6 +83,12 @@ class Eagle3Config(HeadConfig):
     # ``EaModel.from_pretrained(depth=7)``). Training-only: drafting runs as deep as its tree, so a
     # continued run may unroll more or fewer steps than the saved head trained with.
     ttt_steps: int = field(default=7, metadata={TRAINING_ONLY: True})
+    # COD sampling (P-EAGLE, arXiv 2602.01469): TTT step j >= 1 runs a scored chain with
+    # probability max(cod_ratio^j, cod_ratio_min), nested (a chain that stops runs no later step),
+    # so deep steps cost fewer rows and carry fewer loss terms. 1.0: every scored chain runs every
+    # step. The P-EAGLE reference samples with 0.7 and a floor of 0.2. Evaluation runs every step.
+    cod_ratio: float = field(default=1.0, metadata={TRAINING_ONLY: True})
+    cod_ratio_min: float = field(default=0.2, metadata={TRAINING_ONLY: True})
     # Width of the draft layer's MLP. None: the base's ``intermediate_size``. A wider MLP gives
     # the one draft layer more capacity; the engine formats carry it in the draft layer's
     # config.json. A run continuing a narrower saved head grows it (``load_saved``). Measured in
@@ -137,6 +143,10 @@ class Eagle3Config(HeadConfig):
             raise ValueError(f"draft_vocab_size must be >= 1, got {self.draft_vocab_size}")
         if self.ttt_steps < 1:
             raise ValueError(f"ttt_steps must be >= 1, got {self.ttt_steps}")
+        if not 0.0 < self.cod_ratio <= 1.0:
+            raise ValueError(f"cod_ratio must be in (0, 1], got {self.cod_ratio}")
+        if not 0.0 <= self.cod_ratio_min <= 1.0:
+            raise ValueError(f"cod_ratio_min must be in [0, 1], got {self.cod_ratio_min}")
         if self.intermediate_size is not None and self.intermediate_size < 1:
             raise ValueError(f"intermediate_size must be >= 1, got {self.intermediate_size}")
         if not 0.0 <= self.hard_target_weight <= 1.0:
@@ -255,22 +265,47 @@ def grow_draft_vocabulary(
 
 @dataclass
 class UnrolledRows:
-    """What ``training_time_test`` returns: per step a (B, R, h) state, at drafter rows ``index``."""
+    """What ``training_time_test`` returns: per step j a (B, R_j, h) state at drafter rows
+    ``index[:, :R_j]``. R_0 = R; R_j is smaller when some chains stop before step j (COD sampling),
+    since slots are ordered longest chain first."""
 
-    states: list[torch.Tensor]  # ttt_steps x (B, R, h)
+    states: list[torch.Tensor]  # ttt_steps x (B, R_j, h)
     index: torch.Tensor  # (B, R) long: the drafter row i of each slot
-    valid: torch.Tensor  # (B, R) bool: False on slots padding a short batch row
+    chain_steps: torch.Tensor  # (B, R) long: the steps each slot's chain runs; 0 pads a short batch row
+
+    @property
+    def valid(self) -> torch.Tensor:
+        """(B, R) bool: False on slots padding a short batch row."""
+        return self.chain_steps > 0
+
+    def at_step(self, step: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """(index, scored), each (B, R_step): the rows of step ``step``'s states and whether a
+        slot's chain reaches that step."""
+        width = self.states[step].shape[1]
+        return self.index[:, :width], self.chain_steps[:, :width] > step
 
 
-def gather_rows(rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(B, T) bool -> (index, valid), each (B, R) with R = the most rows any batch row picks:
-    the picked row indices in order, left-aligned; the rest are row 0 and not valid."""
-    counts = rows.sum(dim=1)  # (B,)
-    width = max(int(counts.max()), 1) if rows.numel() else 1
-    # Stable sort puts picked rows first, in order.
-    order = torch.sort((~rows).to(torch.int8), dim=1, stable=True).indices[:, :width]  # (B, R)
-    valid = torch.arange(width, device=rows.device)[None] < counts[:, None]  # (B, R)
-    return torch.where(valid, order, torch.zeros_like(order)), valid
+def gather_rows(chain_steps: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(B, T) long steps per row (0: not picked) -> (index, slot_steps), each (B, R) with R = the
+    most rows any batch row picks: the picked rows, longest chain first and in order among equal
+    chains; the rest are row 0 with 0 steps. A step's rows are then a prefix of every batch row's
+    slots, so each later step runs on the first slots alone."""
+    counts = (chain_steps > 0).sum(dim=1)  # (B,)
+    width = max(int(counts.max()), 1) if chain_steps.numel() else 1
+    order = torch.sort(-chain_steps, dim=1, stable=True).indices[:, :width]  # (B, R)
+    slot_steps = chain_steps.gather(1, order).clamp(min=0)  # (B, R)
+    return torch.where(slot_steps > 0, order, torch.zeros_like(order)), slot_steps
+
+
+def own_slot_mask(queries: int, keys: int, dtype: torch.dtype, device) -> torch.Tensor:
+    """(1, 1, queries, keys) additive mask: query slot s sees key slot s of an earlier step alone."""
+    return additive_mask(torch.eye(queries, keys, dtype=torch.bool, device=device), dtype)[None, None]
+
+
+def step_widths(slot_steps: torch.Tensor, steps: int) -> list[int]:
+    """The slots step j runs on, for j < ``steps``: the most chains of any batch row reaching it
+    (at least 1, so a step's states keep their shape)."""
+    return [max(int((slot_steps > step).sum(dim=1).max()), 1) for step in range(steps)]
 
 
 @register_head
@@ -515,11 +550,14 @@ class Eagle3Head(DraftHead):
         node sees at inference (prefix cache + its own ancestors).
 
         Step 0 always runs over every row (they are the keys of all later steps). ``rows`` (B, T)
-        bool picks the rows whose chains continue: steps 1.. run on those alone, since a row reads
-        no other row's later steps. None: every row (rows with i + j + 2 >= T are then padding).
+        picks the rows whose chains are scored: bool, True for every step; long, the number of
+        steps row i's chain runs (0: none; COD sampling ends chains early). Step j runs on the rows
+        whose chains reach it alone, since a row reads no other row's later steps. None: every row,
+        every step (rows with i + j + 2 >= T are then padding).
         """
         batch, length = input_ids.shape
         device = features.device
+        steps = self.config.ttt_steps
         hidden = self.fuse(features)  # (B, T, h)
         causal = padded_causal_mask(attention_mask, batch, length, hidden.dtype, device)  # (B, 1, T, T)
         positions = torch.arange(length, device=device)[None].expand(batch, length)  # (B, T)
@@ -527,22 +565,28 @@ class Eagle3Head(DraftHead):
         hidden = self.step(hidden, shift_left(input_ids, 1), positions, causal, cache)  # (B, T, h)
 
         if rows is None:
-            index, valid = positions, torch.ones(batch, length, dtype=torch.bool, device=device)
+            index, slot_steps = positions, torch.full_like(positions, steps)
         else:
-            index, valid = gather_rows(rows)  # (B, R) each
+            chain_steps = rows.long() * steps if rows.dtype == torch.bool else rows.clamp(max=steps)
+            index, slot_steps = gather_rows(chain_steps)  # (B, R) each
             batch_rows = torch.arange(batch, device=device)[:, None]
             hidden = hidden[batch_rows, index]  # (B, R, h)
             causal = causal[batch_rows, :, index].transpose(1, 2)  # (B, 1, R, T)
-        width = index.shape[1]
-        own_row = additive_mask(torch.eye(width, dtype=torch.bool, device=device), hidden.dtype)
-        own_row = own_row[None, None].expand(batch, 1, width, width)  # (B, 1, R, R)
+        widths = step_widths(slot_steps, steps)
         states = [hidden]
-        for step in range(1, self.config.ttt_steps):
-            mask = torch.cat([causal] + [own_row] * step, dim=-1)  # (B, 1, R, T + step R)
-            tokens = input_ids.gather(1, (index + step + 1).clamp(max=length - 1))  # (B, R)
-            hidden = self.step(*self.later_step_inputs(hidden, tokens), index + step, mask, cache)
+        for step in range(1, steps):
+            width = widths[step]
+            # Slot s of every step is the same chain: a step-j row sees its own slot in steps 1..j.
+            own_rows = [
+                own_slot_mask(width, widths[earlier], hidden.dtype, device).expand(batch, 1, -1, -1)
+                for earlier in range(1, step + 1)
+            ]  # each (B, 1, R_j, R_earlier)
+            mask = torch.cat([causal[:, :, :width], *own_rows], dim=-1)  # (B, 1, R_j, T + R_1 + .. + R_j)
+            at = index[:, :width]  # (B, R_j)
+            tokens = input_ids.gather(1, (at + step + 1).clamp(max=length - 1))  # (B, R_j)
+            hidden = self.step(*self.later_step_inputs(hidden[:, :width], tokens), at + step, mask, cache)
             states.append(hidden)
-        return UnrolledRows(states, index, valid)
+        return UnrolledRows(states, index, slot_steps)
 
     def later_step_inputs(
         self, hidden: torch.Tensor, tokens: torch.Tensor

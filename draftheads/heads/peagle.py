@@ -11,9 +11,9 @@ D - 1 mask rows, against EAGLE-3's one pass per depth.
 
 Training is EAGLE-3's training-time test with the inputs of steps j >= 1 replaced by the mask row's
 (``later_step_inputs``): step j of row i sits at position i + j and sees the step-0 rows up to i and
-its own rows of steps 1..j, exactly the keys mask row j sees at inference. (The paper subsamples the
-rows of deep steps, its COD sampling, to train many depths cheaply; at the few depths a CPU drafts,
-every row is unrolled.)
+its own rows of steps 1..j, exactly the keys mask row j sees at inference. The paper's COD sampling,
+which runs geometrically fewer chains at deeper steps to train many depths cheaply, is EAGLE-3's
+``cod_ratio``; by default every chain runs every step.
 
 Checkpoint names: EAGLE-3's and ``mask_hidden`` (1, F h). ``mask_token_id`` is a base-vocabulary
 id whose (frozen) embedding marks a mask row: by default the last id, as for DFlash.

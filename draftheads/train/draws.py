@@ -1,14 +1,14 @@
 """Training's random numbers as pure functions of where they are used (counter-based draws).
 
 Every random draw of a training batch (``train.loss_token_fraction``'s sample of tokens, EAGLE's
-feature noise, DFlash's anchors) is a hash of (the row's seed, what the draw is for, the token
-position, the channel), and a row's seed a hash of (``train.seed``, epoch, dataset row). A row
-therefore draws the same numbers whatever batch slot, padded length, micro-batch size or rank it
-lands in, so 2 ranks, 1 rank accumulating, or another length grouping sample the same tokens of
-it. This is the counter-based design of Philox (Salmon et al. 2011, "Parallel random numbers: as
-easy as 1, 2, 3"): a bijective mix of a counter, not a stream whose state depends on what was
-drawn before. The mix is Wellons' ``lowbias32`` ("Hash function prospector", 2018); values are
-the same on every device.
+feature noise, DFlash's anchors, COD's chain lengths) is a hash of (the row's seed, what the draw
+is for, the token position, the channel), and a row's seed a hash of (``train.seed``, epoch,
+dataset row). A row therefore draws the same numbers whatever batch slot, padded length,
+micro-batch size or rank it lands in, so 2 ranks, 1 rank accumulating, or another length grouping
+sample the same tokens of it. This is the counter-based design of Philox (Salmon et al. 2011,
+"Parallel random numbers: as easy as 1, 2, 3"): a bijective mix of a counter, not a stream whose
+state depends on what was drawn before. The mix is Wellons' ``lowbias32`` ("Hash function
+prospector", 2018); values are the same on every device.
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ FRACTION_BITS = 24  # a float32 holds 24 bits exactly: uniforms are multiples of
 LOSS_TOKENS = 1
 FEATURE_NOISE = 2
 ANCHORS = 3
+CHAIN_STEPS = 4
 
 
 def multiply32(values: torch.Tensor, constant: int) -> torch.Tensor:

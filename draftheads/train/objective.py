@@ -192,14 +192,16 @@ def eagle3_objective(
     rows = torch.stack(targets_of_row).any(dim=0)  # (B, T)
     if keep is not None:
         rows = rows & keep
-    unrolled = head.training_time_test(features, input_ids, attention_mask, rows)  # S x (B, R, h)
-    index, valid = unrolled.index, unrolled.valid
+    if seeds is not None and head.config.cod_ratio < 1.0:
+        rows = rows.long() * cod_chain_steps(seeds, length, head.config, rows.device)  # (B, T)
+    unrolled = head.training_time_test(features, input_ids, attention_mask, rows)  # S x (B, R_j, h)
 
     # (batch, slot) pairs per step, and the token q each predicts.
     pairs = []
     for step in range(steps):
-        target = (index + 2 + step).clamp(max=length - 1)  # (B, R)
-        scored = valid & (index + 2 + step < length) & supervised.gather(1, target)
+        index, reaches = unrolled.at_step(step)  # (B, R_j) each
+        target = (index + 2 + step).clamp(max=length - 1)  # (B, R_j)
+        scored = reaches & (index + 2 + step < length) & supervised.gather(1, target)
         batch, slot = scored.nonzero(as_tuple=True)
         pairs.append((batch, slot, target[batch, slot]))
     # Targets once per distinct token q: its target distribution is the base model's at q - 1.
@@ -239,6 +241,17 @@ def eagle3_objective(
         objective=head.config.objective,
     )
     return accuracy.output(loss)
+
+
+def cod_chain_steps(seeds: torch.Tensor, length: int, config, device=None) -> torch.Tensor:
+    """(B, T) long in [1, ttt_steps]: the TTT steps each row's chain runs under COD sampling. Step
+    j >= 1 is reached iff the row's ``draws.uniform`` is below max(cod_ratio^j, cod_ratio_min):
+    the thresholds never rise, so a chain that stops at step j reaches no later step."""
+    uniform = draws.uniform(seeds, draws.CHAIN_STEPS, length, device=device)  # (B, T)
+    steps = torch.ones_like(uniform, dtype=torch.long)
+    for step in range(1, config.ttt_steps):
+        steps += uniform < max(config.cod_ratio**step, config.cod_ratio_min)
+    return steps
 
 
 def mtp_objective(
@@ -318,8 +331,9 @@ def compute_objective(
             (B, T), 0 on padding (or None).
         token_fraction: in training mode, score only a random fraction of the supervised tokens
             (``sample_keep``): Medusa, EAGLE and MTP keep each token q with this probability;
-            EAGLE-3 keeps each drafter row's whole chain (all its TTT steps), so the unrolled
-            steps after the first run on that fraction of rows. Evaluation scores everything.
+            EAGLE-3 keeps each drafter row's whole chain (all its TTT steps, or, with the head's
+            ``cod_ratio`` below 1, the steps COD sampling draws for it), so the unrolled steps
+            after the first run on that fraction of rows. Evaluation scores everything.
         sample_seed: (B,) int64, the seed of each row's random draws (the training loop passes
             ``draws.row_seeds`` of its seed, the epoch and the rows' dataset indices, so a row
             draws the same numbers wherever it is batched); one int seeds the rows by slot; None

@@ -173,6 +173,32 @@ def test_eagle3_training_time_test_on_picked_rows_equals_every_row(tiny_llama, s
                 torch.testing.assert_close(sparse[0, slot], dense[0, row], **TOLERANCE)
 
 
+@pytest.mark.parametrize("kind", ("eagle3", "peagle"))
+def test_training_time_test_on_chains_of_several_lengths_equals_every_row(kind, tiny_llama, sequence):
+    """Chains that stop at different steps (COD sampling) give what the full unroll gives at every
+    step they reach; a step runs on the chains reaching it alone, longest first."""
+    input_ids, hidden_states, _ = sequence
+    head = make_head(kind, tiny_llama)
+    features = head.select_features(hidden_states)  # (2, 10, 3h)
+    chain_steps = torch.zeros(2, 10, dtype=torch.long)
+    chain_steps[0, [1, 2, 4, 5]] = torch.tensor([1, 3, 2, 3])
+    chain_steps[1, [0, 6]] = torch.tensor([2, 1])
+    with torch.no_grad():
+        full = head.training_time_test(features, input_ids, None)
+        picked = head.training_time_test(features, input_ids, None, chain_steps)
+    assert picked.index[0].tolist() == [2, 5, 4, 1] and picked.chain_steps[0].tolist() == [3, 3, 2, 1]
+    assert [state.shape[1] for state in picked.states] == [4, 3, 2]
+    for step, dense in enumerate(full.states):
+        index, reaches = picked.at_step(step)
+        for batch_row in range(2):
+            for slot in reaches[batch_row].nonzero().flatten().tolist():
+                row = int(index[batch_row, slot])
+                if row + step + 1 < 10:
+                    torch.testing.assert_close(
+                        picked.states[step][batch_row, slot], dense[batch_row, row], **TOLERANCE
+                    )
+
+
 @pytest.mark.parametrize("kind", ("eagle", "eagle3"))
 def test_draft_step_on_a_frontier_matches_per_node_steps(kind, tiny_llama, sequence):
     """N sibling nodes drafted together (prefix + self mask) equal each drafted alone."""

@@ -170,3 +170,49 @@ def test_eagle3_token_fraction_samples_whole_chains(tiny_llama, batch):  # noqa:
         for step in range(len(everything.counted))
     ]
     assert sampled.counted.tolist() == expected
+
+
+def test_cod_chain_steps_are_nested_at_the_geometric_rates():
+    """Step j is reached by about max(r^j, floor) of the rows, and only by rows reaching step j - 1."""
+    from draftheads.heads.eagle3 import Eagle3Config
+    from draftheads.train.draws import row_seeds
+    from draftheads.train.objective import cod_chain_steps
+
+    seeds = row_seeds(0, 0, range(4))
+    config = Eagle3Config(ttt_steps=5, cod_ratio=0.7, cod_ratio_min=0.3)
+    steps = cod_chain_steps(seeds, 5000, config)  # (4, 5000)
+    assert int(steps.min()) == 1 and int(steps.max()) == 5
+    for step, rate in zip(range(1, 5), (0.7, 0.49, 0.343, 0.3), strict=True):
+        assert abs((steps > step).float().mean().item() - rate) < 0.015, step
+    # A row's chain length is a function of its seed and position alone.
+    assert torch.equal(cod_chain_steps(seeds[2:], 100, config), steps[2:, :100])
+
+
+def test_cod_runs_fewer_chains_at_deeper_steps_in_training_only(tiny_llama, batch):  # noqa: F811
+    """COD scores each step's chains as drawn, never a chain past the step it stops at; evaluation
+    scores every chain at every step."""
+    import dataclasses
+
+    from draftheads.train.draws import row_seeds
+    from draftheads.train.objective import cod_chain_steps
+
+    input_ids, loss_mask, attention_mask = batch
+    config = dataclasses.replace(HEAD_CONFIGS["eagle3"], ttt_steps=3, cod_ratio=0.5, cod_ratio_min=0.0)
+    head = build_head(tiny_llama, config)
+    hidden_states = base_hidden_states(tiny_llama, input_ids, attention_mask)
+    head.eval()
+    everything = compute_objective(head, hidden_states, input_ids, loss_mask, attention_mask)
+    full_chains = build_head(tiny_llama, dataclasses.replace(config, cod_ratio=1.0)).eval()
+    full = compute_objective(full_chains, hidden_states, input_ids, loss_mask, attention_mask)
+    assert everything.counted.tolist() == full.counted.tolist()
+    head.train()
+    seeds = row_seeds(0, 0, range(input_ids.shape[0]))
+    sampled = compute_objective(head, hidden_states, input_ids, loss_mask, attention_mask, 1.0, seeds)
+    chain = cod_chain_steps(seeds, input_ids.shape[1], config)
+    supervised = loss_mask.bool() & attention_mask.bool()
+    expected = [
+        int(((chain[:, : -(2 + step)] > step) & supervised[:, 2 + step :]).sum()) for step in range(3)
+    ]
+    assert sampled.counted.tolist() == expected
+    assert expected[0] == everything.counted[0] and expected[2] < expected[1] < expected[0]
+    assert torch.isfinite(sampled.loss)
