@@ -290,22 +290,23 @@ def gather_rows(chain_steps: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     most rows any batch row picks: the picked rows, longest chain first and in order among equal
     chains; the rest are row 0 with 0 steps. A step's rows are then a prefix of every batch row's
     slots, so each later step runs on the first slots alone."""
-    counts = (chain_steps > 0).sum(dim=1)  # (B,)
-    width = max(int(counts.max()), 1) if chain_steps.numel() else 1
+    width = max(int((chain_steps > 0).sum(dim=1).max()), 1)
     order = torch.sort(-chain_steps, dim=1, stable=True).indices[:, :width]  # (B, R)
-    slot_steps = chain_steps.gather(1, order).clamp(min=0)  # (B, R)
+    slot_steps = chain_steps.gather(1, order)  # (B, R)
     return torch.where(slot_steps > 0, order, torch.zeros_like(order)), slot_steps
 
 
 def own_slot_mask(queries: int, keys: int, dtype: torch.dtype, device) -> torch.Tensor:
-    """(1, 1, queries, keys) additive mask: query slot s sees key slot s of an earlier step alone."""
+    """(1, 1, queries, keys) additive mask over one TTT step's keys (an earlier step's or the
+    current one's): query slot s sees key slot s alone."""
     return additive_mask(torch.eye(queries, keys, dtype=torch.bool, device=device), dtype)[None, None]
 
 
 def step_widths(slot_steps: torch.Tensor, steps: int) -> list[int]:
     """The slots step j runs on, for j < ``steps``: the most chains of any batch row reaching it
     (at least 1, so a step's states keep their shape)."""
-    return [max(int((slot_steps > step).sum(dim=1).max()), 1) for step in range(steps)]
+    reaching = slot_steps[..., None] > torch.arange(steps, device=slot_steps.device)  # (B, R, S)
+    return reaching.sum(dim=1).amax(dim=0).clamp(min=1).tolist()
 
 
 @register_head
@@ -567,7 +568,7 @@ class Eagle3Head(DraftHead):
         if rows is None:
             index, slot_steps = positions, torch.full_like(positions, steps)
         else:
-            chain_steps = rows.long() * steps if rows.dtype == torch.bool else rows.clamp(max=steps)
+            chain_steps = rows.long() * steps if rows.dtype == torch.bool else rows.long().clamp(0, steps)
             index, slot_steps = gather_rows(chain_steps)  # (B, R) each
             batch_rows = torch.arange(batch, device=device)[:, None]
             hidden = hidden[batch_rows, index]  # (B, R, h)

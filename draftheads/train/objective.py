@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from draftheads.heads.eagle3 import Eagle3Config
 from draftheads.heads.layers import padded_causal_mask, shift_left
 from draftheads.train import draws
 from draftheads.train.losses import eagle3_loss, eagle3_targets, eagle_loss, medusa_loss, mtp_loss
@@ -178,6 +179,17 @@ def draft_vocab_logits(head, rows: torch.Tensor) -> torch.Tensor:
     return torch.nn.functional.linear(rows, lm_head.weight[head.t2d], bias)
 
 
+def cod_chain_steps(seeds: torch.Tensor, length: int, config: Eagle3Config, device=None) -> torch.Tensor:
+    """(B, T) long in [1, ttt_steps]: the TTT steps each row's chain runs under COD sampling. Step
+    j >= 1 is reached iff the row's ``draws.uniform`` is below max(cod_ratio^j, cod_ratio_min):
+    the thresholds never rise, so a chain that stops at step j reaches no later step."""
+    uniform = draws.uniform(seeds, draws.CHAIN_STEPS, length, device=device)  # (B, T)
+    steps = torch.ones_like(uniform, dtype=torch.long)
+    for step in range(1, config.ttt_steps):
+        steps += uniform < max(config.cod_ratio**step, config.cod_ratio_min)
+    return steps
+
+
 def eagle3_objective(
     head, hidden_states, input_ids, loss_mask, attention_mask, keep=None, seeds=None, base_argmax=None
 ) -> ObjectiveOutput:
@@ -241,17 +253,6 @@ def eagle3_objective(
         objective=head.config.objective,
     )
     return accuracy.output(loss)
-
-
-def cod_chain_steps(seeds: torch.Tensor, length: int, config, device=None) -> torch.Tensor:
-    """(B, T) long in [1, ttt_steps]: the TTT steps each row's chain runs under COD sampling. Step
-    j >= 1 is reached iff the row's ``draws.uniform`` is below max(cod_ratio^j, cod_ratio_min):
-    the thresholds never rise, so a chain that stops at step j reaches no later step."""
-    uniform = draws.uniform(seeds, draws.CHAIN_STEPS, length, device=device)  # (B, T)
-    steps = torch.ones_like(uniform, dtype=torch.long)
-    for step in range(1, config.ttt_steps):
-        steps += uniform < max(config.cod_ratio**step, config.cod_ratio_min)
-    return steps
 
 
 def mtp_objective(

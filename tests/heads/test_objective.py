@@ -172,8 +172,8 @@ def test_eagle3_token_fraction_samples_whole_chains(tiny_llama, batch):  # noqa:
     assert sampled.counted.tolist() == expected
 
 
-def test_cod_chain_steps_are_nested_at_the_geometric_rates():
-    """Step j is reached by about max(r^j, floor) of the rows, and only by rows reaching step j - 1."""
+def test_cod_chain_steps_follow_the_geometric_rates():
+    """Step j is reached by about max(r^j, floor) of the rows, whatever the row's batch slot."""
     from draftheads.heads.eagle3 import Eagle3Config
     from draftheads.train.draws import row_seeds
     from draftheads.train.objective import cod_chain_steps
@@ -194,7 +194,7 @@ def test_cod_runs_fewer_chains_at_deeper_steps_in_training_only(tiny_llama, batc
     import dataclasses
 
     from draftheads.train.draws import row_seeds
-    from draftheads.train.objective import cod_chain_steps
+    from draftheads.train.objective import cod_chain_steps, sample_keep
 
     input_ids, loss_mask, attention_mask = batch
     config = dataclasses.replace(HEAD_CONFIGS["eagle3"], ttt_steps=3, cod_ratio=0.5, cod_ratio_min=0.0)
@@ -216,3 +216,11 @@ def test_cod_runs_fewer_chains_at_deeper_steps_in_training_only(tiny_llama, batc
     assert sampled.counted.tolist() == expected
     assert expected[0] == everything.counted[0] and expected[2] < expected[1] < expected[0]
     assert torch.isfinite(sampled.loss)
+    # With token sampling too, a step scores the chains both draws keep.
+    keep = sample_keep(seeds, input_ids.shape[1], 0.5)
+    both = compute_objective(head, hidden_states, input_ids, loss_mask, attention_mask, 0.5, seeds)
+    expected = [
+        int((keep[:, : -(2 + step)] & (chain[:, : -(2 + step)] > step) & supervised[:, 2 + step :]).sum())
+        for step in range(3)
+    ]
+    assert both.counted.tolist() == expected and 0 < expected[2] < sampled.counted[2]
