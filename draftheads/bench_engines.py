@@ -216,7 +216,7 @@ class VLLMServer:
     """One ``vllm serve`` of the base, with ``speculative_config`` (None: plain)."""
 
     settings: EngineSettings
-    base: str  # the base's local HF directory
+    base: str  # the local HF directory served: the base, or a speculators export naming it
     speculative_config: dict | None
     log: Path
 
@@ -369,8 +369,10 @@ class EngineMethod:
 # ---- the engines --------------------------------------------------------------------------------
 
 # head kind -> our export format each engine drafts with (and vLLM's method name for it): the
-# combinations the engine check (engines/check.py) passes.
-VLLM_DRAFTS = {"eagle3": ("eagle3", "eagle3")}
+# combinations the engine check (engines/check.py) passes. Method None: vLLM serves the export
+# itself, a speculators layout that names its verifier and its draft depths (P-EAGLE: the trained
+# depths, drafted in one forward by vLLM's parallel drafting, whatever ``--chain``).
+VLLM_DRAFTS = {"eagle3": ("eagle3", "eagle3"), "peagle": ("speculators", None)}
 LLAMACPP_DRAFTS = {"eagle3": ("gguf", "draft-eagle3")}
 
 
@@ -389,6 +391,15 @@ def head_label(head_dir: Path) -> str:
     """The head's label in method names, as ``draftheads.bench.method_name`` gives it."""
     path = head_dir.resolve()
     return path.parent.name if path.name == "head" else path.name
+
+
+def vllm_draft_server(settings: EngineSettings, base: str, method: str | None, export_dir: Path, log: Path):
+    """vLLM drafting with ``export_dir``: the base with it as ``method``'s draft, or (method None)
+    the export itself, whose speculators config names the base and the draft length."""
+    if method is None:
+        return VLLMServer(settings, str(export_dir), None, log)
+    config = {"method": method, "model": str(export_dir), "num_speculative_tokens": settings.chain}
+    return VLLMServer(settings, base, config, log)
 
 
 class VLLMEngine:
@@ -425,8 +436,7 @@ class VLLMEngine:
             export_dir = work / f"{label}.{export_format}"
             options = ExportOptions(speculative_tokens=settings.chain, verifier=base)
             export_head(head_dir, export_dir, export_format, options=options)
-            config = {"method": method, "model": str(export_dir), "num_speculative_tokens": settings.chain}
-            server = VLLMServer(settings, base, config, logs / f"vllm-{kind}-{label}.log")
+            server = vllm_draft_server(settings, base, method, export_dir, logs / f"vllm-{kind}-{label}.log")
             methods.append(EngineMethod(f"{self.name}:{kind}:{label}", server, agrees_with=plain))
         return methods
 

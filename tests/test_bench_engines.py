@@ -338,6 +338,24 @@ def test_vllm_servers_are_plain_ngram_and_our_export(monkeypatch, tmp_path):
     assert server.environment()["VLLM_CPU_KVCACHE_SPACE"] == "1"
 
 
+def test_vllm_serves_a_peagle_export_itself(monkeypatch, tmp_path):
+    """A P-EAGLE head goes to vLLM as our speculators export, served as the model: its config names
+    the verifier and the depths vLLM drafts in parallel."""
+    exported = []
+    monkeypatch.setattr("draftheads.base_model.resolve_base_path", lambda name: "/models/base")
+    monkeypatch.setattr(
+        "draftheads.export.export_head", lambda head, out, fmt, options: exported.append((fmt, options))
+    )
+    settings = EngineSettings(ngram=False)
+    heads = [("peagle", Path("/runs/peagle/head"))]
+    methods = bench_engines.VLLMEngine().methods(settings, "smollm2", heads, tmp_path, tmp_path, 1)
+    assert [m.name for m in methods] == ["vllm:plain", "vllm:peagle:peagle"]
+    served = methods[1].server
+    assert served.base == str(tmp_path / "peagle.speculators") and served.speculative_config is None
+    assert methods[1].agrees_with == "vllm:plain"
+    assert exported == [("speculators", exported[0][1])] and exported[0][1].verifier == "/models/base"
+
+
 def test_llamacpp_servers_have_a_slot_per_concurrent_request_and_draft_as_told(monkeypatch, tmp_path):
     monkeypatch.setattr("draftheads.base_model.locate_embedded", lambda alias: Path("/embedded.gguf"))
     monkeypatch.setattr("draftheads.export.gguf.write_dequantized_gguf", lambda source, target: None)
