@@ -273,11 +273,6 @@ class UnrolledRows:
     index: torch.Tensor  # (B, R) long: the drafter row i of each slot
     chain_steps: torch.Tensor  # (B, R) long: the steps each slot's chain runs; 0 pads a short batch row
 
-    @property
-    def valid(self) -> torch.Tensor:
-        """(B, R) bool: False on slots padding a short batch row."""
-        return self.chain_steps > 0
-
     def at_step(self, step: int) -> tuple[torch.Tensor, torch.Tensor]:
         """(index, scored), each (B, R_step): the rows of step ``step``'s states and whether a
         slot's chain reaches that step."""

@@ -164,8 +164,8 @@ def test_eagle3_training_time_test_on_picked_rows_equals_every_row(tiny_llama, s
         full = head.training_time_test(features, input_ids, None)
         picked = head.training_time_test(features, input_ids, None, rows)
         empty = head.training_time_test(features, input_ids, None, torch.zeros_like(rows))
-    assert picked.index[0].tolist() == [1, 4, 5, 9] and picked.valid[0].all()
-    assert not picked.valid[1].any() and not empty.valid.any()
+    assert picked.index[0].tolist() == [1, 4, 5, 9] and (picked.chain_steps[0] > 0).all()
+    assert not (picked.chain_steps[1] > 0).any() and not (empty.chain_steps > 0).any()
     # Rows 0..7 consume real tokens at every step (row 9 reads past the end from step 0 on: padding).
     for step, (dense, sparse) in enumerate(zip(full.states, picked.states)):
         for slot, row in enumerate([1, 4, 5]):
