@@ -120,6 +120,10 @@ ERROR_KINDS: tuple[ErrorKind, ...] = (
     ErrorKind(EXIT_OTHER, "any other user error", (("builtins", "OSError"),)),
 )
 DEBUG_FLAG = "--debug"
+# The rank flag launchers add to the script's arguments: DeepSpeed's launcher puts
+# ``--local_rank=N`` straight after the script, before our command (deepspeed/launcher/launch.py);
+# ``torch.distributed.launch`` wrote ``--local-rank=N``. Both also set LOCAL_RANK.
+LAUNCHER_RANK_FLAGS = ("--local_rank", "--local-rank")
 DEBUG_ENV = "DRAFTHEADS_DEBUG"  # set to 1 for the same as --debug
 # What to do about an OSError that says only what the system said.
 OS_ERROR_HINTS = {
@@ -164,6 +168,22 @@ def debug_requested(argv: list[str]) -> bool:
     return flagged or os.environ.get(DEBUG_ENV, "").strip().lower() in ("1", "true", "yes")
 
 
+def take_launcher_rank(argv: list[str]) -> None:
+    """Remove a launcher's ``--local_rank=N`` / ``--local-rank N`` from ``argv`` wherever it stands
+    (it belongs to no command) and export it as LOCAL_RANK unless the launcher set that already."""
+    index = 0
+    while index < len(argv):
+        flag, equals, value = argv[index].partition("=")
+        if flag not in LAUNCHER_RANK_FLAGS:
+            index += 1
+            continue
+        if not equals and index + 1 < len(argv) and argv[index + 1].isdigit():
+            value = argv.pop(index + 1)
+        argv.pop(index)
+        if value.isdigit():
+            os.environ.setdefault("LOCAL_RANK", value)
+
+
 def run_command(name: str, argv: list[str]) -> int:
     module_name, description = COMMANDS[name]
     module = importlib.import_module(module_name)
@@ -179,6 +199,7 @@ def main(argv: list[str] | None = None) -> int:
     traceback, a line asking to report it, status 70. ``--debug`` (before the command) or
     DRAFTHEADS_DEBUG=1 lets every error propagate."""
     argv = list(sys.argv[1:] if argv is None else argv)
+    take_launcher_rank(argv)
     debug = debug_requested(argv)
     parser = argparse.ArgumentParser(prog="draftheads", description=__doc__.splitlines()[0])
     parser.add_argument(DEBUG_FLAG, action="store_true", help=f"show tracebacks of errors (or {DEBUG_ENV}=1)")

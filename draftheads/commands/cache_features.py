@@ -54,13 +54,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--batch-size", type=positive_int, default=DEFAULT_BATCH_SIZE, help="examples per base forward"
     )
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
-    # The deepspeed launcher passes --local_rank=N (older versions) besides setting LOCAL_RANK.
-    parser.add_argument("--local_rank", "--local-rank", type=int, default=None, help=argparse.SUPPRESS)
 
 
 def run(args: argparse.Namespace) -> int:
-    import os
-
     from draftheads.base_model import load_base, resolve_dtype
     from draftheads.config import load_run_config
     from draftheads.data.features import CacheIdentity, write_feature_cache
@@ -68,9 +64,6 @@ def run(args: argparse.Namespace) -> int:
     from draftheads.distributed import barrier, join_process_group
     from draftheads.heads import build_head
     from draftheads.settings import ConfigError
-
-    if args.local_rank is not None:
-        os.environ.setdefault("LOCAL_RANK", str(args.local_rank))
 
     # Bad input (ConfigError, DataError) and a base that cannot load (BaseModelError) end the
     # command as one line with the exit status of their kind, in draftheads.cli.main.

@@ -31,8 +31,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="train again into a finished run's train.output_dir (its head/ and no checkpoint left to "
         "resume), replacing its head, metrics.jsonl and config.json",
     )
-    # The deepspeed launcher passes --local_rank=N (older versions) besides setting LOCAL_RANK.
-    parser.add_argument("--local_rank", "--local-rank", type=int, default=None, help=argparse.SUPPRESS)
 
 
 def print_data_summary(run_config) -> None:
@@ -62,8 +60,6 @@ def run(args: argparse.Namespace) -> int:
     from draftheads.train.loop import run_training
     from draftheads.train.run_dir import check_output_dir
 
-    if args.local_rank is not None:
-        os.environ.setdefault("LOCAL_RANK", str(args.local_rank))
     run_config = load_run_config(args.config, args.overrides)
     # Refuse an output directory before the data or a model loads (the loop checks again,
     # under the directory's lock).

@@ -1,7 +1,9 @@
 import os
 from pathlib import Path
 
-from draftheads.cli import main
+import pytest
+
+from draftheads.cli import main, take_launcher_rank
 
 MEDUSA = str(Path(__file__).resolve().parents[2] / "configs" / "smollm2_medusa_cpu.yaml")
 
@@ -19,9 +21,26 @@ def test_unknown_key_and_missing_file(capsys, tmp_path):
     assert "nope.yaml" in capsys.readouterr().err
 
 
-def test_the_launcher_local_rank_argument_is_accepted(capsys, monkeypatch):
+@pytest.mark.parametrize(
+    "launcher_argv",
+    [
+        ["--local_rank=3", "train"],  # deepspeed/launcher/launch.py: the flag right after the script
+        ["--local-rank=3", "train"],  # torch.distributed.launch's spelling
+        ["--local_rank", "3", "train"],
+        ["train", "--local_rank=3"],
+    ],
+)
+def test_the_launcher_local_rank_argument_is_accepted(launcher_argv, capsys, monkeypatch):
     monkeypatch.delenv("LOCAL_RANK", raising=False)
     invalid = ["train.epochs=null", "train.max_steps=-1"]
-    assert main(["train", "--local_rank=3", "--config", MEDUSA, *invalid]) == 3
+    assert main([*launcher_argv, "--config", MEDUSA, *invalid]) == 3
     assert "train.max_steps must be >= 0" in capsys.readouterr().err
     assert os.environ["LOCAL_RANK"] == "3"
+
+
+def test_the_launcher_rank_flag_leaves_a_set_local_rank_alone(monkeypatch):
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    argv = ["--local_rank=1", "cache-features", "--config", MEDUSA]
+    take_launcher_rank(argv)
+    assert argv == ["cache-features", "--config", MEDUSA]
+    assert os.environ["LOCAL_RANK"] == "1"
