@@ -148,26 +148,50 @@ def build_decoder_layer(base_config, layer_idx: int = 0, **overrides) -> nn.Modu
     return architecture(config.model_type).component("DecoderLayer")(config, layer_idx)
 
 
-class TypedRotary(nn.Module):
-    """A rotary embedding that takes an attention type (``Architecture.typed_rotary``), called with
-    the draft layers' one: ``rotary(x, position_ids) -> (cos, sin)`` like the others. Its tables
-    are the wrapped module's (non-persistent) buffers."""
+class DraftRotary(nn.Module):
+    """The base architecture's rotary embedding, ``rotary(x, position_ids) -> (cos, sin)``, whose
+    frequency tables (``*inv_freq`` buffers) stay fp32 through every cast of the head: ``.to(bf16)``,
+    ``.half()`` and DeepSpeed's ``module.bfloat16()`` move them to the new device but keep their
+    fp32 values. Rounded to bf16, the frequencies of a rope_theta 5e5 base are off by up to 0.33%,
+    over a radian at position 2,000 for some of them; the base and every engine keep them fp32, so
+    a head would be trained and served on positions the base never uses. A typed rotary
+    (``Architecture.typed_rotary``) is called with the draft layers' attention type."""
 
-    def __init__(self, rotary: nn.Module, layer_type: str):
+    def __init__(self, rotary: nn.Module, layer_type: str | None = None):
         super().__init__()
         self.rotary = rotary
         self.layer_type = layer_type
+        # A plain dict, not buffers: casts and moves leave these fp32 originals alone.
+        self.fp32_tables = {
+            name: buffer.detach().float().clone() for name, buffer in self.frequency_buffers()
+        }
+
+    def frequency_buffers(self):
+        """(qualified name, tensor) of every rotary frequency table."""
+        return [(name, buffer) for name, buffer in self.rotary.named_buffers() if name.endswith("inv_freq")]
+
+    def _apply(self, fn, recurse=True):
+        super()._apply(fn, recurse)
+        for name, buffer in self.frequency_buffers():
+            if buffer.dtype != torch.float32 and not buffer.is_meta:
+                owner_name, _, buffer_name = name.rpartition(".")
+                owner = self.rotary.get_submodule(owner_name) if owner_name else self.rotary
+                owner._buffers[buffer_name] = self.fp32_tables[name].to(buffer.device)
+        return self
 
     def forward(self, x: torch.Tensor, position_ids: torch.Tensor):
+        if self.layer_type is None:
+            return self.rotary(x, position_ids)
         return self.rotary(x, position_ids, self.layer_type)
 
 
 def build_rotary_embedding(base_config) -> nn.Module:
-    """The base architecture's rotary embedding: ``rotary(x, position_ids) -> (cos, sin)``."""
+    """The base architecture's rotary embedding, fp32 tables kept (``DraftRotary``):
+    ``rotary(x, position_ids) -> (cos, sin)``."""
     config = draft_layer_config(base_config)
     arch = architecture(config.model_type)
     rotary = arch.component("RotaryEmbedding")(config)
-    return TypedRotary(rotary, arch.draft_layer_type) if arch.typed_rotary else rotary
+    return DraftRotary(rotary, arch.draft_layer_type if arch.typed_rotary else None)
 
 
 def build_rms_norm(base_config, size: int | None = None) -> nn.Module:
