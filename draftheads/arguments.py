@@ -77,13 +77,21 @@ dtype_name.__name__ = "dtype"
 
 
 def device_name(text: str) -> str:
-    """An argparse ``type`` for ``--device``: anything ``torch.device`` parses (cpu, cuda, cuda:1)."""
+    """An argparse ``type`` for ``--device``: ``auto`` (this process's GPU where CUDA is, else the
+    CPU: ``draftheads.device``) or anything ``torch.device`` parses (cpu, cuda, cuda:1); returns
+    the device it names, ``auto`` resolved."""
+    from draftheads.device import AUTO, auto_device
+
+    if text == AUTO:
+        return str(auto_device())
     import torch
 
     try:
         torch.device(text)
     except RuntimeError:
-        raise argparse.ArgumentTypeError(f"not a torch device: '{text}' (e.g. cpu, cuda, cuda:1)") from None
+        raise argparse.ArgumentTypeError(
+            f"not a torch device: '{text}' (auto, cpu, cuda, cuda:1, ...)"
+        ) from None
     return text
 
 

@@ -20,6 +20,7 @@ from pathlib import Path
 import torch
 
 from draftheads.attention import FOLDED_SDPA, fold_grouped_queries
+from draftheads.device import AUTO, DEFAULT_DEVICE, auto_device, check_device
 
 DEFAULT_DTYPE = "auto"  # bf16 on CUDA, fp32 on CPU (``resolve_dtype``); every command's default
 # Tree verification passes a 4D float mask (FA2 rejects it); draftheads_folded_sdpa is SDPA with
@@ -81,11 +82,13 @@ def cache_dir() -> Path:
 
 
 def resolve_dtype(dtype: str | torch.dtype, device: str | torch.device = "cpu") -> torch.dtype:
-    """``auto`` is bf16 on CUDA and fp32 on CPU (fp32 keeps greedy decoding bit-exact)."""
+    """``auto`` is bf16 on CUDA and fp32 on CPU (fp32 keeps greedy decoding bit-exact); ``device``
+    may be ``auto`` too (``draftheads.device``)."""
     if isinstance(dtype, torch.dtype):
         return dtype
     if dtype == DEFAULT_DTYPE:
-        return torch.bfloat16 if torch.device(device).type == "cuda" else torch.float32
+        named = auto_device() if device == AUTO else torch.device(device)
+        return torch.bfloat16 if named.type == "cuda" else torch.float32
     if dtype not in DTYPES:
         raise ValueError(f"unknown dtype '{dtype}'; expected auto or one of {sorted(DTYPES)}")
     return DTYPES[dtype]
@@ -221,7 +224,7 @@ def load_tokenizer(name_or_path: str):
 def load_base(
     name_or_path: str = "smollm2-135m-instruct",
     dtype: str | torch.dtype = DEFAULT_DTYPE,
-    device: str | torch.device = "cpu",
+    device: str | torch.device = DEFAULT_DEVICE,
     attn_implementation: str = "sdpa",
 ):
     """Load a frozen base causal LM and its tokenizer.
@@ -229,7 +232,9 @@ def load_base(
     Args:
         name_or_path: Hub id, local directory, ``.gguf`` file, or an alias in ``ALIASES``.
         dtype: ``auto`` (bf16 on CUDA, fp32 on CPU), or a dtype name / ``torch.dtype``.
-        device: where to put the model.
+        device: where to load the model: ``auto`` (this process's GPU, else the CPU;
+            ``draftheads.device``) or a torch device. The weights are read straight onto it, in
+            ``dtype``: no rank holds a full copy on the host first.
         attn_implementation: ``sdpa`` or ``eager`` (tree masks need one of them). An ``sdpa``
             model with grouped-query attention runs ``draftheads.attention.folded_sdpa_attention``
             (the same SDPA kernel, without copying keys and values for many queries under a mask).
@@ -245,15 +250,18 @@ def load_base(
     from transformers import AutoModelForCausalLM
 
     fold = attn_implementation in ("sdpa", FOLDED_SDPA)
+    device = check_device(device)
     path = resolve_base_path(name_or_path)
     torch_dtype = resolve_dtype(dtype, device)
     try:
         model = AutoModelForCausalLM.from_pretrained(
-            path, dtype=torch_dtype, attn_implementation="sdpa" if fold else attn_implementation
+            path,
+            dtype=torch_dtype,
+            device_map={"": str(device)},
+            attn_implementation="sdpa" if fold else attn_implementation,
         )
     except OSError as err:
         raise BaseModelError(f"cannot load base model '{name_or_path}': {err}") from err
-    model.to(device)
     model.eval()
     model.requires_grad_(False)
     if fold:

@@ -32,7 +32,7 @@ import time
 import warnings
 from collections import defaultdict
 from collections.abc import Callable, Iterable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -40,6 +40,7 @@ import torch
 
 from draftheads.base_model import DEFAULT_DTYPE
 from draftheads.bench_output import ACCEPTANCE_CHART, BATCH_CHART, RESULT_FILES, SPEEDUP_CHART, ResultFiles
+from draftheads.device import DEFAULT_DEVICE, check_device
 from draftheads.infer.generate import DEFAULT_MAX_NEW_TOKENS
 from draftheads.infer.kernel_choice import DEFAULT_PACK
 from draftheads.infer.packed import FORMS, packed_forms
@@ -79,7 +80,7 @@ class BenchSettings:
     max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS
     temperature: float = 0.0
     dtype: str = DEFAULT_DTYPE
-    device: str = "cpu"
+    device: str = DEFAULT_DEVICE
     repeats: int = 1  # timed repeats of each batch, alternating between methods (median kept)
     tree: str | None = None  # tree name or tuned-tree file (default: each head's tuned tree)
     prompt_lookup: bool = True  # include HF prompt-lookup decoding as a baseline
@@ -1050,6 +1051,7 @@ def bench(
     from draftheads.heads import resolve_base_model
 
     check_settings(settings)
+    settings = replace(settings, device=str(check_device(settings.device)))  # "auto" named for the record
     if engine is not None:
         from draftheads.bench_engines import check_engine, engine_methods, with_engine_defaults
 

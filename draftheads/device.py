@@ -1,4 +1,8 @@
-"""Whether a torch device can be used here, checked before a model is loaded onto it.
+"""Which torch device a command runs on, and whether it can be used here, checked before a model
+is loaded onto it.
+
+``auto`` (every command's default) is this process's GPU where torch sees CUDA: ``cuda:LOCAL_RANK``,
+the rank's own under a launcher (``deepspeed``, ``torchrun``), else ``cuda:0``; the CPU elsewhere.
 
 ``torch.device("cuda")`` parses on any build; moving a model there fails only later, deep in
 torch, with an AssertionError (a CPU-only build) or a RuntimeError (no driver, no such index).
@@ -6,16 +10,31 @@ torch, with an AssertionError (a CPU-only build) or a RuntimeError (no driver, n
 
 from __future__ import annotations
 
+import os
+
 import torch
+
+AUTO = "auto"
+DEFAULT_DEVICE = AUTO  # every command's and every settings dataclass's default
 
 
 class DeviceError(RuntimeError):
     """A device this machine or this torch build cannot use; the message says what to use instead."""
 
 
+def auto_device() -> torch.device:
+    """The device ``auto`` names here: this process's GPU (its LOCAL_RANK's) or the CPU."""
+    if not torch.cuda.is_available():
+        return torch.device("cpu")
+    return torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+
+
 def check_device(name: str | torch.device) -> torch.device:
-    """``name`` as a ``torch.device``, or DeviceError naming it when torch cannot use it here:
-    CUDA without a visible GPU or with too few, MPS where it is not available."""
+    """``name`` as a ``torch.device`` (``auto``: ``auto_device()``), or DeviceError naming it when
+    torch cannot use it here: CUDA without a visible GPU or with too few, MPS where it is not
+    available."""
+    if name == AUTO:
+        name = auto_device()
     try:
         device = torch.device(name)
     except (RuntimeError, TypeError):

@@ -15,6 +15,7 @@ from datetime import timedelta
 
 import torch
 
+from draftheads.device import AUTO, check_device
 from draftheads.settings import ConfigError
 
 # How long a rank waits in a collective (all-reduce, barrier) before failing. A checkpoint save,
@@ -71,11 +72,10 @@ def launched_world_size() -> int:
 
 def local_device() -> torch.device:
     """This process's device: the GPU of its LOCAL_RANK (made current) where CUDA is, else the CPU."""
-    if not torch.cuda.is_available():
-        return torch.device("cpu")
-    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-    torch.cuda.set_device(local_rank)
-    return torch.device("cuda", local_rank)
+    device = check_device(AUTO)
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    return device
 
 
 def join_process_group() -> tuple[int, int, torch.device]:

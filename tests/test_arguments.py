@@ -58,3 +58,32 @@ def test_float_dtype_and_device_types_accept_what_the_loaders_take():
         non_negative_float("warm")
     with pytest.raises(argparse.ArgumentTypeError, match=r"must be in \(0, 1\], got 1.5"):
         probability("1.5")
+
+
+def test_device_auto_is_every_commands_default_and_names_this_processs_device(monkeypatch):
+    import torch
+
+    from draftheads.arguments import device_name
+    from draftheads.device import DEFAULT_DEVICE
+
+    assert DEFAULT_DEVICE == "auto"
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert device_name("auto") == "cpu"
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setenv("LOCAL_RANK", "3")
+    assert device_name("auto") == "cuda:3"  # a launcher's rank takes its own GPU
+    assert device_name("cpu") == "cpu"
+
+
+def test_every_command_with_a_device_defaults_to_auto():
+    import argparse
+    import importlib
+
+    from draftheads.cli import COMMANDS
+
+    for name, (module_name, _) in COMMANDS.items():
+        parser = argparse.ArgumentParser()
+        importlib.import_module(module_name).add_arguments(parser)
+        device = next((action for action in parser._actions if "--device" in action.option_strings), None)
+        if device is not None:
+            assert device.default == "auto", name

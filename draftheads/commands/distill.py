@@ -23,6 +23,7 @@ from draftheads.data.distill import DistillCounts, context_limit, distill, writt
 from draftheads.data.distill_settings import DistillSettings, check_or_record
 from draftheads.data.rendering import resolve_rendering
 from draftheads.data.sources import SourceReport, read_conversations
+from draftheads.device import DEFAULT_DEVICE
 from draftheads.settings import ConfigError
 
 DEFAULT_CHUNK = 1000  # source conversations per corpus chunk: about 10 minutes with vLLM on 2 cores
@@ -96,7 +97,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="vllm: completions in flight at once",
     )
     parser.add_argument("--dtype", type=dtype_name, default=model.dtype)
-    parser.add_argument("--device", type=device_name, default="cpu")
+    parser.add_argument("--device", type=device_name, default=DEFAULT_DEVICE)
     parser.add_argument("--seed", type=int, default=0, help="sampling seed (temperature > 0)")
     add_pack_argument(parser)
 

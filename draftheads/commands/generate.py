@@ -28,6 +28,7 @@ from draftheads.arguments import (
     probability,
 )
 from draftheads.base_model import DEFAULT_DTYPE
+from draftheads.device import DEFAULT_DEVICE
 from draftheads.infer.generate import (
     DEFAULT_MAX_NEW_TOKENS,
     RECOMMENDED_ADAPTIVE,
@@ -110,7 +111,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=DEFAULT_DTYPE,
         help="auto (bf16 on GPU, fp32 on CPU) | float32 | bfloat16",
     )
-    parser.add_argument("--device", type=device_name, default="cpu")
+    parser.add_argument("--device", type=device_name, default=DEFAULT_DEVICE)
     parser.add_argument(
         "--no-context",
         dest="context",

@@ -20,6 +20,7 @@ from draftheads.arguments import (
 from draftheads.config import DISTILL_ENGINES, DistillConfig, ModelConfig
 from draftheads.data.self_prompts import SynthCounts, SynthSettings
 from draftheads.data.template import require_chat_template
+from draftheads.device import DEFAULT_DEVICE
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -53,7 +54,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--requests-in-flight", type=positive_int, default=distill.requests_in_flight, help="vllm"
     )
     parser.add_argument("--dtype", type=dtype_name, default=model.dtype)
-    parser.add_argument("--device", type=device_name, default="cpu")
+    parser.add_argument("--device", type=device_name, default=DEFAULT_DEVICE)
     add_pack_argument(parser)
 
 

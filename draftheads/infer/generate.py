@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from draftheads.base_model import DEFAULT_DTYPE
+from draftheads.device import DEFAULT_DEVICE
 from draftheads.infer.adaptive import (
     AdaptiveDrafter,
     Calibration,
@@ -512,7 +513,7 @@ class SpeculativeGenerator:
         head_dir: str | Path | None,
         base: str | None = None,
         dtype: str | torch.dtype = DEFAULT_DTYPE,
-        device: str = "cpu",
+        device: str = DEFAULT_DEVICE,
         tree=None,
         pack: bool | str = DEFAULT_PACK,
         context: bool | ContextTree | SuffixTree = RECOMMENDED_CONTEXT,
@@ -543,7 +544,8 @@ class SpeculativeGenerator:
         from draftheads.heads import load_head_and_base, resolve_base_model
         from draftheads.heads.base import HeadFormatError, resolve_head_dir
 
-        check_device(device)  # before loading: a model moved to an unusable device fails deep in torch
+        # Before loading: a model moved to an unusable device fails deep in torch. ``auto`` resolved.
+        device = str(check_device(device))
         context = text_settings(context, suffix)  # refused before anything loads
         if confidence and not adaptive:
             raise ValueError(NEEDS_ADAPTIVE)

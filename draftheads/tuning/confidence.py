@@ -16,6 +16,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from draftheads.base_model import DEFAULT_DTYPE
+from draftheads.device import DEFAULT_DEVICE
 from draftheads.infer.adaptive import Calibration
 from draftheads.infer.confidence import (
     DEFAULT_FIT_STEPS,
@@ -45,7 +46,7 @@ class ConfidenceSettings:
     steps: int = DEFAULT_FIT_STEPS
     seed: int = 0
     dtype: str = DEFAULT_DTYPE
-    device: str = "cpu"
+    device: str = DEFAULT_DEVICE
 
 
 def decode_traces(generator, prompts, max_new_tokens: int, stop, progress: bool = True) -> list[Traces]:
@@ -109,7 +110,7 @@ def fit_head_confidence(
             "confidence": path_scores(held_out_steps, head.path_probabilities),
             "calibration": calibration_scores(fitting, scored),
         },
-        "machine": machine_info(generator.model.dtype, settings.device),
+        "machine": machine_info(generator.model.dtype, str(generator.model.device)),
     }
     record["paths"] = [str(path) for path in save_confidence(head, head_dir, record)]
     return head, record

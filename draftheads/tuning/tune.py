@@ -17,6 +17,7 @@ from pathlib import Path
 import torch
 
 from draftheads.base_model import DEFAULT_DTYPE
+from draftheads.device import DEFAULT_DEVICE
 from draftheads.export.checkpoint import dtype_name
 from draftheads.infer.int8 import has_int8_linears
 from draftheads.infer.precision import DEFAULT_DRAFT_DTYPE, INT8
@@ -77,7 +78,7 @@ class TuneSettings:
     batch_sizes: tuple[int, ...] = (2, 4, 8, 16)  # batched verify costs measured for batch decoding
     batch_max_nodes: int = 32  # largest per-row tree timed at those batch sizes
     dtype: str = DEFAULT_DTYPE
-    device: str = "cpu"
+    device: str = DEFAULT_DEVICE
     draft_dtype: str = DEFAULT_DRAFT_DTYPE  # the head's own (draftheads.infer.precision): drafting cost
 
 
