@@ -161,6 +161,33 @@ def launch(processes: int, program: list[str]) -> subprocess.CompletedProcess:
     )
 
 
+def launch_with_deepspeed(processes: int, options: list[str], config: Path) -> subprocess.CompletedProcess:
+    """``draftheads train --config config options`` as ``processes`` ranks started by DeepSpeed's
+    own launcher, as the docs' launch line does: each rank runs ``draftheads --local_rank=N train
+    ...`` (the flag before the command), on the CPU accelerator with gloo."""
+    from draftheads.distributed import free_port
+
+    command = [
+        str(Path(sys.executable).with_name("deepspeed")),
+        f"--num_gpus={processes}",
+        f"--master_port={free_port()}",
+        str(DRAFTHEADS),
+        "train",
+        "--config",
+        str(config),
+        *options,
+    ]
+    return subprocess.run(
+        command,
+        cwd=ROOT,
+        env=launch_environment(),
+        capture_output=True,
+        text=True,
+        timeout=LAUNCH_TIMEOUT_SECONDS,
+        check=False,
+    )
+
+
 def launch_train(processes: int, options: list[str], config: Path) -> subprocess.CompletedProcess:
     """``draftheads train --config config options`` as ``processes`` ranks."""
     return launch(processes, [str(DRAFTHEADS), "train", "--config", str(config), *options])

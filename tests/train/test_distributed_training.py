@@ -33,6 +33,7 @@ from distributed_launch import (
     launch_environment,
     launch_parameter_dump,
     launch_train,
+    launch_with_deepspeed,
     max_relative_difference,
     run_options,
     write_conversations,
@@ -145,6 +146,20 @@ def test_a_two_rank_checkpoint_resumes_with_two_ranks_to_the_same_weights(worksp
     for name in expected:
         assert torch.equal(actual[name], expected[name]), name
     assert _losses(stopped) == _losses(whole)[3:]
+
+
+def test_the_deepspeed_launcher_trains_what_torchrun_trains(workspace):
+    """The launch line of the docs and config headers, ``deepspeed --num_gpus N $(which draftheads)
+    train ...``: its ranks get ``--local_rank=N`` before the command and must train as torchrun's."""
+    expected = workspace.two_ranks("eagle3", 2)
+    output_dir = workspace.root / "eagle3-zero2-deepspeed-launcher"
+    result = launch_with_deepspeed(2, workspace.options(output_dir, "eagle3", 2), workspace.config)
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-4000:]
+    assert "--local_rank=1" in result.stdout + result.stderr  # the launcher's argv, as it logs it
+    actual = head_weights(output_dir)
+    for name, tensor in head_weights(expected).items():
+        assert torch.equal(actual[name], tensor), name
+    assert _losses(output_dir) == _losses(expected)
 
 
 def test_resuming_with_another_world_size_is_refused(workspace):
