@@ -43,8 +43,16 @@ from typing import Any
 import torch
 
 from draftheads.heads.base import CONFIG_NAME, DraftHead
-from draftheads.heads.checkpoint import CHECKPOINTS_DIR, ENGINE_DIR, TRAINER_STATE_NAME
-from draftheads.storage import InsufficientSpaceError, check_free_space, file_sha256, format_bytes
+from draftheads.heads.checkpoint import (  # the manifest is read by heads too: it lives there
+    CHECKPOINTS_DIR,
+    ENGINE_DIR,
+    MANIFEST_NAME,  # noqa: F401  (train.loop and the tests name it here)
+    TRAINER_STATE_NAME,
+    CorruptCheckpointError,
+    verify_checkpoint,
+    write_manifest,
+)
+from draftheads.storage import InsufficientSpaceError, check_free_space, format_bytes
 from draftheads.train.safe_loading import (
     check_loadable,
     deepspeed_state_classes,
@@ -55,7 +63,6 @@ from draftheads.train.safe_loading import (
 
 ENGINE_TAG = ENGINE_DIR
 STATE_NAME = TRAINER_STATE_NAME
-MANIFEST_NAME = "manifest.json"
 TEMP_PREFIX = ".tmp-"
 FULL_DISK_SLACK = 2**20  # bytes: a filesystem with less free after a failed write counts as full
 CORRUPT_PREFIX = "corrupt-"  # a checkpoint that failed verification, set aside by resume
@@ -89,45 +96,6 @@ def read_trainer_state(checkpoint: str | Path) -> dict[str, Any]:
 
 
 # ---- manifest: verify before loading --------------------------------------------------------------
-
-
-class CorruptCheckpointError(RuntimeError):
-    """A checkpoint whose files do not match its manifest (or cannot be read)."""
-
-
-def write_manifest(directory: Path) -> None:
-    """Record the size and sha256 of every file under ``directory`` in its ``manifest.json``."""
-    files = {
-        path.relative_to(directory).as_posix(): {"bytes": path.stat().st_size, "sha256": file_sha256(path)}
-        for path in sorted(directory.rglob("*"))
-        if path.is_file() and path.name != MANIFEST_NAME
-    }
-    (directory / MANIFEST_NAME).write_text(json.dumps({"files": files}, indent=1) + "\n")
-
-
-def verify_checkpoint(checkpoint: str | Path) -> bool:
-    """Check every file of ``checkpoint`` against its manifest: True when it matches, False for a
-    checkpoint written before manifests existed (it cannot be verified); raise
-    CorruptCheckpointError naming the first file that is missing, has another size or another
-    sha256, or a manifest that cannot be read."""
-    checkpoint = Path(checkpoint)
-    manifest_path = checkpoint / MANIFEST_NAME
-    if not manifest_path.is_file():
-        return False
-    try:
-        files = json.loads(manifest_path.read_text())["files"]
-        expected = {name: (int(entry["bytes"]), str(entry["sha256"])) for name, entry in files.items()}
-    except (ValueError, KeyError, TypeError, AttributeError) as err:
-        raise CorruptCheckpointError(f"{manifest_path} cannot be read: {err}") from err
-    for name, (size, digest) in expected.items():
-        path = checkpoint / name
-        if not path.is_file():
-            raise CorruptCheckpointError(f"{path} is missing")
-        if path.stat().st_size != size:
-            raise CorruptCheckpointError(f"{path} has {path.stat().st_size} bytes, the manifest says {size}")
-        if file_sha256(path) != digest:
-            raise CorruptCheckpointError(f"{path} does not match its sha256 in {MANIFEST_NAME}")
-    return True
 
 
 @dataclass(frozen=True)

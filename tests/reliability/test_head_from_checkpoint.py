@@ -85,3 +85,19 @@ def test_a_zero3_checkpoint_says_to_resume_for_zero_steps(run_dir):
     (engine / "mp_rank_00_model_states.pt").rename(engine / "zero_pp_rank_0_mp_rank_00_model_states.pt")
     with pytest.raises(HeadFormatError, match=r"ZeRO-3 .*resume the run for zero more steps"):
         load_head(step_dir)
+
+
+def test_a_damaged_checkpoint_is_refused_as_a_head_naming_the_file(run_dir, tmp_path, capsys):
+    step_dir = checkpoint.latest_checkpoint(run_dir)
+    weights = step_dir / checkpoint.ENGINE_TAG / "mp_rank_00_model_states.pt"
+    data = bytearray(weights.read_bytes())
+    middle = len(data) // 2  # inside the tensors' bytes: torch still reads the file
+    data[middle : middle + 64] = bytes(byte ^ 0xFF for byte in data[middle : middle + 64])
+    weights.write_bytes(data)
+    out = tmp_path / "out"
+    assert main(["export", "--heads", str(step_dir), "--out", str(out)]) == 4
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and f"{weights} does not match its sha256" in err
+    assert not out.exists()
+    with pytest.raises(HeadFormatError, match="mp_rank_00_model_states.pt does not match its sha256"):
+        load_head(step_dir)  # generate --heads and train.init_head read it this way too
