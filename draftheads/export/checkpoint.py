@@ -18,7 +18,14 @@ from typing import Any
 import torch
 
 from draftheads.export.registry import FormatError
-from draftheads.heads.base import CONFIG_NAME, FORMAT_VERSION, WEIGHT_SUFFIXES, DraftHead, read_weights
+from draftheads.heads.base import (
+    CONFIG_NAME,
+    FORMAT_VERSION,
+    WEIGHT_SUFFIXES,
+    DraftHead,
+    inside_head,
+    read_weights,
+)
 from draftheads.storage import apply_default_mode
 
 DRAFTHEADS_KEY = "draftheads"  # metadata block our engine-format exports add to config.json
@@ -88,6 +95,7 @@ def read_tensors(directory: Path) -> tuple[dict[str, torch.Tensor], list[Path]]:
         files = sorted(p for p in directory.iterdir() if p.suffix in PICKLE_SUFFIXES)
         if not files:
             raise FileNotFoundError(f"no *.safetensors or {'/'.join(PICKLE_SUFFIXES)} weights in {directory}")
+    files = [inside_head(directory, path) for path in files]  # never a link out of the head
     tensors: dict[str, torch.Tensor] = {}
     for path in files:
         if path.suffix == ".safetensors":

@@ -13,7 +13,7 @@ from draftheads.export.destination import check_destination, staged_export, writ
 from draftheads.export.model_card import BENCH_NAME, read_bench, render_model_card
 from draftheads.export.public import strip_local_paths
 from draftheads.export.registry import FORMAT_REGISTRY, ExportOptions, FormatError, export_format, write_head
-from draftheads.heads.base import object_field, read_head_config, resolve_head_dir
+from draftheads.heads.base import inside_head, object_field, read_head_config, resolve_head_dir
 from draftheads.infer.confidence import CONFIDENCE_CONFIG, CONFIDENCE_FILE
 from draftheads.infer.tree import TUNED_TREE_FILE
 from draftheads.storage import check_free_space
@@ -30,6 +30,19 @@ SPACE_MARGIN_BYTES = 8 * 2**20
 # JSON records are written with local paths replaced by file names, as the card is; the rest copied.
 TRAVELLING_RECORDS = (TUNED_TREE_FILE, CONFIDENCE_CONFIG)
 TRAVELLING_FILES = (CONFIDENCE_FILE,)
+
+
+def check_travelling_files(heads_dir: Path) -> None:
+    """Refuse (HeadFormatError naming it) a file the export would copy from the head that is a
+    link out of it (``inside_head``): the tuning records and files, and a Medusa-2 adapter's every
+    file and folder (``copytree`` would copy a linked target's bytes)."""
+    from draftheads.heads.adapter import ADAPTER_DIR
+
+    for name in (*TRAVELLING_RECORDS, *TRAVELLING_FILES):
+        inside_head(heads_dir, heads_dir / name)
+    adapter = inside_head(heads_dir, heads_dir / ADAPTER_DIR)
+    for path in adapter.rglob("*") if adapter.is_dir() else ():
+        inside_head(heads_dir, path)
 
 
 def estimated_bytes(head, heads_dir: Path, with_base_weights: bool, joint: bool) -> int:
@@ -73,6 +86,7 @@ def export_head(
     config_path, source_config = read_head_config(heads_dir)
     training = object_field(source_config, "training", config_path, optional=True)  # the card reads it
     bench = read_bench(heads_dir)  # refuse a damaged bench.json before any heavy loading
+    check_travelling_files(heads_dir)  # and a link out of the head: export would publish its target
     head = load_head(heads_dir)
     chosen = export_format(format_name, head.kind)  # refuse impossible pairs before any heavy loading
     joint = bool(getattr(head.config, "joint", False))

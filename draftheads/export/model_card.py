@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from draftheads.base_model import hub_name
-from draftheads.heads.base import HeadFormatError, json_type_name, read_json_object
+from draftheads.heads.base import HeadFormatError, inside_head, json_type_name, read_json_object
 
 BENCH_NAME = "bench.json"
 # Hub card metadata: https://huggingface.co/docs/hub/model-cards (YAML front matter).
@@ -162,7 +162,7 @@ def read_bench(directory: Path) -> dict | None:
     """The ``bench.json`` recorded in a head directory, if any. One the card cannot read (not a JSON
     object, ``summaries`` not a list of objects each naming its ``method``) raises HeadFormatError
     naming the file and the field."""
-    path = Path(directory) / BENCH_NAME
+    path = inside_head(Path(directory), Path(directory) / BENCH_NAME)
     if not path.is_file():
         return None
     bench = read_json_object(path)

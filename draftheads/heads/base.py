@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -416,11 +417,31 @@ def read_json_object(path: Path) -> dict[str, Any]:
     return data
 
 
+def inside_head(directory: Path, path: Path) -> Path:
+    """``path``, a file (or folder) of the head in ``directory``, once it is known to lie inside
+    it. A symbolic link leading out of the head directory, a broken one, or one to something that
+    is neither a file nor a folder raises HeadFormatError naming it: export copies and uploads what
+    it reads, so a link to a system file or another user's would publish that file. A path that
+    does not exist passes (callers say what is missing); a link within the head is read."""
+    if not os.path.lexists(path):
+        return path
+    target = path.resolve()
+    if not target.is_relative_to(directory.resolve()):
+        raise HeadFormatError(
+            f"{path}: a symbolic link to {target}, outside the head directory {directory}; head files "
+            "are read only from inside it (copy the file in instead)"
+        )
+    if not (target.is_file() or target.is_dir()):
+        raise HeadFormatError(f"{path}: not a regular file (a broken link, a device or a pipe)")
+    return path
+
+
 def read_head_config(directory: str | Path) -> tuple[Path, dict[str, Any]]:
     """(path, contents) of the config.json of the head ``directory`` names (``resolve_head_dir``);
-    the head's own directory is ``path.parent``. A file that is not a JSON object raises
-    HeadFormatError naming it."""
-    config_path = resolve_head_dir(directory) / CONFIG_NAME
+    the head's own directory is ``path.parent``. A file that is not a JSON object, or a link out of
+    the head (``inside_head``), raises HeadFormatError naming it."""
+    directory = resolve_head_dir(directory)
+    config_path = inside_head(directory, directory / CONFIG_NAME)
     return config_path, read_json_object(config_path)
 
 
@@ -578,9 +599,10 @@ def load_head(directory: str | Path, base_model=None, map_location: str | torch.
 
     config = from_dict(cls.config_class, saved["head_config"], f"{config_path}:head_config")
     expected_hash = _expected_weights_hash(saved, config_path)
+    weights_path = inside_head(directory, directory / WEIGHTS_NAME)
     # hashlib releases the GIL: the file is hashed while the module is built and the weights read.
     with ThreadPoolExecutor(max_workers=1) as hasher:
-        actual_hash = hasher.submit(file_sha256, directory / WEIGHTS_NAME) if expected_hash else ""
+        actual_hash = hasher.submit(file_sha256, weights_path) if expected_hash else ""
         base_config = _base_config_from(saved, config_path)
         head = cls(config, base_config, object_field(saved, "base_model", config_path).get("name_or_path"))
         state = _read_head_weights(directory, saved, map_location)

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import torch
 
-from draftheads.heads.base import CONFIG_NAME, HeadFormatError
+from draftheads.heads.base import CONFIG_NAME, HeadFormatError, inside_head
 from draftheads.storage import file_sha256
 
 # The layout of a run's checkpoints (``draftheads.train.checkpoint`` writes it).
@@ -105,7 +105,7 @@ def checkpoint_head_state(
     tensors and plain values only), once its config.json and module state match the checkpoint's
     manifest. Raises CorruptCheckpointError naming a file that does not, CheckpointHeadError when
     the checkpoint keeps no full module state (ZeRO-3) or holds no head entries."""
-    path = checkpoint / ENGINE_DIR / MODULE_STATE_NAME
+    path = inside_head(checkpoint, checkpoint / ENGINE_DIR / MODULE_STATE_NAME)
     if not path.is_file():
         raise CheckpointHeadError(
             f"{checkpoint}: no {ENGINE_DIR}/{MODULE_STATE_NAME} (a ZeRO-3 checkpoint keeps the weights in "

@@ -28,7 +28,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from draftheads.heads.base import HeadFormatError
+from draftheads.heads.base import HeadFormatError, inside_head
 from draftheads.infer.draft import Draft
 from draftheads.infer.hybrid import BOTH
 from draftheads.settings import ConfigError
@@ -223,7 +223,8 @@ def load_confidence(directory: str | Path) -> ConfidenceHead:
     from safetensors.torch import load_file
 
     directory = Path(directory)
-    config_path, weights_path = directory / CONFIDENCE_CONFIG, directory / CONFIDENCE_FILE
+    config_path = inside_head(directory, directory / CONFIDENCE_CONFIG)
+    weights_path = inside_head(directory, directory / CONFIDENCE_FILE)
     try:
         config = json.loads(config_path.read_text())
     except (OSError, ValueError) as err:

@@ -416,11 +416,11 @@ def read_tuned_entry(path, dtype: torch.dtype | str, device: torch.device | str 
     import json
     from pathlib import Path
 
-    from draftheads.heads.base import HeadFormatError  # lazily: this module needs no transformers
+    from draftheads.heads.base import HeadFormatError, inside_head  # lazily: needs no transformers
 
     path = Path(path)
     if path.is_dir():
-        path = path / TUNED_TREE_FILE
+        path = inside_head(path, path / TUNED_TREE_FILE)
     if not path.is_file():
         return None
     try:
