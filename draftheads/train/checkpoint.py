@@ -357,10 +357,17 @@ def save_checkpoint(
 
 
 def load_checkpoint(
-    engine, checkpoint: str | Path, rank: int = 0, exclude_frozen: bool = False
+    engine,
+    checkpoint: str | Path,
+    rank: int = 0,
+    exclude_frozen: bool = False,
+    engine_root: str | Path | None = None,
 ) -> dict[str, Any]:
     """Restore engine (weights, optimizer, scheduler) and this rank's RNG; return trainer state.
     ``exclude_frozen``: the checkpoint was saved without frozen parameters (they stay as loaded).
+    ``engine_root``: read the engine state from ``engine_root/engine`` instead (a universal
+    conversion, ``train/elastic.py``); a rank the checkpoint has no RNG state for then takes that
+    of rank ``rank % writers`` (the training draws depend on the seed and the row, not on it).
     A file whose pickle needs more than tensors and DeepSpeed's own classes raises
     UnsafeCheckpointError naming it, before anything of it is unpickled."""
     checkpoint = Path(checkpoint)
@@ -370,18 +377,22 @@ def load_checkpoint(
     # DeepSpeed unpickles its own files: check each against the allow-list first (naming the file
     # it refuses), and keep every load weights-only while DeepSpeed reads them.
     allowed = deepspeed_state_classes()
-    check_loadable(sorted((checkpoint / ENGINE_TAG).rglob("*.pt")), allowed)
-    with weights_only_loads(allowed, checkpoint / ENGINE_TAG):
+    root = checkpoint if engine_root is None else Path(engine_root)
+    check_loadable(sorted((root / ENGINE_TAG).rglob("*.pt")), allowed)
+    with weights_only_loads(allowed, root / ENGINE_TAG):
         load_path, _ = engine.load_checkpoint(
-            str(checkpoint),
+            str(root),
             tag=ENGINE_TAG,
             load_optimizer_states=True,
             load_lr_scheduler_states=True,
             load_module_strict=not exclude_frozen,
         )
     if load_path is None:
-        raise FileNotFoundError(f"DeepSpeed found no engine state under {checkpoint / ENGINE_TAG}")
+        raise FileNotFoundError(f"DeepSpeed found no engine state under {root / ENGINE_TAG}")
     rng_path = checkpoint / f"rng_state_{rank}.pt"
+    if engine_root is not None and not rng_path.is_file():
+        writers = len(list(checkpoint.glob("rng_state_*.pt")))
+        rng_path = checkpoint / f"rng_state_{rank % max(1, writers)}.pt"
     if not rng_path.is_file():
         raise FileNotFoundError(
             f"{rng_path} is missing: the checkpoint was written with fewer ranks than this run uses"

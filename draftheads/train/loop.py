@@ -38,7 +38,7 @@ from draftheads.distributed import apply_timeout_to_every_group, distributed_tim
 from draftheads.heads.base import CONFIG_NAME, RUN_HEAD_DIR
 from draftheads.machine import native_bf16
 from draftheads.settings import ConfigError, to_dict
-from draftheads.train import checkpoint
+from draftheads.train import checkpoint, elastic
 from draftheads.train.batching import BatchStream, fixed_batches
 from draftheads.train.decode_eval import Sequences, decode_acceptance, prepare_continuations
 from draftheads.train.draws import row_seeds
@@ -428,12 +428,13 @@ def describe_data(record: dict, given: bool) -> str:
 
 
 def plan_data_history(
-    run: RunConfig, resume_from: Path | None, given: bool, allow_changed_data: bool
+    run: RunConfig, resume_from: Path | None, given: bool, allow_changed_data: bool, world_size: int = 1
 ) -> tuple[list[dict], bool]:
     """The run's data history and whether the data stream starts over. Resuming compares the
     checkpoint's run config with ``run`` (``train/resume.py``): a changed head, kind or optimiser
     setting is refused; changed data or batch size only with ``allow_changed_data``, and then a new
-    segment is recorded and the stream starts over on the new data."""
+    segment is recorded and the stream starts over on the new data. Another number of processes
+    whose gradient accumulation keeps the global batch changes no batch (``train/elastic.py``)."""
     record = run_record(to_dict(run))
     if resume_from is None:
         return [data_segment(record, 0, describe_data(record, given))], False
@@ -449,6 +450,7 @@ def plan_data_history(
             stacklevel=2,
         )
         saved = record
+    saved = elastic.align_accumulation(saved, record, elastic.written_world_size(state), world_size)
     changes = check_resume(saved, record, allow_changed_data, where=str(resume_from))
     if unchecked := unrecorded_settings(saved, record):
         warnings.warn(
@@ -552,7 +554,11 @@ def build_training_run(
     deepspeed_config = build_deepspeed_config(train, dtype, world_size)
     output_dir = Path(train.output_dir)  # checked and claimed: lock_output_dir
     latest = choose_resume_checkpoint(output_dir, rank, world_size) if train.resume else None
-    data_history, restart_data = plan_data_history(run, latest, datasets is not None, allow_changed_data)
+    data_history, restart_data = plan_data_history(
+        run, latest, datasets is not None, allow_changed_data, world_size
+    )
+    if latest is not None and needs_universal_load(latest, world_size):
+        deepspeed_config["checkpoint"] = {**deepspeed_config.get("checkpoint", {}), "load_universal": True}
 
     if base_model is None:
         base_model, tokenizer = load_base(run.model.base, dtype, device, run.model.attn_implementation)
@@ -626,7 +632,6 @@ def start(run: TrainingRun, latest: Path | None, restart_data: bool) -> None:
     and open its reporter."""
     config, output_dir = run.config, run.output_dir
     if latest is not None:
-        check_resumable(latest, run.world_size)
         restore(run, latest, restart_data)
     elif config.train.resume:
         _log_rank0(
@@ -646,28 +651,55 @@ def start(run: TrainingRun, latest: Path | None, restart_data: bool) -> None:
     )
 
 
-def check_resumable(path: Path, world_size: int) -> None:
-    """Refuse, before DeepSpeed reads its partitions, a checkpoint written by another number of
-    data-parallel processes (ZeRO-1/2/3 optimizer partitions and the data position are per rank)."""
-    position = checkpoint.read_trainer_state(path).get("data_position", {})
-    written = int(position.get("world_size", 1))
-    if written != world_size:
-        raise ConfigError(
-            f"train.resume: {path} was written by {written} data-parallel processes and this run has "
-            f"{world_size}; resume it with {written} (e.g. deepspeed --num_gpus {written}), or start a "
-            "new train.output_dir with train.init_head set to an exported head"
+def needs_universal_load(path: Path, world_size: int) -> bool:
+    """Whether checkpoint ``path`` was partitioned by another number of processes than
+    ``world_size``, so that it loads only through a universal conversion (``train/elastic.py``)."""
+    written = elastic.written_world_size(checkpoint.read_trainer_state(path))
+    return written != world_size and elastic.is_partitioned(path / checkpoint.ENGINE_TAG)
+
+
+def load_engine_state(run: TrainingRun, path: Path) -> dict:
+    """``checkpoint.load_checkpoint`` for this run; a checkpoint partitioned by another number of
+    processes is first converted by rank 0 into a temporary universal folder beside it, which
+    every rank loads and rank 0 then removes."""
+    exclude_frozen = run.recipe.exclude_frozen
+    if not needs_universal_load(path, run.world_size):
+        return checkpoint.load_checkpoint(run.engine, path, run.rank, exclude_frozen=exclude_frozen)
+    universal = elastic.universal_folder(path, checkpoint.TEMP_PREFIX)
+    failure = [None]
+    if run.rank == 0:
+        _log_rank0(run.rank, f"train.resume: converting {path} for {run.world_size} process(es)")
+        try:
+            elastic.convert_to_universal(path, checkpoint.ENGINE_TAG, universal)
+        except ConfigError as err:
+            failure = [str(err)]
+    if run.world_size > 1:
+        torch.distributed.broadcast_object_list(failure, src=0)
+    if failure[0] is not None:
+        raise ConfigError(failure[0])
+    try:
+        return checkpoint.load_checkpoint(
+            run.engine, path, run.rank, exclude_frozen=exclude_frozen, engine_root=universal
         )
+    finally:
+        if run.world_size > 1:
+            torch.distributed.barrier()
+        if run.rank == 0:
+            shutil.rmtree(universal, ignore_errors=True)
 
 
 def restore(run: TrainingRun, path: Path, restart_data: bool = False) -> None:
     """Continue from checkpoint ``path``: engine, RNG, data position and loop counters.
     ``restart_data``: the data or batches changed, so the saved position means nothing for them:
     the stream starts at the beginning of the new data."""
-    state = checkpoint.load_checkpoint(run.engine, path, run.rank, exclude_frozen=run.recipe.exclude_frozen)
+    state = load_engine_state(run, path)
     if restart_data:
         _log_rank0(run.rank, "train.resume: data or batches changed; the data stream starts over")
     else:
-        run.stream.load_state_dict(state["data_position"])
+        position = state["data_position"]
+        if elastic.written_world_size(state) != run.world_size:
+            position = elastic.remap_data_position(position, run.world_size, str(path))
+        run.stream.load_state_dict(position)
     run.step, run.tokens = state["step"], state["tokens"]
     run.train_seconds = state["train_seconds"]
     run.last_eval = EvalResult.from_dict(state["eval"]) if state["eval"] else None

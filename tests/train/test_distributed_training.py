@@ -4,7 +4,8 @@ What a run learns must not depend on how many processes ran it: 2 ranks x micro-
 batches, draw the sampled tokens and average the gradients that 1 rank x micro-batch 2 x
 accumulation 2 does, so the final heads agree to float rounding (TOLERANCE) for every head kind
 and ZeRO stage, with the shipped EAGLE-3 loss_token_fraction of 0.25. Two-rank checkpoints
-resume with 2 ranks to the uninterrupted run's weights; another world size is refused.
+resume with 2 ranks to the uninterrupted run's weights, and with 1 rank (and 1-rank checkpoints
+with 2) through a universal conversion.
 
 Each launch costs ~30 s of process start-up on a shared 2-core CPU; the smoke selection
 (``-m "not integration"``) keeps EAGLE-3 under ZeRO-2 and ZeRO-3 and the ZeRO-3 resume, the rest
@@ -45,7 +46,6 @@ from draftheads.base_model import load_base
 from draftheads.config import load_run_config
 from draftheads.distributed import free_port
 from draftheads.heads import load_head
-from draftheads.settings import ConfigError
 from draftheads.train import checkpoint
 from draftheads.train.decode_eval import CONTINUATIONS_NAME
 from draftheads.train.loop import run_training
@@ -162,13 +162,41 @@ def test_the_deepspeed_launcher_trains_what_torchrun_trains(workspace):
     assert _losses(output_dir) == _losses(expected)
 
 
-def test_resuming_with_another_world_size_is_refused(workspace):
-    whole = workspace.two_ranks("eagle3", 3)
-    stopped = workspace.root / "eagle3-one-rank-resume"
+def _elastic_params():
+    for zero in (2, 3):
+        for direction in ("2to1", "1to2"):
+            marks = () if zero == 3 else (pytest.mark.integration, pytest.mark.slow)
+            yield pytest.param(zero, direction, marks=marks, id=f"zero{zero}-{direction}")
+
+
+@pytest.mark.parametrize(("zero", "direction"), list(_elastic_params()))
+def test_a_checkpoint_resumes_at_another_world_size_and_the_run_goes_on(workspace, zero, direction):
+    """2 ranks x accumulation 1 and 1 rank x accumulation 2 read the same batches; a checkpoint of
+    either resumes in the other (through DeepSpeed's universal checkpoint conversion) to the
+    uninterrupted run's weights and losses."""
+    one_rank = ["train.gradient_accumulation_steps=2"]
+    if direction == "2to1":
+        whole = workspace.two_ranks("eagle3", zero)
+    else:
+        whole = workspace.root / f"eagle3-zero{zero}-1rank-whole"
+        run_training(load_run_config(workspace.config, workspace.options(whole, "eagle3", zero, *one_rank)))
+    stopped = workspace.root / f"eagle3-zero{zero}-resumed-{direction}"
     shutil.copytree(whole / "checkpoints" / "step-00000003", stopped / "checkpoints" / "step-00000003")
-    options = workspace.options(stopped, "eagle3", 3, "train.resume=true")
-    with pytest.raises(ConfigError, match="written by 2 data-parallel processes and this run has 1"):
+    if direction == "2to1":
+        options = workspace.options(stopped, "eagle3", zero, "train.resume=true", *one_rank)
         run_training(load_run_config(workspace.config, options))
+    else:
+        options = workspace.options(stopped, "eagle3", zero, "train.resume=true")
+        result = launch_train(2, options, workspace.config)
+        assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-4000:]
+    difference = max_relative_difference(head_weights(stopped), head_weights(whole))
+    print(f"ZeRO-{zero} {direction}: max relative weight difference {difference:.3g}", file=sys.stderr)
+    assert difference <= TOLERANCE, difference
+    assert _losses(stopped) == pytest.approx(_losses(whole)[3:], rel=LOSS_TOLERANCE)
+    leftovers = [
+        path.name for path in (stopped / "checkpoints").iterdir() if not path.name.startswith("step-")
+    ]
+    assert leftovers == []  # the universal conversion is removed once loaded
 
 
 @pytest.mark.integration
