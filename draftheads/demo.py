@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import draftheads
+from draftheads.storage import write_text_atomically
 
 
 @dataclass(frozen=True)
@@ -505,5 +506,5 @@ def run_demo(settings: DemoSettings) -> dict:
         **outcome,
         "shipped": shipped,
     }
-    (out_dir / "demo.json").write_text(json.dumps(record, indent=2) + "\n")
+    write_text_atomically(out_dir / "demo.json", json.dumps(record, indent=2) + "\n")
     return record

@@ -1,5 +1,6 @@
-"""Disk hygiene for everything draftheads writes: free space checked before a large write, and
-files given the permissions the user's umask asks for.
+"""Disk hygiene for everything draftheads writes: free space checked before a large write, files
+given the permissions the user's umask asks for, and writes that replace a file whole
+(``write_atomically``), never through a symbolic link left where the file goes.
 
 ``check_free_space`` runs before writing, so a full disk is reported up front in one sentence
 (where, how much is needed, how much is free, what was being written) instead of as a half-written
@@ -14,6 +15,7 @@ import hashlib
 import os
 import shutil
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 _UNITS = ("B", "KiB", "MiB", "GiB", "TiB", "PiB")
@@ -84,16 +86,25 @@ def apply_default_mode(path: str | Path) -> None:
     os.chmod(path, 0o666 & ~current_umask())
 
 
-def write_text_atomically(path: str | Path, text: str) -> None:
-    """Replace ``path`` with ``text`` so that a reader sees the old file or the whole new one: written
-    to a unique temporary file beside it (removed on failure), given a plain file's mode, renamed."""
+def write_atomically(path: str | Path, write: Callable[[Path], None]) -> None:
+    """Replace ``path`` with the file ``write(temporary)`` writes, so that a reader sees the old file
+    or the whole new one, and a symbolic link at ``path`` is replaced, never written through (the
+    file it points to is left as it was). The temporary file is created exclusively beside ``path``
+    (same filesystem, same suffix, so writers that read the format from it work), removed on
+    failure, given a plain file's mode and renamed over ``path``."""
     path = Path(path)
-    handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.tmp-")
+    handle, name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.stem}.tmp-", suffix=path.suffix)
+    os.close(handle)
+    temporary = Path(name)
     try:
-        with os.fdopen(handle, "w", encoding="utf-8") as file:
-            file.write(text)
+        write(temporary)
         apply_default_mode(temporary)
         os.replace(temporary, path)
     finally:
-        if os.path.exists(temporary):
+        if os.path.lexists(temporary):
             os.unlink(temporary)
+
+
+def write_text_atomically(path: str | Path, text: str) -> None:
+    """Replace ``path`` with ``text`` (UTF-8), as ``write_atomically`` does."""
+    write_atomically(path, lambda temporary: temporary.write_text(text, encoding="utf-8"))

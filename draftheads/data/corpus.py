@@ -25,12 +25,11 @@ from __future__ import annotations
 import gzip
 import hashlib
 import json
-import os
 from dataclasses import MISSING, asdict, dataclass, field, fields
 from pathlib import Path
 
 from draftheads.data.sources import DataError
-from draftheads.storage import file_sha256
+from draftheads.storage import file_sha256, write_text_atomically
 
 FORMAT = "draftheads-corpus/1"
 MANIFEST = "manifest.json"
@@ -210,10 +209,7 @@ class Corpus:
             "settings": asdict(self.settings),
             "chunks": [asdict(c) for c in self.chunks],
         }
-        path = self.directory / MANIFEST
-        temporary = path.with_suffix(".json.tmp")
-        temporary.write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
-        os.replace(temporary, path)
+        write_text_atomically(self.directory / MANIFEST, json.dumps(data, indent=2) + "\n")
 
     def _pending_paths(self) -> tuple[Path, Path]:
         stem = f"part-{len(self.chunks):05d}"
@@ -235,7 +231,7 @@ class Corpus:
         start, end = self.chunk_range(size)
         if not pending.is_file():
             state = {"start": start, "end": end, "seconds": 0.0, "engine": engine}
-            pending.write_text(json.dumps(state) + "\n", encoding="utf-8")
+            write_text_atomically(pending, json.dumps(state) + "\n")
         return path, start, end
 
     def add_seconds(self, seconds: float, engine: str) -> None:
@@ -245,7 +241,7 @@ class Corpus:
         state["seconds"] += seconds
         if state["engine"] != engine:
             state["engine"] = "mixed"
-        pending.write_text(json.dumps(state) + "\n", encoding="utf-8")
+        write_text_atomically(pending, json.dumps(state) + "\n")
 
     def seal_chunk(self, end: int, count_tokens) -> Chunk:
         """Gzip the pending chunk (source conversations up to ``end``, fewer than asked when the

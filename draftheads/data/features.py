@@ -45,7 +45,6 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-import os
 import time
 from collections import OrderedDict
 from collections.abc import Callable
@@ -58,6 +57,7 @@ import torch
 from draftheads.data.shard_file import MissingTensorError, ShardFile, ShardFileError
 from draftheads.data.sources import DataError
 from draftheads.distributed import barrier
+from draftheads.storage import write_atomically, write_text_atomically
 
 INDEX_NAME = "index.json"
 FORMAT = "draftheads-features"
@@ -242,9 +242,7 @@ def bytes_per_token(hidden_size: int, layers: int, dtype: torch.dtype) -> int:
 
 
 def _write_index(directory: Path, index: dict) -> None:
-    temporary = directory / (INDEX_NAME + ".tmp")
-    temporary.write_text(json.dumps(index, indent=2) + "\n")
-    os.replace(temporary, directory / INDEX_NAME)
+    write_text_atomically(directory / INDEX_NAME, json.dumps(index, indent=2) + "\n")
 
 
 def grown_splits(found: CacheIdentity, expected: CacheIdentity, splits: dict[str, Any]) -> dict[str, int]:
@@ -440,13 +438,8 @@ def _write_shard(
     tensors["input_ids"] = torch.tensor([token for row in rows for token in row], dtype=torch.int32)  # (N,)
     tensors[ARGMAX_KEY] = torch.cat(argmaxes).to(dtype=torch.int32, device="cpu")  # (N,)
     path.parent.mkdir(parents=True, exist_ok=True)
-    temporary = path.with_suffix(".tmp")
-    save_file(
-        {name: tensor.contiguous() for name, tensor in tensors.items()},
-        str(temporary),
-        metadata={"format": "pt"},
-    )
-    os.replace(temporary, path)
+    contiguous = {name: tensor.contiguous() for name, tensor in tensors.items()}
+    write_atomically(path, lambda temporary: save_file(contiguous, str(temporary), metadata={"format": "pt"}))
 
 
 def _human(size: float) -> str:

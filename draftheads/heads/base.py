@@ -35,7 +35,7 @@ from typing import Any, ClassVar
 import torch
 from torch import nn
 
-from draftheads.storage import apply_default_mode, file_sha256
+from draftheads.storage import file_sha256, write_atomically, write_text_atomically
 
 CONFIG_NAME = "config.json"
 WEIGHTS_NAME = "model.safetensors"
@@ -299,18 +299,19 @@ class DraftHead(nn.Module):
 
     def save_pretrained(self, directory: str | Path, extra: dict[str, Any] | None = None) -> Path:
         """Write ``model.safetensors``, then ``config.json`` (+ ``extra`` keys merged into it) with
-        the weights' sha256 in ``weights_sha256``, which ``load_head`` checks."""
+        the weights' sha256 in ``weights_sha256``, which ``load_head`` checks; each replaced whole
+        (``write_atomically``: a link there is replaced, not written through)."""
         from safetensors.torch import save_file
 
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
-        save_file(self.head_state_dict(), str(directory / WEIGHTS_NAME), metadata={"format": "pt"})
-        apply_default_mode(directory / WEIGHTS_NAME)  # save_file leaves its temporary file's 0600
+        state, metadata = self.head_state_dict(), {"format": "pt"}
+        write_atomically(directory / WEIGHTS_NAME, lambda path: save_file(state, str(path), metadata))
         config = self.config_dict()
         if extra:
             config.update(extra)
         config[WEIGHTS_HASH_KEY] = file_sha256(directory / WEIGHTS_NAME)
-        (directory / CONFIG_NAME).write_text(json.dumps(config, indent=2, sort_keys=False) + "\n")
+        write_text_atomically(directory / CONFIG_NAME, json.dumps(config, indent=2, sort_keys=False) + "\n")
         return directory
 
 

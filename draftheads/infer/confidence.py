@@ -32,6 +32,7 @@ from draftheads.heads.base import HeadFormatError, inside_head
 from draftheads.infer.draft import Draft
 from draftheads.infer.hybrid import BOTH
 from draftheads.settings import ConfigError
+from draftheads.storage import write_atomically, write_text_atomically
 
 CONFIDENCE_FILE = "confidence.safetensors"
 CONFIDENCE_CONFIG = "confidence.json"
@@ -206,14 +207,16 @@ class ConfidenceFormatError(HeadFormatError):
 
 
 def save_confidence(head: ConfidenceHead, directory: str | Path, record: dict) -> list[Path]:
-    """Write the head's weights and its config (``record``: how it was fitted and measured)."""
+    """Write the head's weights and its config (``record``: how it was fitted and measured), each
+    replaced whole (``write_atomically``: a link there is replaced, not written through)."""
     from safetensors.torch import save_file
 
     directory = Path(directory)
     weights, config = directory / CONFIDENCE_FILE, directory / CONFIDENCE_CONFIG
-    save_file({name: tensor.contiguous() for name, tensor in head.state_dict().items()}, str(weights))
+    tensors = {name: tensor.contiguous() for name, tensor in head.state_dict().items()}
+    write_atomically(weights, lambda temporary: save_file(tensors, str(temporary)))
     settings = {"format": CONFIDENCE_FORMAT, "features": list(FEATURES), "hidden": head.hidden}
-    config.write_text(json.dumps(settings | record, indent=2) + "\n")
+    write_text_atomically(config, json.dumps(settings | record, indent=2) + "\n")
     return [weights, config]
 
 

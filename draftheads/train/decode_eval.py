@@ -23,7 +23,6 @@ it runs, which therefore line up).
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Callable
 from pathlib import Path
 
@@ -32,6 +31,7 @@ import torch
 from draftheads.config import RunConfig
 from draftheads.prompt_format import TemplateError, choose_template, stop_strings
 from draftheads.settings import ConfigError
+from draftheads.storage import write_text_atomically
 from draftheads.train.metrics import DecodeEvalResult
 from draftheads.tuning.acceptance import measure_acceptance, measured_depth
 from draftheads.tuning.held_out import held_out_prompts
@@ -136,9 +136,7 @@ def write_continuations(path: Path, settings: dict, sequences: Sequences) -> Non
             {"tokens": tokens.tolist(), "prompt_length": prompt_length} for tokens, prompt_length in sequences
         ],
     }
-    temporary = path.with_name(path.name + ".tmp")
-    temporary.write_text(json.dumps(record) + "\n")
-    os.replace(temporary, path)
+    write_text_atomically(path, json.dumps(record) + "\n")
 
 
 def prepare_continuations(

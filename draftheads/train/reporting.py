@@ -8,6 +8,8 @@ import math
 from pathlib import Path
 from typing import Any
 
+from draftheads.storage import write_atomically, write_text_atomically
+
 METRICS_NAME = "metrics.jsonl"
 CURVES_NAME = "curves.png"
 
@@ -51,7 +53,7 @@ class Reporter:
             kept = [
                 line for line in self.path.read_text().splitlines() if json.loads(line)["step"] <= resume_step
             ]
-            self.path.write_text("".join(line + "\n" for line in kept))
+            write_text_atomically(self.path, "".join(line + "\n" for line in kept))
         elif self.path.is_file():
             self.path.unlink()
         if report_to == "wandb":
@@ -152,6 +154,6 @@ def plot_curves(output_dir: str | Path) -> Path | None:
     )
     figure.tight_layout()
     path = Path(output_dir) / CURVES_NAME
-    figure.savefig(path, dpi=100)
+    write_atomically(path, lambda temporary: figure.savefig(temporary, dpi=100))
     plt.close(figure)
     return path

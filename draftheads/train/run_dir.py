@@ -14,13 +14,13 @@ files, metrics.jsonl and config.json.
 from __future__ import annotations
 
 import json
-import os
 import time
 from pathlib import Path
 
 from draftheads.heads.base import CONFIG_NAME, RUN_HEAD_DIR, WEIGHT_SUFFIXES
 from draftheads.settings import ConfigError
-from draftheads.train.checkpoint import CHECKPOINTS_DIR, TEMP_PREFIX, list_checkpoints
+from draftheads.storage import write_text_atomically
+from draftheads.train.checkpoint import CHECKPOINTS_DIR, list_checkpoints
 from draftheads.train.lock import LOCK_NAME
 from draftheads.train.reporting import CURVES_NAME, METRICS_NAME
 
@@ -108,6 +108,4 @@ def claim_output_dir(directory: Path) -> None:
     if marker.is_file():
         return
     record = {"format": MARKER_FORMAT, "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
-    temporary = directory / (TEMP_PREFIX + MARKER_NAME)
-    temporary.write_text(json.dumps(record) + "\n")
-    os.replace(temporary, marker)
+    write_text_atomically(marker, json.dumps(record) + "\n")

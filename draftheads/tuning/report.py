@@ -6,6 +6,7 @@ import warnings
 from pathlib import Path
 
 from draftheads.optional import available
+from draftheads.storage import write_atomically
 
 
 def plot_tuning(record: dict, path: Path) -> list[Path]:
@@ -51,7 +52,7 @@ def plot_tuning(record: dict, path: Path) -> list[Path]:
         xlabel="tree tokens N", ylabel="expected speedup", title=f"chosen: {record['chosen']['tree']['name']}"
     )
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    write_atomically(path, lambda temporary: fig.savefig(temporary, dpi=110))
     plt.close(fig)
     return [path]
 

@@ -19,11 +19,13 @@ import torch
 from draftheads.base_model import DEFAULT_DTYPE
 from draftheads.device import DEFAULT_DEVICE
 from draftheads.export.checkpoint import dtype_name
+from draftheads.heads.base import inside_head, read_json_object
 from draftheads.infer.int8 import has_int8_linears
 from draftheads.infer.precision import DEFAULT_DRAFT_DTYPE, INT8
 from draftheads.infer.tree import TUNED_TREE_FILE, TUNED_TREE_FORMAT, tree_to_dict, tuned_tree_key
 from draftheads.infer.verify_cost import CostCurve, costs_to_dict
 from draftheads.prompt_format import DEFAULT_TEMPLATE, choose_template, stop_strings
+from draftheads.storage import write_text_atomically
 from draftheads.tuning.acceptance import head_vocab_size, measure_acceptance, measured_depth
 from draftheads.tuning.held_out import greedy_continuations, held_out_prompts
 from draftheads.tuning.report import plot_tuning
@@ -86,10 +88,10 @@ def save_tuned_tree(
     head_dir: Path, key: str, best: Candidate, record: dict, costs: dict[int, CostCurve]
 ) -> list[Path]:
     """Merge the choice for ``key`` into ``tree.json``; write the curves and a chart next to it."""
-    tree_path = head_dir / TUNED_TREE_FILE
+    tree_path = inside_head(head_dir, head_dir / TUNED_TREE_FILE)  # never merged from a link out
     saved = {"format": TUNED_TREE_FORMAT, "trees": {}}
     if tree_path.is_file():
-        previous = json.loads(tree_path.read_text())
+        previous = read_json_object(tree_path)
         if previous.get("format") == TUNED_TREE_FORMAT:
             saved = previous
     saved["trees"][key] = {
@@ -99,10 +101,10 @@ def save_tuned_tree(
         "machine": record["machine"],
         "verify_costs": costs_to_dict(costs),  # by batch size; adaptive drafting weighs trees with them
     }
-    tree_path.write_text(json.dumps(saved, indent=2) + "\n")
+    write_text_atomically(tree_path, json.dumps(saved, indent=2) + "\n")
     stem = "tune-" + key.replace("/", "-")
     curves_path = head_dir / f"{stem}.json"
-    curves_path.write_text(json.dumps(record, indent=2) + "\n")
+    write_text_atomically(curves_path, json.dumps(record, indent=2) + "\n")
     return [tree_path, curves_path, *plot_tuning(record, head_dir / f"{stem}.png")]
 
 
