@@ -42,7 +42,7 @@ from draftheads.train import checkpoint, elastic
 from draftheads.train.batching import BatchStream, fixed_batches
 from draftheads.train.decode_eval import Sequences, decode_acceptance, prepare_continuations
 from draftheads.train.draws import row_seeds
-from draftheads.train.lock import OutputLock
+from draftheads.train.lock import LOCK_NAME, OutputLock
 from draftheads.train.metrics import (
     DecodeEvalResult,
     EvalResult,
@@ -376,7 +376,31 @@ def lock_output_dir(train: TrainConfig, overwrite: bool, rank: int, world_size: 
         refusal = shared[0]
     if refusal is not None:
         raise refusal
+    check_shared_output_dir(Path(train.output_dir), rank, world_size)
     return lock
+
+
+def check_shared_output_dir(output_dir: Path, rank: int, world_size: int) -> None:
+    """Every rank must see the files rank 0 writes under ``train.output_dir``: a checkpoint is
+    committed by rank 0, which lists, hashes and renames the files each rank saved there, so ranks
+    on nodes without one shared filesystem would leave checkpoints that cannot be resumed. Each
+    rank reads rank 0's lock file (just written) and compares it with what rank 0 holds; any rank
+    that cannot see it stops every rank with one line, before the base loads."""
+    if world_size == 1:
+        return
+    lock_path = output_dir / LOCK_NAME
+    expected = [lock_path.read_text() if rank == 0 else None]
+    torch.distributed.broadcast_object_list(expected, src=0)
+    seen = lock_path.read_text() if lock_path.is_file() else None
+    blind = [None] * world_size
+    torch.distributed.all_gather_object(blind, seen != expected[0])
+    missing = [str(index) for index, is_blind in enumerate(blind) if is_blind]
+    if missing:
+        raise ConfigError(
+            f"train.output_dir: rank(s) {', '.join(missing)} do not see {lock_path}, which rank 0 wrote; "
+            "every rank must write checkpoints to one filesystem they all share (on several nodes, "
+            "a network filesystem mounted at the same path)"
+        )
 
 
 def choose_resume_checkpoint(output_dir: Path, rank: int, world_size: int) -> Path | None:
