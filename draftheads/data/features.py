@@ -21,6 +21,7 @@ Caches written before it hold no argmax; training then recomputes it.
 
 Layout::
 
+    .draftheads-features                marker: the directory was made for this cache (written first)
     index.json                          identity + progress (rewritten after every shard)
     train/shard-00000.safetensors       examples [0, E) of the split, E = examples_per_shard
     validation/shard-00000.safetensors
@@ -45,6 +46,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import os
 import time
 from collections import OrderedDict
 from collections.abc import Callable
@@ -60,6 +62,7 @@ from draftheads.distributed import barrier
 from draftheads.storage import write_atomically, write_text_atomically
 
 INDEX_NAME = "index.json"
+MARKER_NAME = ".draftheads-features"  # written first into the directory a new cache is made in
 FORMAT = "draftheads-features"
 FORMAT_VERSION = 1
 SPLITS = ("train", "validation")
@@ -86,6 +89,10 @@ VOLATILE_CONFIG_KEYS = (
 
 class FeatureCacheError(DataError):
     """A feature cache that cannot be used: another base model, tokenizer, head or data; or damaged."""
+
+
+class CacheDirectoryError(FileExistsError):
+    """A directory a feature cache will not be written into: it holds files of no cache of ours."""
 
 
 # ---- identity ---------------------------------------------------------------------------------
@@ -274,9 +281,8 @@ def _extend_index(directory: Path, index: dict, identity: CacheIdentity, grown: 
     per_shard = int(index["examples_per_shard"])
     for name, cached in grown.items():
         keep = cached // per_shard
-        for stale in sorted((directory / name).glob("shard-*.safetensors")):
-            if int(stale.stem.split("-")[1]) >= keep:
-                stale.unlink()
+        for shard in range(keep, -(-cached // per_shard)):  # the cache's shards past ``keep``, no other file
+            shard_path(directory, name, shard).unlink(missing_ok=True)
         index["complete_shards"][name] = min(index["complete_shards"][name], keep)
         index["shard_tokens"][name] = index["shard_tokens"][name][:keep]
         print(
@@ -287,6 +293,25 @@ def _extend_index(directory: Path, index: dict, identity: CacheIdentity, grown: 
     _write_index(directory, index)
 
 
+def check_new_cache_directory(directory: Path) -> None:
+    """Refuse (CacheDirectoryError, naming the directory and what it holds) to start a cache in a
+    ``directory`` that holds anything but the marker of a cache this code began there and was
+    interrupted before its index: a cache writes index.json and train/ and validation/ among the
+    files it finds, and a user's file where a shard goes would be read as one."""
+    if not os.path.lexists(directory):
+        return
+    if not directory.is_dir():
+        raise CacheDirectoryError(f"data.features: {directory} exists and is not a directory")
+    entries = {path.name for path in directory.iterdir()}
+    ours = {MARKER_NAME} if (directory / MARKER_NAME).is_file() else set()
+    if entries - ours:
+        shown = ", ".join(sorted(entries - ours)[:5]) + (" and more" if len(entries - ours) > 5 else "")
+        raise CacheDirectoryError(
+            f"data.features: {directory} is not empty and holds no feature cache (no {INDEX_NAME}; it "
+            f"holds {shown}); give a new or empty directory for the cache"
+        )
+
+
 def _existing_index(
     directory: Path, identity: CacheIdentity, settings: dict, splits: dict[str, Any]
 ) -> tuple[dict | None, dict[str, int]]:
@@ -294,6 +319,7 @@ def _existing_index(
     checking it was made for ``identity`` and ``settings``, except for splits whose cached rows the
     run's ``splits`` extend (``grown``, see ``grown_splits``; the caller extends the cache)."""
     if not (directory / INDEX_NAME).is_file():
+        check_new_cache_directory(directory)
         return None, {}
     index = read_index(directory)
     found = CacheIdentity.from_dict(index["identity"])
@@ -496,7 +522,8 @@ def _prepare_index(
     world_size: int,
 ) -> dict:
     """The index every rank writes against: the existing one (checked, and extended for grown
-    splits) or, when there is none, a new one rank 0 writes after deleting stray shards."""
+    splits) or, when there is none, a new one rank 0 writes, after the marker, into a directory
+    ``check_new_cache_directory`` allowed."""
     # Every rank checks an existing index before rank 0 may write a new one.
     index, grown = _existing_index(directory, identity, settings, splits)
     barrier(world_size)
@@ -508,8 +535,7 @@ def _prepare_index(
     if index is None:
         if rank == 0:
             directory.mkdir(parents=True, exist_ok=True)
-            for stale in directory.glob("*/shard-*.safetensors"):  # a shard without its index
-                stale.unlink()
+            write_text_atomically(directory / MARKER_NAME, json.dumps({"format": FORMAT}) + "\n")
             _write_index(directory, _new_index(identity, settings, base_model, splits))
         barrier(world_size)
         index = read_index(directory)
