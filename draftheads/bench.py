@@ -39,7 +39,14 @@ from typing import TYPE_CHECKING
 import torch
 
 from draftheads.base_model import DEFAULT_DTYPE
-from draftheads.bench_output import ACCEPTANCE_CHART, BATCH_CHART, RESULT_FILES, SPEEDUP_CHART, ResultFiles
+from draftheads.bench_output import (
+    ACCEPTANCE_CHART,
+    BATCH_CHART,
+    RESULT_FILES,
+    SPEEDUP_CHART,
+    ResultFiles,
+    check_charts,
+)
 from draftheads.device import DEFAULT_DEVICE, check_device
 from draftheads.infer.generate import DEFAULT_MAX_NEW_TOKENS
 from draftheads.infer.kernel_choice import DEFAULT_PACK
@@ -587,10 +594,10 @@ def markdown_table(summaries: list[Summary]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def plot(summaries: list[Summary], out_dir: Path, prefix: str = "") -> list[Path]:
+def plot(summaries: list[Summary], files: ResultFiles) -> list[Path]:
     """speedup_by_category.png and acceptance_by_depth.png (and throughput_by_batch.png for several
-    batch sizes), their names after ``prefix``; none (and a warning) where matplotlib is not
-    installed."""
+    batch sizes), written through ``files`` (never over a file bench did not write); none (and a
+    warning) where matplotlib is not installed."""
     if not available("matplotlib"):
         warnings.warn("matplotlib is not installed: no bench charts (pip install 'draftheads[plots]')")
         return []
@@ -601,7 +608,7 @@ def plot(summaries: list[Summary], out_dir: Path, prefix: str = "") -> list[Path
 
     written = []
     if len({s.batch_size for s in summaries}) > 1:
-        written.append(_plot_batches(plt, summaries, out_dir / f"{prefix}{BATCH_CHART}"))
+        written.append(_plot_batches(plt, summaries, files))
     summaries = [s for s in summaries if s.batch_size == min(x.batch_size for x in summaries)]
     methods = sorted(
         {s.method for s in summaries if s.method != s.reference}
@@ -623,10 +630,8 @@ def plot(summaries: list[Summary], out_dir: Path, prefix: str = "") -> list[Path
     ax.set_ylabel(f"speedup over {summaries[0].reference or PLAIN} (line: 1.0)")
     ax.legend(fontsize=8, ncol=min(4, max(1, len(methods))), loc="upper left")
     fig.tight_layout()
-    path = out_dir / f"{prefix}{SPEEDUP_CHART}"
-    fig.savefig(path, dpi=120)
+    written.append(files.save_chart(SPEEDUP_CHART, lambda path: fig.savefig(path, dpi=120)))
     plt.close(fig)
-    written.append(path)
 
     fig, ax = plt.subplots(figsize=(6, 4))
     for s in summaries:
@@ -640,14 +645,12 @@ def plot(summaries: list[Summary], out_dir: Path, prefix: str = "") -> list[Path
     if ax.get_legend_handles_labels()[0]:  # no drafting method measured acceptance: no legend
         ax.legend(fontsize=8)
     fig.tight_layout()
-    path = out_dir / f"{prefix}{ACCEPTANCE_CHART}"
-    fig.savefig(path, dpi=120)
+    written.append(files.save_chart(ACCEPTANCE_CHART, lambda path: fig.savefig(path, dpi=120)))
     plt.close(fig)
-    written.append(path)
     return written
 
 
-def _plot_batches(plt, summaries: list[Summary], path: Path) -> Path:
+def _plot_batches(plt, summaries: list[Summary], files: ResultFiles) -> Path:
     """throughput_by_batch.png: tokens/s over the batch and speedup over batched generate, by batch size."""
     overall = [s for s in summaries if s.category == "all"]
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
@@ -664,7 +667,7 @@ def _plot_batches(plt, summaries: list[Summary], path: Path) -> Path:
     right.axhline(1.0, color="grey", linewidth=0.8)
     left.legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    path = files.save_chart(BATCH_CHART, lambda target: fig.savefig(target, dpi=120))
     plt.close(fig)
     return path
 
@@ -759,7 +762,7 @@ def write_results(
     )
     if partial:
         return paths
-    return [*paths, *plot(summaries, files.out, files.chart_prefix)]
+    return [*paths, *plot(summaries, files)]
 
 
 # ---- prompts, heads and the whole job ------------------------------------------------------------
@@ -952,6 +955,8 @@ def check_out(out: Path, overwrite: bool) -> None:
             f"--out {out}: holds an earlier run's results ({', '.join(p.name for p in earlier)}); "
             "pass --overwrite to replace them or choose another --out"
         )
+    if out.is_dir():
+        check_charts(out)  # a chart of the same name a run would write, not written by bench
 
 
 def check_methods(requested: tuple[str, ...] | None, offered: set[str]) -> None:

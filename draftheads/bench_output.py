@@ -7,17 +7,23 @@ and ``bench.md`` whole (a temporary file renamed over them) after every batch wi
 ``"partial": true`` until the last, so an interrupted run keeps what it measured, and before every
 write checks that each file is still the one it last wrote. If something else replaced one, the
 run writes ``bench-<unique>.json`` / ``.md`` from then on, says so, and leaves the other alone.
+
+Every file a run writes is listed in the directory's ``bench-outputs.json``, so a later run replaces
+(its charts) or removes (a chart of batch sizes it did not measure) only files a bench run wrote: a
+chart of the same name it did not write is refused (``OutputExistsError``), before the run where
+``check_charts`` sees it, else when the chart would be written.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
-from draftheads.storage import write_text_atomically
+from draftheads.storage import write_atomically, write_text_atomically
 
 RESULT_STEM = "bench"
 RESULT_FILES = (f"{RESULT_STEM}.json", f"{RESULT_STEM}.md")  # what a run writes besides its charts
@@ -26,6 +32,50 @@ ACCEPTANCE_CHART = "acceptance_by_depth.png"
 BATCH_CHART = "throughput_by_batch.png"
 CHART_FILES = (SPEEDUP_CHART, ACCEPTANCE_CHART, BATCH_CHART)  # every chart a run may write
 SUFFIXES = (".json", ".md")
+OUTPUTS_NAME = "bench-outputs.json"  # the files bench runs wrote in the directory
+OUTPUTS_KIND = "draftheads bench"  # its "written_by": what marks the list as ours
+
+
+class OutputExistsError(FileExistsError):
+    """A file bench would write exists and no bench run wrote it; names it."""
+
+
+def listed_outputs(out: Path) -> set[str]:
+    """The files bench runs wrote in ``out`` (its ``bench-outputs.json``; none without one). A list
+    that is not ours raises OutputExistsError: bench would have to replace it."""
+    path = Path(out) / OUTPUTS_NAME
+    if not os.path.lexists(path):
+        return set()
+    try:
+        listed = json.loads(path.read_text())
+        if listed["written_by"] != OUTPUTS_KIND or not isinstance(listed["files"], list):
+            raise ValueError(f"'written_by' must be {OUTPUTS_KIND!r} and 'files' a list")
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        raise OutputExistsError(
+            f"{path}: not a list of bench's outputs ({err}); move it or choose another --out"
+        )
+    return {str(name) for name in listed["files"]}
+
+
+def record_outputs(out: Path, added: Iterable[str] = (), removed: Iterable[str] = ()) -> None:
+    """Add and remove names in ``out``'s list of bench's outputs (read again first: another run in
+    the same directory may have added its own)."""
+    names = (listed_outputs(out) | set(added)) - set(removed)
+    record = {"written_by": OUTPUTS_KIND, "files": sorted(names)}
+    write_text_atomically(Path(out) / OUTPUTS_NAME, json.dumps(record, indent=2) + "\n")
+
+
+def check_charts(out: Path) -> None:
+    """Refuse, before a run, an ``out`` holding a chart under a name the run writes that no bench
+    run wrote (a user's own ``speedup_by_category.png``, say)."""
+    listed = listed_outputs(out)
+    for name in CHART_FILES:
+        path = Path(out) / name
+        if os.path.lexists(path) and name not in listed:
+            raise OutputExistsError(
+                f"--out {out}: {path} was not written by bench (not in {OUTPUTS_NAME}) and a run would "
+                "replace it; move it or choose another --out"
+            )
 
 
 def file_signature(path: Path) -> tuple[int, int, int, int] | None:
@@ -76,14 +126,29 @@ class ResultFiles:
             if all(self._put(suffix, text) for suffix, text in zip(SUFFIXES, (json_text, md_text))):
                 return [self.path(suffix) for suffix in SUFFIXES]
 
+    def save_chart(self, name: str, write: Callable[[Path], None]) -> Path:
+        """Write chart ``name`` (under this run's prefix) with ``write(path)``, replacing only a file
+        a bench run wrote (else OutputExistsError); returns its path."""
+        path = self.out / f"{self.chart_prefix}{name}"
+        if os.path.lexists(path) and path.name not in listed_outputs(self.out):
+            raise OutputExistsError(
+                f"{path} was not written by bench (not in {OUTPUTS_NAME}); the results are in "
+                f"{self.path('.json')}; move it and run again for the chart"
+            )
+        write_atomically(path, write)
+        record_outputs(self.out, added=[path.name])
+        return path
+
     def remove_stale_charts(self, written: Iterable[Path]) -> list[Path]:
         """Delete the charts an earlier run wrote under this run's names that this run did not
-        write again (an ``--overwrite`` run with other batch sizes); returns them."""
-        kept = {Path(p).name for p in written}
+        write again (an ``--overwrite`` run with other batch sizes), those a bench run's list
+        names only; returns them."""
+        kept, listed = {Path(p).name for p in written}, listed_outputs(self.out)
         stale = [self.out / f"{self.chart_prefix}{name}" for name in CHART_FILES]
-        stale = [path for path in stale if path.name not in kept and path.is_file()]
+        stale = [path for path in stale if path.name not in kept and path.name in listed and path.is_file()]
         for path in stale:
             path.unlink()
+        record_outputs(self.out, removed=[path.name for path in stale])
         return stale
 
     def _ours(self, path: Path) -> bool:
@@ -116,4 +181,6 @@ class ResultFiles:
         else:
             write_text_atomically(path, text)
         self._written[path.name] = file_signature(path)
+        if path.name not in listed_outputs(self.out):
+            record_outputs(self.out, added=[path.name])
         return True

@@ -1,7 +1,9 @@
 """``draftheads bench`` keeps its results and nobody else's: a bench.json that appears during the run
 is left alone (the results go to bench-<unique>.json, said on stderr), an interrupted run keeps what
 it measured (``"partial": true``), a bad ``--methods`` creates nothing, and ``--overwrite`` removes a
-stale chart of bench's own but no other file. Each runs a tiny bench on the tiny random Llama."""
+stale chart of bench's own but no other file: bench claims and removes only what its outputs
+manifest lists, and refuses (exit 6) a chart of the same name it did not write. Each runs a tiny
+bench on the tiny random Llama."""
 
 from __future__ import annotations
 
@@ -12,6 +14,9 @@ import pytest
 
 import draftheads.bench
 from draftheads.bench import BenchError, BenchSettings, SpeculativeMethod, bench
+from draftheads.bench_output import OUTPUTS_NAME
+from draftheads.cli import EXIT_REFUSED, main
+from draftheads.optional import available
 from tests.data.data_fixtures import save_tiny_base, write_jsonl
 
 pytestmark = pytest.mark.usefixtures("single_thread")
@@ -91,8 +96,11 @@ def test_overwrite_removes_a_stale_chart_of_bench_and_nothing_else(tiny_bench):
 
     out = Path(tiny_bench.out)
     out.mkdir()
-    for name, text in [("bench.json", "{}"), ("bench.md", "old"), ("throughput_by_batch.png", "old chart")]:
+    earlier = [("bench.json", "{}"), ("bench.md", "old"), ("throughput_by_batch.png", "old chart")]
+    for name, text in earlier:
         (out / name).write_text(text)
+    listed = {"written_by": "draftheads bench", "files": [name for name, _ in earlier]}
+    (out / OUTPUTS_NAME).write_text(json.dumps(listed))  # an earlier run with several batch sizes
     (out / "notes.txt").write_text("mine")
     _, paths = bench(replace(tiny_bench, overwrite=True), progress=False)
     assert not (out / "throughput_by_batch.png").exists()  # from a run with several batch sizes
@@ -100,3 +108,30 @@ def test_overwrite_removes_a_stale_chart_of_bench_and_nothing_else(tiny_bench):
     assert json.loads((out / "bench.json").read_text())["partial"] is False
     if available("matplotlib"):
         assert (out / "speedup_by_category.png") in paths
+
+
+def test_a_chart_bench_did_not_write_is_refused_before_the_run(tiny_bench, capsys):
+    out = Path(tiny_bench.out)
+    out.mkdir()
+    (out / "speedup_by_category.png").write_text("the user's chart")
+    arguments = ["bench", "--base", tiny_bench.base, "--prompts", tiny_bench.prompts, "--out", str(out)]
+    assert main([*arguments, "--max-new-tokens", "4", "--device", "cpu"]) == EXIT_REFUSED
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and f"{out / 'speedup_by_category.png'}" in err
+    assert (out / "speedup_by_category.png").read_text() == "the user's chart"
+    assert sorted(p.name for p in out.iterdir()) == ["speedup_by_category.png"]
+
+
+def test_overwrite_keeps_a_batch_chart_no_run_wrote(tiny_bench):
+    from dataclasses import replace
+
+    out = Path(tiny_bench.out)
+    bench(tiny_bench, progress=False)  # batch size 1: no throughput_by_batch.png
+    (out / "throughput_by_batch.png").write_text("the user's chart")
+    with pytest.raises(FileExistsError, match="throughput_by_batch.png"):
+        bench(replace(tiny_bench, overwrite=True), progress=False)
+    assert (out / "throughput_by_batch.png").read_text() == "the user's chart"
+    listed = json.loads((out / OUTPUTS_NAME).read_text())["files"]
+    assert {"bench.json", "bench.md"} <= set(listed) and "throughput_by_batch.png" not in listed
+    if available("matplotlib"):
+        assert "speedup_by_category.png" in listed
