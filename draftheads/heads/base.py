@@ -134,6 +134,9 @@ class DraftHead(nn.Module):
     # base's dtype, casting them to its own: its weights may be in another dtype than the base's
     # (a bf16 drafter beside an fp32 base, ``draftheads.infer.precision``).
     own_dtype_drafting: ClassVar[bool] = False
+    # The decoder-layer layout the serving engines build this kind's drafter as, whatever the base
+    # (``draftheads.heads.layers.LAYOUT_CONFIGS``); None: the base's own layers, or no layers.
+    engine_layout: ClassVar[str | None] = None
 
     def __init__(self, config: HeadConfig, base_config, base_name: str | None = None):
         super().__init__()
@@ -278,6 +281,23 @@ class DraftHead(nn.Module):
         raise NotImplementedError(f"{self.kind} heads draft in parallel")
 
     # ---- persistence --------------------------------------------------------------------------
+
+    def engine_layout_problem(self) -> str | None:
+        """Why the engines' export formats would refuse this head's draft layers (their layout is
+        not ``engine_layout``), said before a training run rather than at export; None if not."""
+        layer_config = getattr(self, "layer_config", None)
+        if (
+            self.engine_layout is None
+            or layer_config is None
+            or layer_config.model_type == self.engine_layout
+        ):
+            return None
+        return (
+            f"head.layer_architecture is unset, so the {self.kind} draft layers are built as the base's "
+            f"'{layer_config.model_type}' layers; vLLM, SGLang, speculators and llama.cpp load a {self.kind} "
+            f"drafter as '{self.engine_layout}' layers and their export formats will refuse this head "
+            f"(only --format draftheads takes it); set head.layer_architecture: {self.engine_layout}"
+        )
 
     def head_state_dict(self) -> dict[str, torch.Tensor]:
         """Trainable/owned tensors only (no frozen base parts), contiguous, for safetensors."""

@@ -220,6 +220,7 @@ def training_block_mask(
 @register_head
 class DFlashHead(DraftHead):
     kind = "dflash"
+    engine_layout = "qwen3"  # vLLM, SGLang, speculators and llama.cpp build its drafter so
     config_class = DFlashConfig
     drafting = "block"
 

@@ -307,6 +307,7 @@ def step_widths(slot_steps: torch.Tensor, steps: int) -> list[int]:
 @register_head
 class Eagle3Head(DraftHead):
     kind = "eagle3"
+    engine_layout = "llama"  # vLLM, SGLang, speculators and llama.cpp build its drafter so
     own_dtype_drafting = True  # its own lm_head; embeddings and features are cast (fuse, step)
     config_class = Eagle3Config
     drafting = "autoregressive"

@@ -173,7 +173,7 @@ class DraftRotary(nn.Module):
     def _apply(self, fn, recurse=True):
         super()._apply(fn, recurse)
         for name, buffer in self.frequency_buffers():
-            if buffer.dtype != torch.float32 and not buffer.is_meta:
+            if buffer.dtype != torch.float32:
                 owner_name, _, buffer_name = name.rpartition(".")
                 owner = self.rotary.get_submodule(owner_name) if owner_name else self.rotary
                 owner._buffers[buffer_name] = self.fp32_tables[name].to(buffer.device)

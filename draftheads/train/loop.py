@@ -537,6 +537,8 @@ def initial_head(run: RunConfig, base_model, train_dataset):
         head = build_head(base_model, run.head, run.model.base)
     except (ValueError, IndexError) as err:
         raise ConfigError(f"head ({run.head.kind}): {err}") from err
+    if (problem := head.engine_layout_problem()) is not None:
+        warnings.warn(f"{problem}; the run goes on", stacklevel=2)
     token_counts = supervised_token_counts(train_dataset, base_model.config.vocab_size)
     if run.train.init_head:
         init_from_saved_head(head, run.train.init_head, base_model, token_counts)

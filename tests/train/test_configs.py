@@ -23,6 +23,7 @@ BASES = {
     "smollm2": "smollm2-135m-instruct",
     "gemma3-270m": "gemma3-270m",
     "llama3-8b": "meta-llama/Llama-3.1-8B-Instruct",
+    "qwen3-8b": "Qwen/Qwen3-8B",
 }
 LAUNCH, OVERRIDE = "# To launch", "# Any field can be overridden with dotted key=value pairs"
 # The chain that trains the shipped EAGLE-3 head, in order: each step starts from the last one's head.
@@ -80,12 +81,17 @@ def header(path: Path) -> tuple[list[str], list[list[str]], list[list[str]]]:
     return purpose, commands(launch), commands(override)
 
 
+def global_batch(train, gpus: int) -> int:
+    return train.micro_batch_size * train.gradient_accumulation_steps * gpus
+
+
 def test_the_shipped_set_is_complete():
     names = {path.name for path in YAMLS}
     for kind in ("medusa", "eagle", "eagle3", "mtp", "dflash"):
         assert f"smollm2_{kind}_cpu.yaml" in names
     for kind in ("medusa", "eagle", "eagle3", "mtp"):
         assert f"llama3-8b_{kind}_8gpu.yaml" in names
+    assert "qwen3-8b_eagle3_8gpu.yaml" in names
     for step in SHIPPED_EAGLE3_CHAIN:
         assert f"smollm2_eagle3-corpus-{step}_cpu.yaml" in names
     assert "smollm2_dflash-corpus_cpu.yaml" in names
@@ -104,6 +110,11 @@ def test_header_launches_this_file_and_its_overrides_load(path):
         load_run_config(path, overrides)  # each command's overrides name real fields with valid values
     if "_8gpu" in path.name:
         assert all(c[:3] == ["deepspeed", "--num_gpus", "8"] for c in launch if "train" in c)
+        # An example on another number of GPUs keeps the global batch (what the run learns).
+        expected = global_batch(load_run_config(path).train, 8)
+        for command, overrides in zip(override, examples, strict=True):
+            gpus = int(command[command.index("--num_gpus") + 1])
+            assert global_batch(load_run_config(path, overrides).train, gpus) == expected, command
 
 
 @pytest.mark.parametrize("path", YAMLS, ids=lambda p: p.name)
