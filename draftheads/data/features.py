@@ -107,13 +107,21 @@ def base_config_hash(config) -> str:
 def base_weights_hash(model, probe: int = 4096) -> str:
     """Cheap fingerprint of the weights: name, shape and the first and last ``probe`` values of
     every tensor. Two checkpoints of one architecture (another seed, a fine-tune) differ here
-    while reading O(number of tensors) values, not the whole model."""
+    while reading O(number of tensors) values, not the whole model. Tensors a skeleton base
+    (``draftheads.base_skeleton``) holds on the meta device are sampled from its files instead."""
+    from draftheads.base_skeleton import probe_values, weight_files
+
+    files = None
     digest = hashlib.sha256()
     for name, tensor in sorted(model.state_dict().items()):
-        flat = tensor.detach().reshape(-1)
-        sample = torch.cat([flat[:probe], flat[-probe:]]).float().cpu()
+        if tensor.is_meta:
+            files = files or weight_files(Path(model.name_or_path))
+            sample = probe_values(files, name, probe, tensor.dtype)
+        else:
+            flat = tensor.detach().reshape(-1)
+            sample = torch.cat([flat[:probe], flat[-probe:]])
         digest.update(f"{name}:{tuple(tensor.shape)}".encode())
-        digest.update(sample.numpy().tobytes())
+        digest.update(sample.float().cpu().numpy().tobytes())
     return digest.hexdigest()[:16]
 
 

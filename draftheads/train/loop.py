@@ -33,6 +33,7 @@ import torch
 
 import draftheads
 from draftheads.base_model import DTYPES, load_base, resolve_dtype
+from draftheads.base_skeleton import load_base_skeleton
 from draftheads.config import RunConfig, TrainConfig
 from draftheads.distributed import apply_timeout_to_every_group, distributed_timeout, free_port, local_device
 from draftheads.heads.base import CONFIG_NAME, RUN_HEAD_DIR
@@ -526,6 +527,15 @@ def setup(
     return training_run
 
 
+def runs_base_layers(run: RunConfig) -> bool:
+    """Whether the run needs the base's decoder layers: for online hidden states, the decode
+    evaluation's continuations, or a head initialised from the base's last layer. An offline run
+    (``data.features``) without those loads a skeleton base (``draftheads.base_skeleton``) and
+    reports no base throughput (``train.base_throughput_batches``)."""
+    from_base = bool(getattr(run.head, "init_from_base", False))
+    return not run.data.features or run.train.decode_eval_prompts > 0 or from_base
+
+
 def initial_head(run: RunConfig, base_model, train_dataset):
     """The head in training mode: built for ``base_model``, then ``train.init_head``'s weights or
     its own start from the data. Its first weights depend only on ``train.seed``, never on the
@@ -586,8 +596,13 @@ def build_training_run(
     if latest is not None and needs_universal_load(latest, world_size):
         deepspeed_config["checkpoint"] = {**deepspeed_config.get("checkpoint", {}), "load_universal": True}
 
-    if base_model is None:
+    if base_model is None and runs_base_layers(run):
         base_model, tokenizer = load_base(run.model.base, dtype, device, run.model.attn_implementation)
+    elif base_model is None:
+        base_model, tokenizer = load_base_skeleton(run.model.base, dtype, device)
+        _log_rank0(
+            rank, "offline: the base's decoder layers are not loaded (the feature cache holds their output)"
+        )
     elif base_model.dtype != dtype:
         raise ConfigError(f"the given base model is {base_model.dtype} but the run trains in {dtype}")
     base_model.eval().requires_grad_(False)
@@ -996,7 +1011,7 @@ def run_training(
         ):
             save(training_run)
         base_tokens_per_second = None
-        if run.train.base_throughput_batches:
+        if run.train.base_throughput_batches and runs_base_layers(run):
             timing = BatchStream(
                 training_run.stream.dataset,
                 run.train.micro_batch_size,
