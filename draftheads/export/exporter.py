@@ -13,7 +13,13 @@ from draftheads.export.destination import check_destination, staged_export, writ
 from draftheads.export.model_card import BENCH_NAME, read_bench, render_model_card
 from draftheads.export.public import strip_local_paths
 from draftheads.export.registry import FORMAT_REGISTRY, ExportOptions, FormatError, export_format, write_head
-from draftheads.heads.base import inside_head, object_field, read_head_config, resolve_head_dir
+from draftheads.heads.base import (
+    inside_head,
+    object_field,
+    read_head_config,
+    read_json_object,
+    resolve_head_dir,
+)
 from draftheads.infer.confidence import CONFIDENCE_CONFIG, CONFIDENCE_FILE
 from draftheads.infer.tree import TUNED_TREE_FILE
 from draftheads.storage import check_free_space
@@ -43,6 +49,22 @@ def check_travelling_files(heads_dir: Path) -> None:
     adapter = inside_head(heads_dir, heads_dir / ADAPTER_DIR)
     for path in adapter.rglob("*") if adapter.is_dir() else ():
         inside_head(heads_dir, path)
+
+
+def read_travelling_records(heads_dir: Path) -> dict[str, dict]:
+    """The tuning records a draftheads-format export carries, by file name, each a JSON object
+    (``read_json_object``), and the confidence head they describe loaded once (``load_confidence``):
+    a damaged one raises HeadFormatError naming the file and the field before any heavy loading."""
+    from draftheads.infer.confidence import load_confidence
+
+    records = {
+        name: read_json_object(heads_dir / name)
+        for name in TRAVELLING_RECORDS
+        if (heads_dir / name).is_file()
+    }
+    if CONFIDENCE_CONFIG in records:
+        load_confidence(heads_dir)
+    return records
 
 
 def estimated_bytes(head, heads_dir: Path, with_base_weights: bool, joint: bool) -> int:
@@ -87,6 +109,8 @@ def export_head(
     training = object_field(source_config, "training", config_path, optional=True)  # the card reads it
     bench = read_bench(heads_dir)  # refuse a damaged bench.json before any heavy loading
     check_travelling_files(heads_dir)  # and a link out of the head: export would publish its target
+    travelling = format_name == DEFAULT_FORMAT
+    records = read_travelling_records(heads_dir) if travelling else {}
     head = load_head(heads_dir)
     chosen = export_format(format_name, head.kind)  # refuse impossible pairs before any heavy loading
     joint = bool(getattr(head.config, "joint", False))
@@ -120,11 +144,8 @@ def export_head(
         if bench is not None:
             bench = strip_local_paths(bench)
             (staging / BENCH_NAME).write_text(json.dumps(bench, indent=2) + "\n")
-        travelling = format_name == DEFAULT_FORMAT
-        for name in TRAVELLING_RECORDS if travelling else ():
-            if (heads_dir / name).is_file():
-                record = strip_local_paths(json.loads((heads_dir / name).read_text()))
-                (staging / name).write_text(json.dumps(record, indent=2) + "\n")
+        for name, record in records.items():
+            (staging / name).write_text(json.dumps(strip_local_paths(record), indent=2) + "\n")
         for name in TRAVELLING_FILES if travelling else ():
             if (heads_dir / name).is_file():
                 shutil.copyfile(heads_dir / name, staging / name)

@@ -183,14 +183,33 @@ def target_gguf_path(head: DraftHead, options: ExportOptions) -> Path:
     )
 
 
+def read_target(path: Path):
+    """A ``GGUFReader`` of the target GGUF ``path``; a file that is not a whole GGUF (another file's
+    text, a truncated download) raises FormatError naming it, where the reader would fail on a
+    magic number or a reshape."""
+    from gguf import GGUFReader
+
+    try:
+        return GGUFReader(path)
+    except (ValueError, IndexError, KeyError) as err:  # the bad magic, a tensor past the end, ...
+        raise FormatError(f"format 'gguf': target GGUF {path}: not a readable GGUF file ({err})") from err
+
+
+def target_field(reader, path: Path, key: str):
+    """The field ``key`` of the target GGUF; FormatError naming file and field if it has none."""
+    if key not in reader.fields:
+        raise FormatError(f"format 'gguf': target GGUF {path}: no field '{key}'")
+    return reader.fields[key]
+
+
 def check_target(reader, path: Path, head: DraftHead) -> None:
     """Refuse a target GGUF that is not the head's base: its vocabulary, width and depth."""
-    architecture = reader.fields["general.architecture"].contents()
-    vocab = len(reader.fields["tokenizer.ggml.tokens"].data)
+    architecture = target_field(reader, path, "general.architecture").contents()
+    vocab = len(target_field(reader, path, "tokenizer.ggml.tokens").data)
     found = {
         "vocabulary": vocab,
-        "hidden size": reader.fields[f"{architecture}.embedding_length"].contents(),
-        "layers": reader.fields[f"{architecture}.block_count"].contents(),
+        "hidden size": target_field(reader, path, f"{architecture}.embedding_length").contents(),
+        "layers": target_field(reader, path, f"{architecture}.block_count").contents(),
     }
     expected = {
         "vocabulary": head.base_spec.vocab_size,
@@ -226,14 +245,12 @@ def write_gguf_file(path: Path, architecture: str, fields, tensors) -> None:
 @register_writer("gguf", ("eagle3",), "llama.cpp (`llama-server -md FILE --spec-type draft-eagle3`)")
 def write_gguf(head: DraftHead, directory: Path, options: ExportOptions) -> dict[str, Any]:
     """``eagle3-draft.gguf``; returns its metadata besides the copied tokenizer fields."""
-    from gguf import GGUFReader
-
     require_llama_layer(head.layer_config, "gguf")
     require_engine_features(head, "gguf")
     refuse_eagle31(head, "gguf")  # llama.cpp's EAGLE-3 graph (src/models/eagle3.cpp) has no fc norms
     tensors = gguf_tensors(head)
     target = target_gguf_path(head, options)
-    reader = GGUFReader(target)
+    reader = read_target(target)
     check_target(reader, target, head)
     metadata = {
         "general.name": f"{head.base_spec.name_or_path} EAGLE-3 draft",

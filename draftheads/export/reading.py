@@ -146,11 +146,14 @@ def read_engine_head(
     else:
         values = reader.head_config_values(config, base_config.num_hidden_layers)
         head_config = from_dict(cls.config_class, values, f"{where} (engine fields)")
-    head = cls(head_config, base_config, base_name)
-
+    # The state is checked against the head built on the meta device, so that a width in the engine
+    # config (10**12) is refused from the tensors' shapes, not by an attempt to allocate it.
+    with torch.device("meta"):
+        skeleton = cls(head_config, base_config, base_name)
     state, notes = reader.head_state(tensors, config, where)
-    state = reader.fit_state(state, head, base_model, where)
-    _check_state_fits(state, head, files, where)
+    state = reader.fit_state(state, skeleton, base_model, where)
+    _check_state_fits(state, skeleton, files, where)
+    head = cls(head_config, base_config, base_name)
     weight_dtype = next(v.dtype for v in state.values() if v.is_floating_point())
     head.to(weight_dtype)
     head.load_state_dict(state, strict=True)

@@ -577,6 +577,26 @@ def check_weights_hash(weights_path: Path, expected: str | None, actual: Future[
         )
 
 
+def check_state_fits(
+    skeleton: nn.Module, state: dict[str, torch.Tensor], weights_path: Path, config_path: Path
+) -> None:
+    """Refuse (HeadFormatError naming the weights, the config and the tensor) tensors ``state`` that
+    are not, name for name and shape for shape, those of ``skeleton``: the head ``config_path``
+    describes, built on the meta device so that its sizes cost no memory."""
+    expected = skeleton.state_dict()
+    missing = sorted(set(expected) - set(state))
+    unexpected = sorted(set(state) - set(expected))
+    if missing or unexpected:
+        raise HeadFormatError(f"{weights_path}: missing keys {missing[:5]}, unexpected keys {unexpected[:5]}")
+    for name, tensor in state.items():
+        if tensor.shape != expected[name].shape:
+            raise HeadFormatError(
+                f"{weights_path}: does not fit the head {config_path} describes (size mismatch for "
+                f"{name}: the file holds shape {tuple(tensor.shape)}, the config gives "
+                f"{tuple(expected[name].shape)})"
+            )
+
+
 def _read_head_weights(directory: Path, saved: dict[str, Any], map_location) -> dict[str, torch.Tensor]:
     """The tensors of the head in ``directory``: its model.safetensors, or, in a training checkpoint
     (``heads/checkpoint.py``), the head's entries of the engine state. A Medusa-2 checkpoint is
@@ -621,25 +641,20 @@ def load_head(directory: str | Path, base_model=None, map_location: str | torch.
     config = from_dict(cls.config_class, saved["head_config"], f"{config_path}:head_config")
     expected_hash = _expected_weights_hash(saved, config_path)
     weights_path = inside_head(directory, directory / WEIGHTS_NAME)
-    # hashlib releases the GIL: the file is hashed while the module is built and the weights read.
+    base_name = object_field(saved, "base_model", config_path).get("name_or_path")
+    # hashlib releases the GIL: the file is hashed while the weights are read and the module built.
     with ThreadPoolExecutor(max_workers=1) as hasher:
         actual_hash = hasher.submit(file_sha256, weights_path) if expected_hash else ""
         base_config = _base_config_from(saved, config_path)
-        head = cls(config, base_config, object_field(saved, "base_model", config_path).get("name_or_path"))
-        state = _read_head_weights(directory, saved, map_location)
+        state = _read_head_weights(directory, saved, map_location)  # as large as the file, no larger
+        # The widths in config.json are checked against the tensors before the head is built, so a
+        # hand-edited width (10**12) is refused from the shapes, not by an attempt to allocate it.
+        with torch.device("meta"):
+            skeleton = cls(config, base_config, base_name)
+        check_state_fits(skeleton, state, directory / WEIGHTS_NAME, config_path)
+        head = cls(config, base_config, base_name)
         check_weights_hash(directory / WEIGHTS_NAME, expected_hash, actual_hash)
-    try:
-        missing, unexpected = head.load_state_dict(state, strict=False)
-    except RuntimeError as err:  # a tensor shape the recorded head_config/base_config does not give
-        first_mismatch = str(err).strip().splitlines()[1:2] or [str(err)]
-        raise HeadFormatError(
-            f"{directory / WEIGHTS_NAME}: does not fit the head {config_path} describes "
-            f"({first_mismatch[0].strip()})"
-        ) from err
-    if missing or unexpected:
-        raise HeadFormatError(
-            f"{directory / WEIGHTS_NAME}: missing keys {missing[:5]}, unexpected keys {unexpected[:5]}"
-        )
+    head.load_state_dict(state)
     head.to(map_location)
     if base_model is not None:
         if _is_joint(saved):

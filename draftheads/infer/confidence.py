@@ -247,10 +247,30 @@ def load_confidence(directory: str | Path) -> ConfidenceHead:
     hidden = config.get("hidden")
     if not isinstance(hidden, int) or isinstance(hidden, bool) or hidden < 1:
         raise ConfidenceFormatError(f"{config_path}: hidden: expected a positive integer, got {hidden!r}")
-    head = ConfidenceHead(hidden)
     try:
-        head.load_state_dict(load_file(str(weights_path)))
-    except (OSError, RuntimeError, ValueError, SafetensorError) as err:
+        state = load_file(str(weights_path))  # as large as the file, no larger
+    except (OSError, SafetensorError) as err:
         detail = "; ".join(line.strip() for line in str(err).splitlines() if line.strip())
         raise ConfidenceFormatError(f"{weights_path}: {detail} (config hidden: {hidden})") from err
+    # ``hidden`` is checked against the tensors' shapes before the head is built: a hand-edited
+    # width (10**12) is refused from the numbers, not by an attempt to allocate it.
+    with torch.device("meta"):
+        expected = ConfidenceHead(hidden).state_dict()
+    if set(state) != set(expected):
+        raise ConfidenceFormatError(
+            f"{weights_path}: tensors {sorted(state)}, expected {sorted(expected)} (config hidden: {hidden})"
+        )
+    width = state["net.0.weight"].shape[0]
+    if width != hidden:
+        raise ConfidenceFormatError(
+            f"{config_path}: hidden: {hidden}, but {weights_path} holds a width of {width}"
+        )
+    for name, tensor in expected.items():
+        if state[name].shape != tensor.shape:
+            raise ConfidenceFormatError(
+                f"{weights_path}: {name} has shape {tuple(state[name].shape)}, a confidence head of "
+                f"hidden {hidden} needs {tuple(tensor.shape)}"
+            )
+    head = ConfidenceHead(hidden)
+    head.load_state_dict(state)
     return head.eval()
