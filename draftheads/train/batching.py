@@ -12,6 +12,8 @@ from collections.abc import Sequence
 
 import torch
 
+from draftheads.train.draws import row_seeds
+
 MEGABATCH_FACTOR = 50  # batches per sorted mega-batch: local length groups, still a shuffled epoch
 
 
@@ -140,7 +142,10 @@ class BatchStream:
         indices = self.batch_rows(global_index)
         self.read += 1
         batch = with_row_index(collate([self.dataset[i] for i in indices], self.pad_token_id), indices)
-        return {**batch, "epoch": torch.tensor(global_index // self.batches_per_epoch())}
+        epoch = global_index // self.batches_per_epoch()
+        # Each row's random draws are a function of (seed, epoch, dataset row, position) alone,
+        # whatever its rank, micro-batch slot or padding (draftheads.train.draws).
+        return {**batch, "epoch": torch.tensor(epoch), "sample_seed": row_seeds(self.seed, epoch, indices)}
 
     def state_dict(self) -> dict[str, int]:
         """The position, with the world size it counts in (a checkpoint resumes only with it)."""
@@ -163,6 +168,11 @@ class BatchStream:
                 f"{self.world_size}; resume with {state['world_size']}"
             )
         self.read = int(state["micro_batches_read"])
+
+
+def batch_tokens(batch: dict[str, torch.Tensor]) -> int:
+    """The real (not padding) tokens of a host batch."""
+    return int(batch["attention_mask"].sum())
 
 
 def fixed_batches(

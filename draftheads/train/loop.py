@@ -39,10 +39,10 @@ from draftheads.distributed import apply_timeout_to_every_group, distributed_tim
 from draftheads.heads.base import CONFIG_NAME, RUN_HEAD_DIR
 from draftheads.machine import native_bf16
 from draftheads.settings import ConfigError, to_dict
+from draftheads.storage import write_text_atomically
 from draftheads.train import checkpoint, elastic
-from draftheads.train.batching import BatchStream, fixed_batches
+from draftheads.train.batching import BatchStream, batch_tokens, fixed_batches
 from draftheads.train.decode_eval import Sequences, decode_acceptance, prepare_continuations
-from draftheads.train.draws import row_seeds
 from draftheads.train.lock import LOCK_NAME, OutputLock
 from draftheads.train.metrics import (
     DecodeEvalResult,
@@ -309,7 +309,9 @@ def load_datasets(run: RunConfig, tokenizer, rank: int, world_size: int = 1):
     if rank == 0:
         output_dir = Path(run.train.output_dir)
         output_dir.mkdir(parents=True, exist_ok=True)
-        (output_dir / DATA_REPORT_NAME).write_text(json.dumps(dataclasses.asdict(report), indent=2) + "\n")
+        write_text_atomically(
+            output_dir / DATA_REPORT_NAME, json.dumps(dataclasses.asdict(report), indent=2) + "\n"
+        )
     return train_dataset, val_dataset
 
 
@@ -681,7 +683,9 @@ def start(run: TrainingRun, latest: Path | None, restart_data: bool) -> None:
         )
     if run.rank == 0:
         output_dir.mkdir(parents=True, exist_ok=True)
-        (output_dir / "config.json").write_text(json.dumps(to_dict(config), indent=2, default=str) + "\n")
+        write_text_atomically(
+            output_dir / "config.json", json.dumps(to_dict(config), indent=2, default=str) + "\n"
+        )
     run.reporter = Reporter(
         output_dir,
         config.train.report_to,
@@ -793,13 +797,15 @@ class NonFiniteLossError(ConfigError):
     made the run diverge."""
 
 
-def stop_on_non_finite_loss(run: TrainingRun, losses: list[float]) -> None:
+def stop_on_non_finite_loss(run: TrainingRun, losses: list[torch.Tensor]) -> None:
     """Raise NonFiniteLossError on every rank, before the optimizer step, when a loss of this step
-    (``losses``: this rank's micro-batches) is not finite on any rank: the step updates nothing,
-    the checkpoints written so far stay, and no head is saved from diverged weights."""
-    bad = next((loss for loss in losses if not math.isfinite(loss)), None)
-    if _global_sum(run, float(bad is not None)) == 0:
+    (``losses``: this rank's micro-batches, detached device scalars) is not finite on any rank: the
+    step updates nothing, the checkpoints written so far stay, and no head is saved from diverged
+    weights. One host read per optimizer step (all ranks' count of non-finite losses)."""
+    non_finite = (~torch.isfinite(torch.stack(losses))).sum().double()
+    if float(_global_tensor_sum(run, non_finite)) == 0:
         return
+    bad = next((float(loss) for loss in losses if not math.isfinite(float(loss))), None)
     latest = checkpoint.latest_checkpoint(run.output_dir)
     kept = f"the last checkpoint, {latest}, is kept" if latest else "no checkpoint was written yet"
     value = "not finite on another rank" if bad is None else bad
@@ -832,20 +838,19 @@ def train_steps(run: TrainingRun) -> None:
         step_values = run.recipe.begin_step(run.step, run.total_steps)  # e.g. Medusa-2's lambda0
         step_losses = []
         for accumulation_index in range(accumulation):
-            batch = {name: tensor.to(run.device) for name, tensor in next(run.stream).items()}
-            # Each row's random draws are a function of (seed, epoch, dataset row, position) alone,
-            # whatever its rank, micro-batch slot or padding (draftheads.train.draws).
-            batch["sample_seed"] = row_seeds(train.seed, int(batch["epoch"]), batch["row_index"])
+            host_batch = next(run.stream)  # with each row's seed (draftheads.train.draws)
+            window_tokens += batch_tokens(host_batch)  # read on the host: nothing waits for the device
+            batch = {name: tensor.to(run.device, non_blocking=True) for name, tensor in host_batch.items()}
             output = engine(batch, "train")
             engine.backward(output.loss)
-            step_losses.append(float(output.loss.detach()))
+            step_losses.append(output.loss.detach())
             if accumulation_index == accumulation - 1:  # before the boundary's optimizer step
                 stop_on_non_finite_loss(run, step_losses)
             engine.step()  # DeepSpeed steps optimizer + scheduler only at the accumulation boundary
-            window_loss += step_losses[-1] / accumulation
+            # Metrics stay device tensors until the log step reads them.
+            window_loss = window_loss + step_losses[-1].double() / accumulation
             for name, part in output.loss_parts.items():
-                window_parts[name] = window_parts.get(name, 0.0) + float(part.detach()) / accumulation
-            window_tokens += int(batch["attention_mask"].sum())
+                window_parts[name] = window_parts.get(name, 0.0) + part.detach().double() / accumulation
             correct, counted = output.top1_correct.detach().double(), output.counted.detach().double()
             window_correct = correct if window_correct is None else window_correct + correct
             window_counted = counted if window_counted is None else window_counted + counted
@@ -860,9 +865,10 @@ def train_steps(run: TrainingRun) -> None:
             run.train_seconds += elapsed
             # What the step learned from: the mean over every rank's micro-batches, as one
             # process accumulating them all would log it.
-            window_loss = _global_sum(run, window_loss) / run.world_size
+            window_loss = _global_sum(run, float(window_loss)) / run.world_size
             window_parts = {
-                name: _global_sum(run, total) / run.world_size for name, total in sorted(window_parts.items())
+                name: _global_sum(run, float(total)) / run.world_size
+                for name, total in sorted(window_parts.items())
             }
             window_correct = _global_tensor_sum(run, window_correct)
             window_counted = _global_tensor_sum(run, window_counted)

@@ -186,7 +186,7 @@ def test_training_time_counts_every_step_and_no_evaluation(tmp_path, tiny_llama,
     clock = {"offset": 0.0}
     simulated = SimpleNamespace(perf_counter=lambda: time.perf_counter() + clock["offset"])
     monkeypatch.setattr(loop, "time", simulated)
-    real_seed, real_evaluate, real_save = loop.row_seeds, loop._evaluate, loop.save
+    real_tokens, real_evaluate, real_save = loop.batch_tokens, loop._evaluate, loop.save
 
     def advancing(advance, function):
         def call(*args, **kwargs):
@@ -195,7 +195,7 @@ def test_training_time_counts_every_step_and_no_evaluation(tmp_path, tiny_llama,
 
         return call
 
-    monkeypatch.setattr(loop, "row_seeds", advancing(1.0, real_seed))  # once per step here
+    monkeypatch.setattr(loop, "batch_tokens", advancing(1.0, real_tokens))  # once per step here
     monkeypatch.setattr(loop, "_evaluate", advancing(100.0, real_evaluate))
     monkeypatch.setattr(loop, "save", advancing(100.0, real_save))
     dataset = patterned_dataset()
