@@ -91,13 +91,19 @@ def write_atomically(path: str | Path, write: Callable[[Path], None]) -> None:
     or the whole new one, and a symbolic link at ``path`` is replaced, never written through (the
     file it points to is left as it was). The temporary file is created exclusively beside ``path``
     (same filesystem, same suffix, so writers that read the format from it work), removed on
-    failure, given a plain file's mode and renamed over ``path``."""
+    failure, given a plain file's mode and renamed over ``path``. An OSError of the write (a full
+    disk) is raised naming ``path``, not the temporary file, which the user never asked for."""
     path = Path(path)
     handle, name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.stem}.tmp-", suffix=path.suffix)
     os.close(handle)
     temporary = Path(name)
     try:
-        write(temporary)
+        try:
+            write(temporary)
+        except OSError as err:
+            if not err.errno or err.filename not in (None, name, temporary):
+                raise
+            raise OSError(err.errno, err.strerror or os.strerror(err.errno), str(path)) from err
         apply_default_mode(temporary)
         os.replace(temporary, path)
     finally:

@@ -56,10 +56,12 @@ def settings_from_args(args: argparse.Namespace) -> ConfidenceSettings:
 def run(args: argparse.Namespace) -> int:
     from draftheads.heads.base import resolve_head_dir
     from draftheads.infer import SpeculativeGenerator
+    from draftheads.infer.confidence import check_confidence_space
     from draftheads.tuning.confidence import describe, fit_head_confidence
 
     settings = settings_from_args(args)
     head_dir = resolve_head_dir(args.heads)  # a training run's output directory: its head/
+    check_confidence_space(head_dir, settings.hidden)  # a full disk: before minutes of decoding
     # the trees adaptive drafting prunes: the head's tuned tree with context drafts, unpruned here
     generator = SpeculativeGenerator.from_pretrained(
         head_dir, args.base, dtype=settings.dtype, device=settings.device, pack=args.pack, adaptive=False

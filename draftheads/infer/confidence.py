@@ -32,7 +32,7 @@ from draftheads.heads.base import HeadFormatError, inside_head
 from draftheads.infer.draft import Draft
 from draftheads.infer.hybrid import BOTH
 from draftheads.settings import ConfigError
-from draftheads.storage import write_atomically, write_text_atomically
+from draftheads.storage import check_free_space, write_atomically, write_text_atomically
 
 CONFIDENCE_FILE = "confidence.safetensors"
 CONFIDENCE_CONFIG = "confidence.json"
@@ -51,6 +51,8 @@ FEATURES = (
 DEFAULT_HIDDEN = 16
 DEFAULT_FIT_STEPS = 500  # full-batch optimiser steps
 FIT_LEARNING_RATE = 0.02
+# Beyond the weights: confidence.json (the fit's record) and filesystem blocks.
+CONFIDENCE_SPACE_MARGIN = 2**20
 NEEDS_ADAPTIVE = "a confidence head prices adaptive drafting's nodes: pass adaptive=True with it"
 
 
@@ -206,15 +208,33 @@ class ConfidenceFormatError(HeadFormatError):
     """A confidence head's files cannot be read; the message names the file and the field."""
 
 
+def check_confidence_space(directory: str | Path, hidden: int) -> None:
+    """Refuse (InsufficientSpaceError naming the file) a ``directory`` without room for a
+    confidence head of width ``hidden``: its fp32 weights plus ``CONFIDENCE_SPACE_MARGIN``."""
+    with torch.device("meta"):  # the sizes, without the memory
+        weights = sum(tensor.numel() * 4 for tensor in ConfidenceHead(hidden).state_dict().values())
+    directory = Path(directory)
+    check_free_space(
+        directory,
+        weights + CONFIDENCE_SPACE_MARGIN,
+        f"the confidence head ({directory / CONFIDENCE_FILE}, {CONFIDENCE_CONFIG})",
+    )
+
+
 def save_confidence(head: ConfidenceHead, directory: str | Path, record: dict) -> list[Path]:
     """Write the head's weights and its config (``record``: how it was fitted and measured), each
-    replaced whole (``write_atomically``: a link there is replaced, not written through)."""
-    from safetensors.torch import save_file
+    replaced whole (``write_atomically``: a link there is replaced, not written through), once the
+    free space is checked (``check_confidence_space``)."""
+    from safetensors.torch import save
 
     directory = Path(directory)
+    check_confidence_space(directory, head.hidden)
     weights, config = directory / CONFIDENCE_FILE, directory / CONFIDENCE_CONFIG
     tensors = {name: tensor.contiguous() for name, tensor in head.state_dict().items()}
-    write_atomically(weights, lambda temporary: save_file(tensors, str(temporary)))
+    # Serialised in memory (a few hundred bytes) and written by Python, whose close reports a full
+    # disk as ENOSPC: safetensors' ``save_file`` returned without an error when its writes failed.
+    data = save(tensors)
+    write_atomically(weights, lambda temporary: temporary.write_bytes(data))
     settings = {"format": CONFIDENCE_FORMAT, "features": list(FEATURES), "hidden": head.hidden}
     write_text_atomically(config, json.dumps(settings | record, indent=2) + "\n")
     return [weights, config]
