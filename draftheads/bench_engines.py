@@ -434,7 +434,9 @@ class VLLMEngine:
             export_format, method = self.drafts[kind]
             label = head_label(head_dir)
             export_dir = work / f"{label}.{export_format}"
-            options = ExportOptions(speculative_tokens=settings.chain, verifier=base)
+            # the eagle3 format records no length (the server config gives it); a speculators
+            # P-EAGLE export records its trained depth, which no other length may replace
+            options = ExportOptions(verifier=base)
             export_head(head_dir, export_dir, export_format, options=options)
             server = vllm_draft_server(settings, base, method, export_dir, logs / f"vllm-{kind}-{label}.log")
             methods.append(EngineMethod(f"{self.name}:{kind}:{label}", server, agrees_with=plain))

@@ -53,7 +53,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--speculative-tokens",
         type=positive_int,
         default=ExportOptions.speculative_tokens,
-        help="speculators: proposal length of an EAGLE-3 head (P-EAGLE and DFlash: their trained depths)",
+        help=(
+            "speculators: draft tokens vLLM proposes a step with an EAGLE-3 head (default 3); a P-EAGLE "
+            "or DFlash head records its trained depth, and another number is refused"
+        ),
     )
     parser.add_argument(
         "--target-gguf",

@@ -31,6 +31,7 @@ from draftheads.export.registry import (
     EngineReader,
     ExportOptions,
     FormatError,
+    proposal_length,
     register_reader,
     register_writer,
 )
@@ -88,6 +89,7 @@ def write_dflash_speculators(head: DraftHead, directory: Path, options: ExportOp
     require_qwen3_layers(head, "dflash-speculators")
     require_engine_features(head, "dflash-speculators")
     verifier = options.verifier or hub_name(head.base_spec.name_or_path)
+    depth = proposal_length(options, "DFlash", head.num_draft_steps)  # its block less the known token
     config = {
         "architectures": ["DFlashSpeculator"],
         "speculators_model_type": "dflash",
@@ -99,7 +101,7 @@ def write_dflash_speculators(head: DraftHead, directory: Path, options: ExportOp
         "aux_hidden_state_layer_ids": list(head.feature_layers),
         "speculators_config": {
             "algorithm": "dflash",
-            "proposal_methods": [{"proposal_type": "greedy", "speculative_tokens": head.block_size - 1}],
+            "proposal_methods": [{"proposal_type": "greedy", "speculative_tokens": depth}],
             "default_proposal_method": "greedy",
             "verifier": {
                 "name_or_path": verifier,

@@ -38,6 +38,7 @@ from draftheads.export.registry import (
     EngineReader,
     ExportOptions,
     FormatError,
+    proposal_length,
     register_reader,
     register_writer,
 )
@@ -175,8 +176,9 @@ def algorithm_fields(head: DraftHead, options: ExportOptions) -> tuple[str, int,
     algorithm's own config fields. A P-EAGLE head drafts exactly its trained depths in one forward
     (vLLM: one real row, then num_speculative_tokens - 1 mask rows), as a DFlash export its block."""
     if head.kind == "peagle":
-        return "peagle", head.num_draft_steps, {"mask_token_id": head.mask_token_id}
-    return "eagle3", options.speculative_tokens, {}
+        depth = proposal_length(options, "P-EAGLE", head.num_draft_steps)
+        return "peagle", depth, {"mask_token_id": head.mask_token_id}
+    return "eagle3", proposal_length(options, "EAGLE-3"), {}
 
 
 @register_writer("speculators", ("eagle3", "peagle"), "vLLM (`vllm serve DIR`, speculators eagle3 / peagle)")

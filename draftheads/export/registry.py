@@ -28,14 +28,37 @@ class ExportOptions:
     """Format-specific choices; each default is defined here once."""
 
     # speculators: proposal length vLLM defaults ``num_speculative_tokens`` to (base.py reads
-    # speculators_config.proposal_methods[0].speculative_tokens).
-    speculative_tokens: int = 3
+    # speculators_config.proposal_methods[0].speculative_tokens); None: an EAGLE-3 head's
+    # DEFAULT_SPECULATIVE_TOKENS, a P-EAGLE or DFlash head's trained depth (``proposal_length``).
+    speculative_tokens: int | None = None
     # speculators / model card: the verifier (base model) name engines resolve; default: the name
     # recorded in the head's config.
     verifier: str | None = None
     # gguf: the base's GGUF (the file llama.cpp verifies with), whose vocabulary the draft copies;
     # default: the embedded GGUF of an embedded base.
     target_gguf: str | None = None
+
+
+DEFAULT_SPECULATIVE_TOKENS = 3
+
+
+def proposal_length(options: ExportOptions, kind: str, trained_depth: int | None = None) -> int:
+    """The proposal length a speculators export records: ``options.speculative_tokens``, by default
+    ``DEFAULT_SPECULATIVE_TOKENS``; for a head that drafts a fixed depth in one forward (P-EAGLE,
+    DFlash: ``trained_depth``), that depth. Asking such a head for another length raises ConfigError
+    naming both numbers: the export would record its depth, not the length asked for."""
+    from draftheads.settings import ConfigError
+
+    asked = options.speculative_tokens
+    if trained_depth is None:
+        return DEFAULT_SPECULATIVE_TOKENS if asked is None else asked
+    if asked is not None and asked != trained_depth:
+        raise ConfigError(
+            f"--speculative-tokens {asked}: a {kind} head drafts its {trained_depth} trained depths in one "
+            f"forward, and its export records {trained_depth}; omit the option or pass "
+            f"--speculative-tokens {trained_depth} (train with more depths to draft more)"
+        )
+    return trained_depth
 
 
 # ---- writers ----------------------------------------------------------------------------------

@@ -291,6 +291,14 @@ def load_confidence(directory: str | Path) -> ConfidenceHead:
                 f"{weights_path}: {name} has shape {tuple(state[name].shape)}, a confidence head of "
                 f"hidden {hidden} needs {tuple(tensor.shape)}"
             )
+    for name, tensor in state.items():
+        # a NaN probability prices every node at nothing: adaptive drafting would draft the root alone
+        finite = torch.isfinite(tensor)
+        if not finite.all():
+            raise ConfidenceFormatError(
+                f"{weights_path}: {name}: {int((~finite).sum())} of {tensor.numel()} values are not finite "
+                "(NaN or infinite); fit the confidence head again (draftheads fit-confidence)"
+            )
     head = ConfidenceHead(hidden)
     head.load_state_dict(state)
     return head.eval()
