@@ -147,6 +147,9 @@ def build_deepspeed_config(train: TrainConfig, dtype: torch.dtype, world_size: i
 # ---- distributed setup ----------------------------------------------------------------------------
 
 
+PORT_ATTEMPTS = 5  # local ports tried by a run without a launcher
+
+
 def init_distributed() -> tuple[int, int, torch.device]:
     """Join (or, without a launcher, create) the process group; return (rank, world size, device).
 
@@ -158,14 +161,25 @@ def init_distributed() -> tuple[int, int, torch.device]:
     """
     import deepspeed
 
-    if "RANK" not in os.environ:
+    alone = "RANK" not in os.environ
+    if alone:
         os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0")
         os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
         os.environ.setdefault("MASTER_PORT", str(free_port()))
     device = local_device()
     timeout = distributed_timeout()
     apply_timeout_to_every_group(timeout)  # DeepSpeed's own groups, made later, too
-    deepspeed.init_distributed(dist_backend="nccl" if device.type == "cuda" else "gloo", timeout=timeout)
+    backend = "nccl" if device.type == "cuda" else "gloo"
+    # Alone, the port was free when chosen but another process may take it before the store
+    # listens on it: choose again (a launcher's MASTER_PORT is the launcher's to choose).
+    for attempt in range(PORT_ATTEMPTS):
+        try:
+            deepspeed.init_distributed(dist_backend=backend, timeout=timeout)
+            break
+        except torch.distributed.DistNetworkError:
+            if not alone or attempt == PORT_ATTEMPTS - 1:
+                raise
+            os.environ["MASTER_PORT"] = str(free_port())
     return torch.distributed.get_rank(), torch.distributed.get_world_size(), device
 
 
