@@ -28,6 +28,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "distill": ("draftheads.commands.distill", "regenerate assistant turns with the base model"),
     "train": ("draftheads.commands.train", "train a draft head on a frozen base model"),
     "cache-features": ("draftheads.commands.cache_features", "cache base hidden states for offline training"),
+    "plan": ("draftheads.commands.plan", "a training step's memory per GPU, planned before a run"),
     "generate": ("draftheads.commands.generate", "decode with a draft head (lossless speculative decoding)"),
     "export": ("draftheads.commands.export", "export a head for the Hub, vLLM or SGLang"),
     "bench": ("draftheads.commands.bench", "benchmark heads against plain and prompt-lookup decoding"),

@@ -1,0 +1,203 @@
+"""The memory of a training step per GPU, planned from a run config and the base's config.json.
+
+No weight is read: the base and the head are built on the meta device, which gives their exact
+parameter counts, and the rest is arithmetic in the base's shape (hidden size h, intermediate size
+I, key/value width kv, L layers, vocabulary V), the micro-batch B x T, the ZeRO stage and the GPU
+count N. Terms, in bytes per GPU, b the training dtype's bytes (2 for bf16, 4 for fp32):
+
+- frozen base: its parameters x b (offline runs: only embeddings, final norm and lm_head).
+- head weights: P x b (ZeRO-3: / N).
+- gradients: P x b (ZeRO-0/1); ZeRO-2/3 keep their partition, P x b / N, and one reduce bucket.
+- optimizer: Adam's two fp32 moments, 8 P, and an fp32 master copy, 4 P, unless the weights are
+  fp32 and not partitioned (ZeRO-0); / N under ZeRO-1/2/3 (Rajbhandari et al. 2020, "ZeRO").
+- base forward: online, the L + 1 hidden states the forward returns plus one layer's transient
+  tensors; offline, the cached states of the batch.
+- head activations: what autograd keeps per row of each draft-layer pass (its inputs, norms, q/k/v,
+  attention and MLP tensors: about 15 h + 3 kv + 4 I values), times the passes (EAGLE-3's TTT steps).
+- attention masks: EAGLE-3 step j attends over T + j T keys through an fp32 additive mask.
+- loss: per scored step the draft logits, their log-softmax and gradient in fp32 (3 x 4 bytes a
+  draft-vocabulary entry), the fp32 target distribution once, and one full-vocabulary projection
+  of the base for the targets.
+
+It bounds the peak: every term is held at once at the end of the forward, the moment of the
+largest footprint. Checked against measured peaks on a CPU at Llama-3.1-8B's widths (docs/gpu.md).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+import torch
+
+GIB = 2**30
+DEFAULT_BUCKET = 500_000_000  # DeepSpeed's reduce_bucket_size default (elements)
+ACTIVATION_VALUES = (15, 3, 4)  # per row of a draft-layer pass: 15 h + 3 kv + 4 I values
+LOSS_COPIES = 3  # fp32 draft logits, log-softmax, gradient
+
+
+@dataclass(frozen=True)
+class Shapes:
+    """What the plan needs of a base and its head (parameter counts exact, from meta modules)."""
+
+    base_parameters: int
+    skeleton_parameters: int  # embeddings, final norm, lm_head: what an offline run loads
+    head_parameters: int
+    hidden: int
+    intermediate: int
+    kv_width: int
+    layers: int
+    vocab: int
+    draft_vocab: int
+    passes: int  # draft-layer passes per training step (EAGLE-3: TTT steps; EAGLE: 1; Medusa: 0)
+    attention_steps: int  # passes whose attention takes a growing additive mask (EAGLE-3)
+    scored_steps: int  # vocabulary projections per position (draft steps)
+    cached_states: int  # hidden states a feature cache holds per token
+
+
+@dataclass(frozen=True)
+class Term:
+    name: str
+    bytes: float
+    note: str
+
+
+@dataclass(frozen=True)
+class StepPlan:
+    terms: tuple[Term, ...]
+    micro_batch: int
+    tokens: int
+    gpus: int
+    stage: int
+
+    @property
+    def total(self) -> float:
+        return sum(term.bytes for term in self.terms)
+
+    def table(self) -> str:
+        lines = [f"{'term':<18} {'GiB':>8}  how", "-" * 60]
+        for term in self.terms:
+            lines.append(f"{term.name:<18} {term.bytes / GIB:>8.2f}  {term.note}")
+        lines.append(f"{'total':<18} {self.total / GIB:>8.2f}")
+        return "\n".join(lines)
+
+
+def count_shapes(run, base_config) -> Shapes:
+    """``Shapes`` of ``run``'s head on a base of ``base_config`` (both built on the meta device)."""
+    from transformers import AutoModelForCausalLM
+
+    from draftheads.base_skeleton import decoder_layers
+    from draftheads.heads import build_head
+
+    with torch.device("meta"):
+        base = AutoModelForCausalLM.from_config(base_config, dtype=torch.bfloat16)
+        head = build_head(base, run.head, run.model.base)
+    prefix, _ = decoder_layers(base)
+    unique = {id(p): (name, p.numel()) for name, p in base.named_parameters()}.values()
+    skeleton = sum(count for name, count in unique if not name.startswith(prefix))
+    kind = run.head.kind
+    ttt = getattr(run.head, "ttt_steps", 1)
+    passes = {"medusa": 0, "eagle": 1, "mtp": getattr(run.head, "num_modules", 1)}.get(kind, ttt)
+    heads = base_config.num_attention_heads
+    head_dim = getattr(base_config, "head_dim", None) or base_config.hidden_size // heads
+    return Shapes(
+        base_parameters=sum(count for _, count in unique),
+        skeleton_parameters=skeleton,
+        head_parameters=sum(p.numel() for p in head.parameters()),
+        hidden=base_config.hidden_size,
+        intermediate=base_config.intermediate_size,
+        kv_width=base_config.num_key_value_heads * head_dim,
+        layers=base_config.num_hidden_layers,
+        vocab=base_config.vocab_size,
+        draft_vocab=getattr(run.head, "draft_vocab_size", None) or base_config.vocab_size,
+        passes=passes,
+        attention_steps=ttt if kind in ("eagle3", "peagle") else 0,
+        scored_steps=getattr(run.head, "num_heads", None) or max(passes, 1),
+        cached_states=len(head.required_hidden_states),
+    )
+
+
+def state_terms(shapes: Shapes, dtype_bytes: int, stage: int, gpus: int, offline: bool, bucket: int):
+    """Weights, gradients and optimizer state."""
+    P = shapes.head_parameters
+    base = shapes.skeleton_parameters if offline else shapes.base_parameters
+    shard = gpus if stage >= 1 else 1
+    master = 0 if (dtype_bytes == 4 and stage == 0) else 4 * P / shard
+    if stage >= 2:
+        gradients, how = (
+            P * dtype_bytes / gpus + min(bucket, P) * dtype_bytes,
+            "partition + one reduce bucket",
+        )
+    else:
+        gradients, how = P * dtype_bytes, "every parameter's"
+    return [
+        Term("frozen base", base * dtype_bytes, "embeddings, norm, lm_head" if offline else "every layer"),
+        Term("head weights", P * dtype_bytes / (gpus if stage == 3 else 1), f"{P / 1e6:.1f} M parameters"),
+        Term("gradients", gradients, how),
+        Term("optimizer", 8 * P / shard + master, "Adam moments" + (" + fp32 master" if master else "")),
+    ]
+
+
+def activation_terms(
+    shapes: Shapes, batch: int, tokens: int, dtype_bytes: int, offline: bool, fraction: float
+):
+    """What the forward keeps for the backward, and the loss's vocabulary-wide tensors."""
+    h, kv, inter = shapes.hidden, shapes.kv_width, shapes.intermediate
+    positions = batch * tokens
+    if offline:
+        base = Term("base forward", positions * shapes.cached_states * h * dtype_bytes, "cached states read")
+    else:
+        kept = (shapes.layers + 1) * h
+        transient = 4 * h + 2 * kv + 3 * inter
+        base = Term(
+            "base forward", positions * (kept + transient) * dtype_bytes, "L + 1 hidden states + one layer"
+        )
+    a, b, c = ACTIVATION_VALUES
+    per_row = (a * h + b * kv + c * inter) * dtype_bytes
+    rows = positions * fraction
+    steps = shapes.attention_steps
+    mask = batch * tokens * tokens * 4 * steps * (steps + 1) / 2 * fraction
+    scored = rows * shapes.scored_steps * shapes.draft_vocab * 4 * LOSS_COPIES
+    targets = rows * (shapes.draft_vocab * 4 + shapes.vocab * dtype_bytes)
+    return [
+        base,
+        Term(
+            "head activations", rows * per_row * max(shapes.passes, 1), f"{shapes.passes} draft-layer passes"
+        ),
+        Term("attention masks", mask, f"fp32, {steps} steps over growing keys" if steps else "none"),
+        Term("loss", scored + targets, f"{shapes.scored_steps} steps x {shapes.draft_vocab} ids, fp32"),
+    ]
+
+
+def plan_step(
+    run, shapes: Shapes, gpus: int, batch: int | None = None, tokens: int | None = None
+) -> StepPlan:
+    """The plan of one training step of ``run`` (its micro-batch and max_length unless given)."""
+    from draftheads.train.loop import resolve_deepspeed_path
+
+    batch = batch or run.train.micro_batch_size
+    tokens = tokens or run.data.max_length
+    deepspeed = json.loads(resolve_deepspeed_path(run.train.deepspeed_config).read_text())
+    zero = deepspeed.get("zero_optimization", {})
+    stage = int(zero.get("stage", 0))
+    bucket = int(zero.get("reduce_bucket_size", DEFAULT_BUCKET))
+    dtype_bytes = 4 if run.train.precision == "fp32" or run.model.dtype == "float32" else 2
+    offline = bool(run.data.features)
+    terms = state_terms(shapes, dtype_bytes, stage, gpus, offline, bucket)
+    terms += activation_terms(shapes, batch, tokens, dtype_bytes, offline, run.train.loss_token_fraction)
+    return StepPlan(tuple(terms), batch, tokens, gpus, stage)
+
+
+def largest_micro_batch(run, shapes: Shapes, gpus: int, memory_bytes: float, limit: int = 1024) -> int:
+    """The largest micro-batch whose planned step fits ``memory_bytes`` (0: not even one row)."""
+    fits = 0
+    for batch in range(1, limit + 1):
+        if plan_step(run, shapes, gpus, batch=batch).total > memory_bytes:
+            break
+        fits = batch
+    return fits
+
+
+def cache_bytes_per_token(shapes: Shapes, storage_bytes: int = 2) -> int:
+    """Feature-cache bytes a token: the cached states (bf16 by default), its id and the base's argmax."""
+    return shapes.cached_states * shapes.hidden * storage_bytes + 8
