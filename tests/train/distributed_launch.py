@@ -140,6 +140,19 @@ def launch_environment() -> dict[str, str]:
     return environment
 
 
+def run_launcher(command: list[str]) -> subprocess.CompletedProcess:
+    """A launcher ``command`` from the repository root, in the launch environment, its output kept."""
+    return subprocess.run(
+        command,
+        cwd=ROOT,
+        env=launch_environment(),
+        capture_output=True,
+        text=True,
+        timeout=LAUNCH_TIMEOUT_SECONDS,
+        check=False,
+    )
+
+
 def launch(processes: int, program: list[str]) -> subprocess.CompletedProcess:
     """``program`` (a Python script and its arguments) as ``processes`` ranks under torchrun."""
     command = [
@@ -150,15 +163,7 @@ def launch(processes: int, program: list[str]) -> subprocess.CompletedProcess:
         f"--nproc_per_node={processes}",
         *program,
     ]
-    return subprocess.run(
-        command,
-        cwd=ROOT,
-        env=launch_environment(),
-        capture_output=True,
-        text=True,
-        timeout=LAUNCH_TIMEOUT_SECONDS,
-        check=False,
-    )
+    return run_launcher(command)
 
 
 def launch_with_deepspeed(processes: int, options: list[str], config: Path) -> subprocess.CompletedProcess:
@@ -177,15 +182,7 @@ def launch_with_deepspeed(processes: int, options: list[str], config: Path) -> s
         str(config),
         *options,
     ]
-    return subprocess.run(
-        command,
-        cwd=ROOT,
-        env=launch_environment(),
-        capture_output=True,
-        text=True,
-        timeout=LAUNCH_TIMEOUT_SECONDS,
-        check=False,
-    )
+    return run_launcher(command)
 
 
 def launch_train(processes: int, options: list[str], config: Path) -> subprocess.CompletedProcess:
