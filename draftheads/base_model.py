@@ -159,8 +159,13 @@ def _convert_gguf(gguf: Path, target: Path) -> None:
         raise BaseModelError("loading a .gguf file needs the 'gguf' package: `pip install gguf`")
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
-    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    try:
+        model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+        tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    except (ValueError, IndexError, KeyError, EOFError, OSError) as err:
+        # The gguf reader's errors on a truncated or foreign file (a memmap past its end, a bad
+        # magic, a missing metadata key) say nothing of which file it was.
+        raise BaseModelError(f"{gguf}: not a readable GGUF model ({type(err).__name__}: {err})") from err
     # save_pretrained refuses a quantizer-loaded model; the dequantised weights are exact fp32.
     model.hf_quantizer = None
     model.config.quantization_config = None
