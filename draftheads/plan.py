@@ -7,7 +7,7 @@ count N. Terms, in bytes per GPU, b the training dtype's bytes (2 for bf16, 4 fo
 
 - frozen base: its parameters x b (offline runs: only embeddings, final norm and lm_head).
 - head weights: P x b (ZeRO-3: / N).
-- gradients: P x b (ZeRO-0/1); ZeRO-2/3 keep their partition, P x b / N, and one reduce bucket.
+- gradients: P x b (ZeRO-0/1); ZeRO-2/3 keep their partition, P x b / N, and the reduce buckets.
 - optimizer: Adam's two fp32 moments, 8 P, and an fp32 master copy, 4 P, unless the weights are
   fp32 and not partitioned (ZeRO-0); / N under ZeRO-1/2/3 (Rajbhandari et al. 2020, "ZeRO").
 - base forward: online, the L + 1 hidden states the forward returns plus one layer's transient
@@ -117,17 +117,14 @@ def count_shapes(run, base_config) -> Shapes:
     )
 
 
-def state_terms(shapes: Shapes, dtype_bytes: int, stage: int, gpus: int, offline: bool, bucket: int):
-    """Weights, gradients and optimizer state."""
+def state_terms(shapes: Shapes, dtype_bytes: int, stage: int, gpus: int, offline: bool, buckets: int):
+    """Weights, gradients and optimizer state (``buckets``: the reduce buckets' elements in all)."""
     P = shapes.head_parameters
     base = shapes.skeleton_parameters if offline else shapes.base_parameters
     shard = gpus if stage >= 1 else 1
     master = 0 if (dtype_bytes == 4 and stage == 0) else 4 * P / shard
     if stage >= 2:
-        gradients, how = (
-            P * dtype_bytes / gpus + min(bucket, P) * dtype_bytes,
-            "partition + one reduce bucket",
-        )
+        gradients, how = P * dtype_bytes / gpus + buckets * dtype_bytes, "partition + reduce buckets"
     else:
         gradients, how = P * dtype_bytes, "every parameter's"
     return [
@@ -180,10 +177,13 @@ def plan_step(
     deepspeed = json.loads(resolve_deepspeed_path(run.train.deepspeed_config).read_text())
     zero = deepspeed.get("zero_optimization", {})
     stage = int(zero.get("stage", 0))
-    bucket = int(zero.get("reduce_bucket_size", DEFAULT_BUCKET))
+    # DeepSpeed allocates each reduce bucket whole, two with overlap_comm; the loop fits them to the
+    # trainable parameters (train.loop.with_buckets_fitted).
+    bucket = min(int(zero.get("reduce_bucket_size", DEFAULT_BUCKET)), shapes.head_parameters)
+    buckets = bucket * (2 if zero.get("overlap_comm", False) else 1)
     dtype_bytes = 4 if run.train.precision == "fp32" or run.model.dtype == "float32" else 2
     offline = bool(run.data.features)
-    terms = state_terms(shapes, dtype_bytes, stage, gpus, offline, bucket)
+    terms = state_terms(shapes, dtype_bytes, stage, gpus, offline, buckets)
     terms += activation_terms(shapes, batch, tokens, dtype_bytes, offline, run.train.loss_token_fraction)
     return StepPlan(tuple(terms), batch, tokens, gpus, stage)
 

@@ -83,3 +83,14 @@ def test_a_base_config_without_a_model_type_is_one_line(tmp_path, capsys):
     bad.write_text('{"hidden_size": 4096}')
     assert main(["plan", "--config", str(LLAMA_CONFIG), "--base-config", str(bad)]) == 3
     assert f"--base-config {bad}: no model_type field" in capsys.readouterr().err
+
+
+def test_zero_buckets_are_fitted_to_the_trainable_parameters():
+    from draftheads.train.loop import with_buckets_fitted
+
+    config = {"zero_optimization": {"stage": 2, "reduce_bucket_size": 500_000_000, "overlap_comm": True}}
+    fitted = with_buckets_fitted(config, 424_700_000)
+    assert fitted["zero_optimization"] == {"stage": 2, "reduce_bucket_size": 424_700_000, "overlap_comm": True}
+    assert with_buckets_fitted(config, 10**9)["zero_optimization"]["reduce_bucket_size"] == 500_000_000
+    assert with_buckets_fitted({"zero_optimization": {"stage": 0}}, 5) == {"zero_optimization": {"stage": 0}}
+    assert config["zero_optimization"]["reduce_bucket_size"] == 500_000_000  # the given config is left alone

@@ -329,6 +329,20 @@ def load_datasets(run: RunConfig, tokenizer, rank: int, world_size: int = 1):
     return train_dataset, val_dataset
 
 
+BUCKET_KEYS = ("reduce_bucket_size", "allgather_bucket_size")
+
+
+def with_buckets_fitted(deepspeed_config: dict, trainable: int) -> dict:
+    """``deepspeed_config`` with ZeRO's communication buckets no larger than the trainable
+    parameters: DeepSpeed allocates each bucket whole (two with ``overlap_comm``), and its default
+    of 5e8 elements is more than a draft head's whole gradient (EAGLE-3 on an 8B base: 4.2e8)."""
+    zero = deepspeed_config.get("zero_optimization")
+    if not zero:
+        return deepspeed_config
+    fitted = {key: min(int(zero[key]), trainable) for key in BUCKET_KEYS if key in zero}
+    return {**deepspeed_config, "zero_optimization": {**zero, **fitted}}
+
+
 def build_engine(
     recipe: Recipe, train: TrainConfig, deepspeed_config: dict, total_steps: int, device: torch.device
 ):
@@ -338,6 +352,7 @@ def build_engine(
 
     deepspeed.utils.logger.setLevel(logging.WARNING)
     parameters = [p for p in recipe.parameters() if p.requires_grad]
+    deepspeed_config = with_buckets_fitted(deepspeed_config, sum(p.numel() for p in parameters))
     optimizer = torch.optim.AdamW(
         recipe.parameter_groups(train.learning_rate),
         lr=train.learning_rate,
