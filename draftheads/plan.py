@@ -15,12 +15,14 @@ count N. Terms, in bytes per GPU, b the training dtype's bytes (2 for bf16, 4 fo
 - head activations: what autograd keeps per row of each draft-layer pass (its inputs, norms, q/k/v,
   attention and MLP tensors: about 15 h + 3 kv + 4 I values), times the passes (EAGLE-3's TTT steps).
 - attention masks: EAGLE-3 step j attends over T + j T keys through an fp32 additive mask.
-- loss: per scored step the draft logits, their log-softmax and gradient in fp32 (3 x 4 bytes a
-  draft-vocabulary entry), the fp32 target distribution once, and one full-vocabulary projection
-  of the base for the targets.
+- loss: per scored step the log-softmax autograd keeps (fp32, 4 bytes a draft-vocabulary entry)
+  and the fp32 target distribution once.
+- optimizer step: the gradient partition flattened and cast to fp32 for Adam (and, on a CPU, the
+  multi-tensor AdamW's temporaries).
 
-It bounds the peak: every term is held at once at the end of the forward, the moment of the
-largest footprint. Checked against measured peaks on a CPU at Llama-3.1-8B's widths (docs/gpu.md).
+Weights, gradients and optimizer state are held throughout; the activations only until the
+backward, the optimizer step's temporaries only after it, so the peak is the held terms plus the
+larger of the two. Checked against measured peaks on a CPU at Llama-3.1-8B's widths (docs/gpu.md).
 """
 
 from __future__ import annotations
@@ -31,9 +33,9 @@ from dataclasses import dataclass
 import torch
 
 GIB = 2**30
+MAX_MICRO_BATCH = 1024  # the largest micro-batch a plan tries
 DEFAULT_BUCKET = 500_000_000  # DeepSpeed's reduce_bucket_size default (elements)
 ACTIVATION_VALUES = (15, 3, 4)  # per row of a draft-layer pass: 15 h + 3 kv + 4 I values
-LOSS_COPIES = 3  # fp32 draft logits, log-softmax, gradient
 
 
 @dataclass(frozen=True)
@@ -55,11 +57,15 @@ class Shapes:
     cached_states: int  # hidden states a feature cache holds per token
 
 
+HELD, FORWARD, STEP = "held", "forward", "optimizer step"  # when a term's memory is in use
+
+
 @dataclass(frozen=True)
 class Term:
     name: str
     bytes: float
     note: str
+    moment: str = HELD
 
 
 @dataclass(frozen=True)
@@ -70,15 +76,27 @@ class StepPlan:
     gpus: int
     stage: int
 
+    def at(self, moment: str) -> float:
+        return sum(term.bytes for term in self.terms if term.moment == moment)
+
+    @property
+    def peak_moment(self) -> str:
+        """The moment of the peak: the end of the forward (activations held) or the optimizer step
+        (its temporaries; the activations are freed by then)."""
+        return FORWARD if self.at(FORWARD) >= self.at(STEP) else STEP
+
     @property
     def total(self) -> float:
-        return sum(term.bytes for term in self.terms)
+        return self.at(HELD) + max(self.at(FORWARD), self.at(STEP))
 
     def table(self) -> str:
-        lines = [f"{'term':<18} {'GiB':>8}  how", "-" * 60]
-        for term in self.terms:
-            lines.append(f"{term.name:<18} {term.bytes / GIB:>8.2f}  {term.note}")
-        lines.append(f"{'total':<18} {self.total / GIB:>8.2f}")
+        lines = [f"{'term':<20} {'GiB':>8}  how", "-" * 64]
+        for moment in (HELD, FORWARD, STEP):
+            peak = " (the peak)" if moment == self.peak_moment else ""
+            lines.append(f"[{moment}]{peak if moment != HELD else ' throughout'}")
+            for term in (t for t in self.terms if t.moment == moment):
+                lines.append(f"  {term.name:<18} {term.bytes / GIB:>8.2f}  {term.note}")
+        lines.append(f"{'peak':<20} {self.total / GIB:>8.2f}  held + {self.peak_moment}")
         return "\n".join(lines)
 
 
@@ -142,34 +160,59 @@ def activation_terms(
     h, kv, inter = shapes.hidden, shapes.kv_width, shapes.intermediate
     positions = batch * tokens
     if offline:
-        base = Term("base forward", positions * shapes.cached_states * h * dtype_bytes, "cached states read")
+        base = Term(
+            "base forward", positions * shapes.cached_states * h * dtype_bytes, "cached states read", FORWARD
+        )
     else:
         kept = (shapes.layers + 1) * h
         transient = 4 * h + 2 * kv + 3 * inter
         base = Term(
-            "base forward", positions * (kept + transient) * dtype_bytes, "L + 1 hidden states + one layer"
+            "base forward",
+            positions * (kept + transient) * dtype_bytes,
+            "L + 1 hidden states + one layer",
+            FORWARD,
         )
     a, b, c = ACTIVATION_VALUES
     per_row = (a * h + b * kv + c * inter) * dtype_bytes
     rows = positions * fraction
     steps = shapes.attention_steps
     mask = batch * tokens * tokens * 4 * steps * (steps + 1) / 2 * fraction
-    scored = rows * shapes.scored_steps * shapes.draft_vocab * 4 * LOSS_COPIES
-    targets = rows * (shapes.draft_vocab * 4 + shapes.vocab * dtype_bytes)
+    loss = rows * (shapes.scored_steps + 1) * shapes.draft_vocab * 4  # each step's log-softmax, the targets
+    passes = max(shapes.passes, 1)
     return [
         base,
+        Term("head activations", rows * per_row * passes, f"{shapes.passes} draft-layer passes", FORWARD),
+        Term("attention masks", mask, f"fp32, {steps} steps over growing keys" if steps else "none", FORWARD),
         Term(
-            "head activations", rows * per_row * max(shapes.passes, 1), f"{shapes.passes} draft-layer passes"
+            "loss", loss, f"{shapes.scored_steps} steps x {shapes.draft_vocab} ids + targets, fp32", FORWARD
         ),
-        Term("attention masks", mask, f"fp32, {steps} steps over growing keys" if steps else "none"),
-        Term("loss", scored + targets, f"{shapes.scored_steps} steps x {shapes.draft_vocab} ids, fp32"),
     ]
 
 
+def optimizer_step_terms(shapes: Shapes, dtype_bytes: int, stage: int, gpus: int, device: str):
+    """What DeepSpeed's optimizer step allocates beside the held state: the gradient partition
+    flattened and cast to fp32 for Adam, and on a CPU the temporaries of torch's multi-tensor
+    AdamW (the square root of the second moment); CUDA runs the fused AdamW, which has none."""
+    P = shapes.head_parameters
+    shard = gpus if stage >= 1 else 1
+    terms = []
+    if stage >= 1 or dtype_bytes != 4:
+        terms.append(Term("fp32 gradients", 4 * P / shard + P * dtype_bytes / shard, "flattened, cast", STEP))
+    if device == "cpu":
+        terms.append(Term("Adam temporaries", 4 * P / shard, "multi-tensor AdamW (CPU)", STEP))
+    return terms
+
+
 def plan_step(
-    run, shapes: Shapes, gpus: int, batch: int | None = None, tokens: int | None = None
+    run,
+    shapes: Shapes,
+    gpus: int,
+    batch: int | None = None,
+    tokens: int | None = None,
+    device: str = "cuda",
 ) -> StepPlan:
-    """The plan of one training step of ``run`` (its micro-batch and max_length unless given)."""
+    """The plan of one training step of ``run`` (its micro-batch and max_length unless given) on
+    ``device`` (``cpu`` to check a plan against a CPU run)."""
     from draftheads.train.loop import resolve_deepspeed_path
 
     batch = batch or run.train.micro_batch_size
@@ -185,14 +228,17 @@ def plan_step(
     offline = bool(run.data.features)
     terms = state_terms(shapes, dtype_bytes, stage, gpus, offline, buckets)
     terms += activation_terms(shapes, batch, tokens, dtype_bytes, offline, run.train.loss_token_fraction)
+    terms += optimizer_step_terms(shapes, dtype_bytes, stage, gpus, device)
     return StepPlan(tuple(terms), batch, tokens, gpus, stage)
 
 
-def largest_micro_batch(run, shapes: Shapes, gpus: int, memory_bytes: float, limit: int = 1024) -> int:
+def largest_micro_batch(
+    run, shapes: Shapes, gpus: int, memory_bytes: float, tokens: int | None = None, device: str = "cuda"
+) -> int:
     """The largest micro-batch whose planned step fits ``memory_bytes`` (0: not even one row)."""
     fits = 0
-    for batch in range(1, limit + 1):
-        if plan_step(run, shapes, gpus, batch=batch).total > memory_bytes:
+    for batch in range(1, MAX_MICRO_BATCH + 1):
+        if plan_step(run, shapes, gpus, batch=batch, tokens=tokens, device=device).total > memory_bytes:
             break
         fits = batch
     return fits
