@@ -3,9 +3,10 @@
 Times every linear layer of a head (the shipped EAGLE-3 head by default) on 1, 4 and 16 rows, in
 each format a CPU drafting forward can run: fp32 on PyTorch's default kernels, fp32 and bf16
 prepacked for oneDNN (``draftheads.infer.packed``), int8 weights with fp32 or bf16 activations
-(``draftheads.infer.int8``, PyTorch's weight-only int8 matmul) and, for comparison, int8 weights
-with dynamically quantized int8 activations (``quantized::linear_dynamic``, fbgemm's VNNI
-kernels where the CPU has them; not used for drafting). Formats are interleaved round by round
+(PyTorch's weight-only int8 matmul) and int8 weights with dynamically quantized int8 activations
+(``quantized::linear_dynamic``, what ``draft_dtype="int8"`` runs: ``draftheads.infer.int8``), once
+packed by each x86 quantized engine: fbgemm (VNNI dot products where the CPU has them) and oneDNN
+(AMX-INT8 tiles where it has them). Formats are interleaved round by round
 and each figure is the fastest round's, so a slow spell falls on all of them. Prints the CPU's
 vector flags and a table of milliseconds per forward (every linear layer of the head once).
 
@@ -30,6 +31,7 @@ DEFAULT_HEAD = "eagle3-smollm2"
 ROWS = (1, 4, 16)
 ROUNDS = 7
 CALLS = 20  # forwards per timing
+ENGINES = ("fbgemm", "onednn")  # x86 quantized engines, each timed where this torch build has it
 
 
 def linear_of(weight: torch.Tensor) -> torch.nn.Linear:
@@ -38,16 +40,28 @@ def linear_of(weight: torch.Tensor) -> torch.nn.Linear:
     return linear
 
 
+def dynamic_prepack(weight: torch.Tensor, scales: torch.Tensor, engine: str):
+    """``weight`` per-channel int8, packed by the quantized engine ``engine`` (the packed object keeps
+    its engine: ``linear_dynamic`` runs that engine's kernel whatever the global setting)."""
+    previous = torch.backends.quantized.engine
+    torch.backends.quantized.engine = engine
+    try:
+        with warnings.catch_warnings():  # quantized tensors are deprecated; this is a comparison only
+            warnings.simplefilter("ignore")
+            zero = torch.zeros(weight.shape[0], dtype=torch.long)
+            qweight = torch.quantize_per_channel(weight, scales.double(), zero, 0, torch.qint8)
+            return torch.ops.quantized.linear_prepack(qweight, None)
+    finally:
+        torch.backends.quantized.engine = previous
+
+
 def formats(weight: torch.Tensor) -> dict:
     """Format name -> (a function of the fp32 input, the input dtype it takes)."""
     rows, scales = quantize_rows(weight)
     packed32 = PackedLinear.wrap(linear_of(weight))
     packed16 = PackedLinear.wrap(linear_of(weight.to(torch.bfloat16)))
-    with warnings.catch_warnings():  # quantized tensors are deprecated; this is a comparison only
-        warnings.simplefilter("ignore")
-        zero = torch.zeros(weight.shape[0], dtype=torch.long)
-        qweight = torch.quantize_per_channel(weight, scales.double(), zero, 0, torch.qint8)
-        dynamic = torch.ops.quantized.linear_prepack(qweight, None)
+    supported = torch.backends.quantized.supported_engines
+    dynamic = {engine: dynamic_prepack(weight, scales, engine) for engine in ENGINES if engine in supported}
     scales16 = scales.to(torch.bfloat16)
     int8_mm = torch.ops.aten._weight_int8pack_mm
     return {
@@ -56,7 +70,13 @@ def formats(weight: torch.Tensor) -> dict:
         "bf16 packed": (packed16, torch.bfloat16),
         "int8 weights, fp32": (lambda x: int8_mm(x, rows, scales), torch.float32),
         "int8 weights, bf16": (lambda x: int8_mm(x, rows, scales16), torch.bfloat16),
-        "int8 w8a8 dynamic": (lambda x: torch.ops.quantized.linear_dynamic(x, dynamic, False), torch.float32),
+        **{
+            f"int8 w8a8 dynamic, {engine}": (
+                lambda x, packed=packed: torch.ops.quantized.linear_dynamic(x, packed, False),
+                torch.float32,
+            )
+            for engine, packed in dynamic.items()
+        },
     }
 
 
