@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from pathlib import Path
 from typing import Any
 
@@ -70,7 +71,9 @@ class Reporter:
     def log(self, record: dict[str, Any]) -> None:
         if not self.enabled:
             return
-        with self.path.open("a") as handle:
+        # O_NOFOLLOW: a link put in the file's place is refused (ELOOP), never written through.
+        descriptor = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o644)
+        with os.fdopen(descriptor, "a") as handle:
             handle.write(json.dumps(finite_or_null(record), allow_nan=False) + "\n")
         if self.wandb_run is not None:
             self.wandb_run.log(_flatten(record), step=record["step"])

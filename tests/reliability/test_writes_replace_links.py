@@ -112,3 +112,19 @@ def test_an_atomic_write_leaves_no_temporary_file(tmp_path, fails):
         write_atomically(tmp_path / "kept.bin", write)
     assert (tmp_path / "kept.bin").read_bytes() == (b"old" if fails else b"new")
     assert [path.name for path in tmp_path.iterdir()] == ["kept.bin"]
+
+
+def test_the_metrics_log_is_never_appended_through_a_link(tmp_path):
+    from draftheads.train.reporting import METRICS_NAME, Reporter
+
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    reporter = Reporter(run_dir, config={}, enabled=True)
+    reporter.log({"step": 1, "loss": 1.0})
+    elsewhere = tmp_path / "elsewhere.txt"
+    elsewhere.write_text("a user's file\n")
+    (run_dir / METRICS_NAME).unlink()
+    (run_dir / METRICS_NAME).symlink_to(elsewhere)  # put in the log's place during the run
+    with pytest.raises(OSError):
+        reporter.log({"step": 2, "loss": 0.5})
+    assert elsewhere.read_text() == "a user's file\n"
