@@ -4,7 +4,7 @@ Sets the run up in this process (as ``draftheads train`` does), then runs one op
 then a second, sampling the process's resident memory every 20 ms during each. The first step
 allocates Adam's state only at its optimizer step; the second holds it through its forward, the
 steady state a long run repeats. Prints one JSON line (GiB and seconds), the figures ``draftheads
-plan --device cpu`` is checked against (docs/gpu.md).
+plan --target cpu`` is checked against (docs/gpu.md).
 
     python scripts/step_memory.py --config configs/llama3-8b_eagle3_8gpu.yaml model.base=BASE ...
 """

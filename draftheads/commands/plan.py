@@ -36,10 +36,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--tokens", type=positive_int, default=None, help="tokens a row (default data.max_length)"
     )
     parser.add_argument(
-        "--device",
+        "--target",
         choices=("cuda", "cpu"),
         default="cuda",
-        help="where the run trains (cpu: to check a plan against a CPU run; its AdamW needs temporaries)",
+        help="what the run trains on (cpu: to check a plan against a CPU run; its AdamW needs temporaries)",
     )
 
 
@@ -75,14 +75,14 @@ def run(args: argparse.Namespace) -> int:
     if run_config.head is None:
         raise ConfigError(f"{args.config}: no head section to plan for")
     shapes = count_shapes(run_config, base_config_of(run_config, args.base_config))
-    plan = plan_step(run_config, shapes, args.gpus, tokens=args.tokens, device=args.device)
+    plan = plan_step(run_config, shapes, args.gpus, tokens=args.tokens, device=args.target)
     budget = args.gpu_memory * GIB * HEADROOM
     print(
         f"{run_config.head.kind} on {run_config.model.base}: micro-batch {plan.micro_batch} x {plan.tokens} "
         f"tokens, ZeRO-{plan.stage}, {args.gpus} GPU(s)\n"
     )
     print(plan.table())
-    fits = largest_micro_batch(run_config, shapes, args.gpus, budget, tokens=args.tokens, device=args.device)
+    fits = largest_micro_batch(run_config, shapes, args.gpus, budget, tokens=args.tokens, device=args.target)
     verdict = "fits" if plan.total <= budget else "does NOT fit"
     print(f"\n{verdict} {HEADROOM:.0%} of {args.gpu_memory:g} GiB; the largest micro-batch that fits: {fits}")
     per_token = cache_bytes_per_token(shapes)
