@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -55,12 +56,18 @@ class Checks:
         self.failures += not passed
 
 
+# What a run in this process (check_training_step) sets for its one-process group; a child that
+# inherited them would take itself for a launched rank and reuse this process's port.
+LAUNCHER_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
+
+
 def run(command: list[str], log: Path) -> int:
     """``command`` from the repository root, its output to ``log``; its exit status."""
     started = time.perf_counter()
+    environment = {name: value for name, value in os.environ.items() if name not in LAUNCHER_VARIABLES}
     with log.open("w") as out:
         status = subprocess.run(
-            command, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, check=False
+            command, cwd=ROOT, env=environment, stdout=out, stderr=subprocess.STDOUT, check=False
         ).returncode
     print(f"[{time.perf_counter() - started:.0f} s] {' '.join(command[:4])} ... -> {log}", flush=True)
     return status
