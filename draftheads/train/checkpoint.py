@@ -53,6 +53,7 @@ from draftheads.heads.checkpoint import (  # the manifest is read by heads too: 
     write_manifest,
 )
 from draftheads.storage import InsufficientSpaceError, check_free_space, format_bytes
+from draftheads.train.elastic import written_world_size
 from draftheads.train.safe_loading import (
     check_loadable,
     deepspeed_state_classes,
@@ -366,8 +367,8 @@ def load_checkpoint(
     """Restore engine (weights, optimizer, scheduler) and this rank's RNG; return trainer state.
     ``exclude_frozen``: the checkpoint was saved without frozen parameters (they stay as loaded).
     ``engine_root``: read the engine state from ``engine_root/engine`` instead (a universal
-    conversion, ``train/elastic.py``); a rank the checkpoint has no RNG state for then takes that
-    of rank ``rank % writers`` (the training draws depend on the seed and the row, not on it).
+    conversion, ``train/elastic.py``). A rank of a run with more processes than wrote the
+    checkpoint takes the RNG state of rank ``rank % writers`` (``rng_state_path``).
     A file whose pickle needs more than tensors and DeepSpeed's own classes raises
     UnsafeCheckpointError naming it, before anything of it is unpickled."""
     checkpoint = Path(checkpoint)
@@ -389,13 +390,16 @@ def load_checkpoint(
         )
     if load_path is None:
         raise FileNotFoundError(f"DeepSpeed found no engine state under {root / ENGINE_TAG}")
-    rng_path = checkpoint / f"rng_state_{rank}.pt"
-    if engine_root is not None and not rng_path.is_file():
-        writers = len(list(checkpoint.glob("rng_state_*.pt")))
-        rng_path = checkpoint / f"rng_state_{rank % max(1, writers)}.pt"
+    state = json.loads(state_path.read_text())
+    rng_path = rng_state_path(checkpoint, rank, written_world_size(state))
     if not rng_path.is_file():
-        raise FileNotFoundError(
-            f"{rng_path} is missing: the checkpoint was written with fewer ranks than this run uses"
-        )
+        raise FileNotFoundError(f"{rng_path} is missing: the checkpoint is incomplete")
     restore_rng_state(load_restricted(rng_path, legacy_rng_globals()))
-    return json.loads(state_path.read_text())
+    return state
+
+
+def rng_state_path(checkpoint: Path, rank: int, writers: int) -> Path:
+    """The RNG state file rank ``rank`` restores from a checkpoint ``writers`` processes wrote:
+    its own, or under more processes than wrote it, rank ``rank % writers``'s (the training draws
+    are functions of the seed and the row, ``draftheads.train.draws``, not of this state)."""
+    return checkpoint / f"rng_state_{rank % max(1, writers)}.pt"
