@@ -27,7 +27,6 @@ larger of the two. Checked against measured peaks on a CPU at Llama-3.1-8B's wid
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 
 import torch
@@ -203,6 +202,30 @@ def optimizer_step_terms(shapes: Shapes, dtype_bytes: int, stage: int, gpus: int
     return terms
 
 
+@dataclass(frozen=True)
+class StepSettings:
+    """What a plan takes from the run's training settings, as the training loop resolves them."""
+
+    stage: int
+    buckets: int  # reduce-bucket elements allocated in all
+    dtype_bytes: int
+    device: str
+
+
+def step_settings(run, shapes: Shapes, gpus: int, device: str = "cuda") -> StepSettings:
+    """The ZeRO stage, buckets and dtype of ``run`` on ``gpus`` GPUs of ``device``, from the loop's
+    own functions: its precision rule and the DeepSpeed config it builds and fits."""
+    from draftheads.train.loop import build_deepspeed_config, resolve_precision, with_buckets_fitted
+
+    dtype = resolve_precision(run, torch.device(device))
+    config = with_buckets_fitted(build_deepspeed_config(run.train, dtype, gpus), shapes.head_parameters)
+    zero = config.get("zero_optimization", {})
+    # DeepSpeed allocates each reduce bucket whole, two with overlap_comm.
+    bucket = int(zero.get("reduce_bucket_size", DEFAULT_BUCKET))
+    buckets = bucket * (2 if zero.get("overlap_comm", False) else 1)
+    return StepSettings(int(zero.get("stage", 0)), buckets, dtype.itemsize, device)
+
+
 def plan_step(
     run,
     shapes: Shapes,
@@ -210,25 +233,18 @@ def plan_step(
     batch: int | None = None,
     tokens: int | None = None,
     device: str = "cuda",
+    settings: StepSettings | None = None,
 ) -> StepPlan:
     """The plan of one training step of ``run`` (its micro-batch and max_length unless given) on
-    ``device`` (``cpu`` to check a plan against a CPU run)."""
-    from draftheads.train.loop import resolve_deepspeed_path
-
+    ``device`` (``cpu`` to check a plan against a CPU run); ``settings``: ``step_settings``'s,
+    when the caller plans several steps of one run."""
+    settings = settings or step_settings(run, shapes, gpus, device)
     batch = batch or run.train.micro_batch_size
     tokens = tokens or run.data.max_length
-    deepspeed = json.loads(resolve_deepspeed_path(run.train.deepspeed_config).read_text())
-    zero = deepspeed.get("zero_optimization", {})
-    stage = int(zero.get("stage", 0))
-    # DeepSpeed allocates each reduce bucket whole, two with overlap_comm; the loop fits them to the
-    # trainable parameters (train.loop.with_buckets_fitted).
-    bucket = min(int(zero.get("reduce_bucket_size", DEFAULT_BUCKET)), shapes.head_parameters)
-    buckets = bucket * (2 if zero.get("overlap_comm", False) else 1)
-    dtype_bytes = 4 if run.train.precision == "fp32" or run.model.dtype == "float32" else 2
-    offline = bool(run.data.features)
-    terms = state_terms(shapes, dtype_bytes, stage, gpus, offline, buckets)
-    terms += activation_terms(shapes, batch, tokens, dtype_bytes, offline, run.train.loss_token_fraction)
-    terms += optimizer_step_terms(shapes, dtype_bytes, stage, gpus, device)
+    stage, width, offline = settings.stage, settings.dtype_bytes, bool(run.data.features)
+    terms = state_terms(shapes, width, stage, gpus, offline, settings.buckets)
+    terms += activation_terms(shapes, batch, tokens, width, offline, run.train.loss_token_fraction)
+    terms += optimizer_step_terms(shapes, width, stage, gpus, settings.device)
     return StepPlan(tuple(terms), batch, tokens, gpus, stage)
 
 
@@ -236,9 +252,10 @@ def largest_micro_batch(
     run, shapes: Shapes, gpus: int, memory_bytes: float, tokens: int | None = None, device: str = "cuda"
 ) -> int:
     """The largest micro-batch whose planned step fits ``memory_bytes`` (0: not even one row)."""
+    settings = step_settings(run, shapes, gpus, device)
     fits = 0
     for batch in range(1, MAX_MICRO_BATCH + 1):
-        if plan_step(run, shapes, gpus, batch=batch, tokens=tokens, device=device).total > memory_bytes:
+        if plan_step(run, shapes, gpus, batch=batch, tokens=tokens, settings=settings).total > memory_bytes:
             break
         fits = batch
     return fits
