@@ -14,6 +14,7 @@ have one fingerprint.
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import torch
@@ -66,7 +67,7 @@ def probe_values(files: dict[str, Path], name: str, probe: int, dtype: torch.dty
     with safe_open(str(files[name]), "pt") as reader:
         view = reader.get_slice(name)
         shape = view.get_shape()
-        row = max(1, int(torch.tensor(shape[1:]).prod().item()) if len(shape) > 1 else 1)
+        row = max(1, math.prod(shape[1:]))  # values in one leading row
         rows = -(-probe // row)  # leading rows that hold the first ``probe`` values
         head = view[:rows].reshape(-1)[:probe] if shape else view[:].reshape(-1)
         tail = view[max(0, shape[0] - rows) :].reshape(-1)[-probe:] if shape else head
