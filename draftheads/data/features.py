@@ -425,11 +425,15 @@ def _base_outputs(
         input_ids[index, : len(row)] = torch.as_tensor(row, dtype=torch.long)
         attention_mask[index, : len(row)] = 1
         wanted[index, : len(row)] = torch.as_tensor(marks, dtype=torch.bool)
-    outputs = base_model.base_model(
-        input_ids=input_ids, attention_mask=attention_mask, output_hidden_states=True, use_cache=False
+    last_layer = base_model.config.num_hidden_layers
+    outputs = base_model.base_model(  # only the stored states (and the last, for the argmax) are kept
+        input_ids=input_ids,
+        attention_mask=attention_mask,
+        output_hidden_states=sorted({*layers, last_layer}),
+        use_cache=False,
     )
     lm_head = base_model.get_output_embeddings()
-    last = outputs.hidden_states[-1][wanted]  # (M, h): transformers 5.x gives the normed state here
+    last = outputs.hidden_states[last_layer][wanted]  # (M, h): transformers 5.x gives the normed state here
     argmax = torch.full((len(rows), longest), NO_ARGMAX, dtype=torch.long, device=device)  # (B, T)
     if len(last):  # in chunks, so the (chunk, V) logits stay a few hundred MB
         argmax[wanted] = torch.cat([lm_head(part).argmax(-1) for part in last.split(ARGMAX_CHUNK)])

@@ -27,12 +27,14 @@ class HiddenStateSource(Protocol):
 
 @dataclass(frozen=True)
 class OnlineHiddenStates:
-    """Run the frozen base model's body on each batch."""
+    """Run the frozen base model's body on each batch, keeping the states in ``layers`` (the
+    head's ``required_hidden_states``; None: all)."""
 
     base_model: Any
+    layers: tuple[int, ...] | None = None
 
     def __call__(self, batch: dict, split: str) -> tuple:
-        return base_hidden_states(self.base_model, batch["input_ids"], batch["attention_mask"])
+        return base_hidden_states(self.base_model, batch["input_ids"], batch["attention_mask"], self.layers)
 
     def base_argmax(self, batch: dict, split: str) -> None:
         return None  # the body runs without lm_head: the objective projects only the rows it needs

@@ -107,10 +107,15 @@ class JointRecipe(nn.Module):
         so tokenizer, splits, dtype and log go unused."""
         return cls(add_lora_adapter(base_model, run.joint), head, run.joint, run.train.loss_token_fraction)
 
-    def _body(self, input_ids, attention_mask):
+    def _body(self, input_ids, attention_mask, layers: tuple[int, ...] | None):
+        """The adapted base's body; ``hidden_states`` keeps ``layers`` only (None: none, the last
+        normed state is ``last_hidden_state``)."""
         causal_lm = self.adapted_base.get_base_model()  # the HF model, LoRA layers injected
         return causal_lm.base_model(
-            input_ids=input_ids, attention_mask=attention_mask, output_hidden_states=True, use_cache=False
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            output_hidden_states=False if layers is None else list(layers),
+            use_cache=False,
         )
 
     def forward(self, batch: dict, split: str) -> ObjectiveOutput:
@@ -129,7 +134,8 @@ class JointRecipe(nn.Module):
     def _forward(self, batch: dict, sample_seed: int | torch.Tensor | None) -> ObjectiveOutput:
         input_ids, loss_mask, attention_mask = batch["input_ids"], batch["loss_mask"], batch["attention_mask"]
         lm_head = self.adapted_base.get_base_model().get_output_embeddings()
-        hidden_states = self._body(input_ids, attention_mask).hidden_states  # L + 1 x (B, T, h)
+        layers = tuple(self.head.required_hidden_states)  # the rest of the L + 1 entries are None
+        hidden_states = self._body(input_ids, attention_mask, layers).hidden_states
         tokens = SupervisedTokens.from_masks(loss_mask, attention_mask)
         rows_batch, rows = tokens.predicted_from(1)  # row q - 1 predicts token q
         student_logits = lm_head(hidden_states[-1][rows_batch, rows])  # (M, V)
@@ -137,7 +143,7 @@ class JointRecipe(nn.Module):
             per_token = cross_entropy(student_logits, input_ids[rows_batch, rows + 1])  # (M,)
         else:
             with torch.no_grad(), self.adapted_base.disable_adapter():
-                teacher_hidden = self._body(input_ids, attention_mask).hidden_states[-1]  # (B, T, h)
+                teacher_hidden = self._body(input_ids, attention_mask, None).last_hidden_state  # (B, T, h)
                 teacher_logits = lm_head(teacher_hidden[rows_batch, rows])  # (M, V)
             per_token = kl_divergence(teacher_logits, student_logits)  # (M,)
         base_loss = masked_mean(per_token, ones_like_rows(per_token))

@@ -20,10 +20,21 @@ from draftheads.timing import synchronize
 
 
 @torch.no_grad()
-def base_hidden_states(base_model, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> tuple:
-    """HF ``hidden_states`` tuple (L + 1 entries of (B, T, h)) of the frozen base model's body."""
+def base_hidden_states(
+    base_model,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor | None = None,
+    layers: Sequence[int] | None = None,
+) -> tuple:
+    """HF ``hidden_states`` tuple (L + 1 entries of (B, T, h)) of the frozen base model's body.
+
+    ``layers``: the indices to keep (a head's ``required_hidden_states``); the others are None, so
+    a forward holds 3 or 4 of an 8B base's 33 states, not all of them. None keeps every one."""
     outputs = base_model.base_model(
-        input_ids=input_ids, attention_mask=attention_mask, output_hidden_states=True, use_cache=False
+        input_ids=input_ids,
+        attention_mask=attention_mask,
+        output_hidden_states=True if layers is None else list(layers),
+        use_cache=False,
     )
     return outputs.hidden_states
 

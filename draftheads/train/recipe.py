@@ -107,7 +107,7 @@ class FrozenBaseRecipe(nn.Module):
             )
             log(f"offline: hidden states {list(hidden_states.cache.layers)} from {features}")
         else:
-            hidden_states = OnlineHiddenStates(base_model)
+            hidden_states = OnlineHiddenStates(base_model, tuple(head.required_hidden_states))
         autocast = None if run.train.autocast == "none" else DTYPES[run.train.autocast]
         return cls(head, hidden_states, run.train.loss_token_fraction, autocast)
 
