@@ -43,7 +43,6 @@ from draftheads.heads.base import GROWABLE, INIT_ONLY, TRAINING_ONLY, DraftHead,
 from draftheads.heads.layers import (
     add_attention,
     add_feed_forward,
-    additive_mask,
     build_decoder_layer,
     build_rms_norm,
     build_rotary_embedding,
@@ -53,6 +52,7 @@ from draftheads.heads.layers import (
     replace_linear_input,
     shift_left,
 )
+from draftheads.heads.ttt_attention import StepMask
 from draftheads.settings import ConfigError
 
 # Default draft vocabulary cap: the EAGLE-3 release and SpecForge use 32,000 ids for Llama-3's
@@ -289,12 +289,6 @@ def gather_rows(chain_steps: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     order = torch.sort(-chain_steps, dim=1, stable=True).indices[:, :width]  # (B, R)
     slot_steps = chain_steps.gather(1, order)  # (B, R)
     return torch.where(slot_steps > 0, order, torch.zeros_like(order)), slot_steps
-
-
-def own_slot_mask(queries: int, keys: int, dtype: torch.dtype, device) -> torch.Tensor:
-    """(1, 1, queries, keys) additive mask over one TTT step's keys (an earlier step's or the
-    current one's): query slot s sees key slot s alone."""
-    return additive_mask(torch.eye(queries, keys, dtype=torch.bool, device=device), dtype)[None, None]
 
 
 def step_widths(slot_steps: torch.Tensor, steps: int) -> list[int]:
@@ -573,12 +567,9 @@ class Eagle3Head(DraftHead):
         states = [hidden]
         for step in range(1, steps):
             width = widths[step]
-            # Slot s of every step is the same chain: a step-j row sees its own slot in steps 1..j.
-            own_rows = [
-                own_slot_mask(width, widths[earlier], hidden.dtype, device).expand(batch, 1, -1, -1)
-                for earlier in range(1, step + 1)
-            ]  # each (B, 1, R_j, R_earlier)
-            mask = torch.cat([causal[:, :, :width], *own_rows], dim=-1)  # (B, 1, R_j, T + R_1 + .. + R_j)
+            # Slot s of every step is the same chain: a step-j row sees its own slot in steps 1..j
+            # (the diagonal of each of those steps' keys; ``ttt_attention.step_attention``).
+            mask = StepMask(causal[:, :, :width], tuple(widths[1 : step + 1]))
             at = index[:, :width]  # (B, R_j)
             tokens = input_ids.gather(1, (at + step + 1).clamp(max=length - 1))  # (B, R_j)
             hidden = self.step(*self.later_step_inputs(hidden[:, :width], tokens), at + step, mask, cache)

@@ -27,10 +27,13 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-# The drafter always runs sdpa: it takes 4D float masks (flash-attention-2 does not) and gives the
+from draftheads.heads.ttt_attention import DRAFT_SDPA, register_draft_sdpa
+
+# The drafter always runs SDPA: it takes 4D float masks (flash-attention-2 does not) and gives the
 # same numbers whether a head was built from a live model or loaded from disk (a loaded config
-# carries no attention implementation, which transformers would otherwise treat as eager).
-DRAFT_ATTENTION = "sdpa"
+# carries no attention implementation, which transformers would otherwise treat as eager). Its
+# registered name adds training-time test's linear attention (``draftheads.heads.ttt_attention``).
+DRAFT_ATTENTION = DRAFT_SDPA
 
 
 @dataclass(frozen=True)
@@ -87,6 +90,7 @@ def architecture(model_type: str) -> Architecture:
 def draft_layer_config(base_config, **overrides):
     """A copy of the base config for building draft layers (attention pinned to ``DRAFT_ATTENTION``),
     with ``overrides`` (e.g. ``intermediate_size``) set on it."""
+    register_draft_sdpa()
     config = copy.deepcopy(base_config)
     config._attn_implementation = DRAFT_ATTENTION
     layer_type = architecture(config.model_type).draft_layer_type
