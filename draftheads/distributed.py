@@ -2,7 +2,7 @@
 
 A launcher starts one process per device and tells each its place through the environment
 (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT). ``draftheads train`` joins through
-DeepSpeed (``draftheads.train.loop.init_distributed``), ``draftheads cache-features`` through
+DeepSpeed (``draftheads.train.process_group.init_distributed``), ``draftheads cache-features`` through
 ``join_process_group``; both wait at most ``distributed_timeout()`` in any collective, so a rank
 that died or hangs makes the others fail instead of waiting forever.
 """

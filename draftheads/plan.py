@@ -213,9 +213,10 @@ class StepSettings:
 
 
 def step_settings(run, shapes: Shapes, gpus: int, device: str = "cuda") -> StepSettings:
-    """The ZeRO stage, buckets and dtype of ``run`` on ``gpus`` GPUs of ``device``, from the loop's
-    own functions: its precision rule and the DeepSpeed config it builds and fits."""
-    from draftheads.train.loop import build_deepspeed_config, resolve_precision, with_buckets_fitted
+    """The ZeRO stage, buckets and dtype of ``run`` on ``gpus`` GPUs of ``device``, from training's
+    own functions (``draftheads.train.engine``): its precision rule and the DeepSpeed config it
+    builds and fits."""
+    from draftheads.train.engine import build_deepspeed_config, resolve_precision, with_buckets_fitted
 
     dtype = resolve_precision(run, torch.device(device))
     config = with_buckets_fitted(build_deepspeed_config(run.train, dtype, gpus), shapes.head_parameters)

@@ -90,10 +90,11 @@ def check_training_step(checks: Checks, out: Path, on_gpu: bool) -> None:
     from draftheads.config import load_run_config
     from draftheads.train import loop
     from draftheads.train.host_syncs import HostSyncCounter
+    from draftheads.train.setup import setup
 
     options = [*RUN, f"train.output_dir={out / 'step'}", "train.max_steps=4"]
     config = load_run_config(CONFIG, [*options, f"train.init_head={out / 'run' / 'head'}"])
-    run_state = loop.setup(config)
+    run_state = setup(config)
     try:
         head = run_state.recipe.head
         parameter = next(head.parameters())

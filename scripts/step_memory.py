@@ -50,6 +50,7 @@ def main() -> None:
 
     from draftheads.config import load_run_config
     from draftheads.train import loop
+    from draftheads.train.setup import setup
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--config", required=True)
@@ -59,7 +60,7 @@ def main() -> None:
     args = parser.parse_args()
     config = load_run_config(args.config, [*args.overrides, "train.epochs=null", "train.max_steps=2"])
     process = psutil.Process()
-    run = loop.setup(config)
+    run = setup(config)
     setup_peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux: kilobytes
     try:
         first = measured_steps(run, 1, process)

@@ -86,7 +86,7 @@ def test_a_base_config_without_a_model_type_is_one_line(tmp_path, capsys):
 
 
 def test_zero_buckets_are_fitted_to_the_trainable_parameters():
-    from draftheads.train.loop import with_buckets_fitted
+    from draftheads.train.engine import with_buckets_fitted
 
     config = {"zero_optimization": {"stage": 2, "reduce_bucket_size": 500_000_000, "overlap_comm": True}}
     fitted = with_buckets_fitted(config, 424_700_000)

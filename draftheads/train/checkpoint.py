@@ -46,7 +46,7 @@ from draftheads.heads.base import CONFIG_NAME, DraftHead
 from draftheads.heads.checkpoint import (  # the manifest is read by heads too: it lives there
     CHECKPOINTS_DIR,
     ENGINE_DIR,
-    MANIFEST_NAME,  # noqa: F401  (train.loop and the tests name it here)
+    MANIFEST_NAME,  # noqa: F401  (train.restore and the tests name it here)
     TRAINER_STATE_NAME,
     CorruptCheckpointError,
     verify_checkpoint,

@@ -1,5 +1,5 @@
 """Where training metrics go: ``metrics.jsonl`` in the output dir, optionally wandb, and a PNG of
-the loss / accuracy curves at the end. Only rank 0 reports."""
+the loss / accuracy curves at the end; progress lines go to the console. Only rank 0 reports."""
 
 from __future__ import annotations
 
@@ -25,6 +25,14 @@ def finite_or_null(value: Any) -> Any:
     if isinstance(value, (list, tuple)):
         return [finite_or_null(item) for item in value]
     return value
+
+
+def log_rank0(rank: int, message: str) -> None:
+    """Write ``message`` as one progress line on rank 0 (through tqdm: it stays above the bar)."""
+    if rank == 0:
+        from tqdm import tqdm
+
+        tqdm.write(f"[draftheads] {message}")
 
 
 class Reporter:

@@ -15,7 +15,8 @@ from safetensors.torch import save_file
 from draftheads.storage import InsufficientSpaceError
 from draftheads.train import checkpoint
 from draftheads.train.lock import OutputLock
-from draftheads.train.loop import cleanup, run_training, save, setup, train_steps
+from draftheads.train.loop import cleanup, run_training, save, train_steps
+from draftheads.train.setup import setup
 from tests.reliability.train_fixtures import patterned_dataset, short_run
 
 pytestmark = pytest.mark.usefixtures("single_thread")

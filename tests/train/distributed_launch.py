@@ -203,7 +203,8 @@ def dump_trained_parameters(out: Path, config: Path, options: list[str]) -> None
     the last step) to ``out/rank<r>.pt``; then leave the process group as the console script does."""
     from draftheads.config import load_run_config
     from draftheads.distributed import leave_process_group
-    from draftheads.train.loop import cleanup, setup, train_steps
+    from draftheads.train.loop import cleanup, train_steps
+    from draftheads.train.setup import setup
 
     run = setup(load_run_config(config, options))
     finished = False

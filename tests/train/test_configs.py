@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from draftheads.config import load_run_config
-from draftheads.train.loop import build_deepspeed_config
+from draftheads.train.engine import build_deepspeed_config
 from draftheads.train.recipe import recipe_for
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"

@@ -200,7 +200,7 @@ def test_decode_eval_is_off_by_default_and_changes_nothing_the_head_learns(
         raise AssertionError("the decode evaluation ran while off")
 
     with monkeypatch.context() as patches:
-        patches.setattr("draftheads.train.loop.prepare_continuations", refuse)
+        patches.setattr("draftheads.train.setup.prepare_continuations", refuse)
         patches.setattr("draftheads.train.loop.decode_acceptance", refuse)
         assert TrainConfig().decode_eval_prompts == 0
         off = _config(tmp_path / "off", "eagle", prompt_file, *short, "train.decode_eval_prompts=0")

@@ -8,7 +8,7 @@ import pytest
 
 from draftheads.config import TrainConfig
 from draftheads.train.batching import BatchStream
-from draftheads.train.loop import total_optimizer_steps
+from draftheads.train.setup import total_optimizer_steps
 
 
 def _dataset(rows: int) -> datasets.Dataset:

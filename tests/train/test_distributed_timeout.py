@@ -18,7 +18,7 @@ from tests.train.distributed_launch import ROOT, launch_environment
 _PROBE = """
 import torch
 from deepspeed.utils import groups
-from draftheads.train.loop import init_distributed
+from draftheads.train.process_group import init_distributed
 
 init_distributed()
 for name, group in (("world", torch.distributed.group.WORLD), ("deepspeed", groups._clone_world_group())):

@@ -11,6 +11,7 @@ import torch
 from draftheads.config import load_run_config
 from draftheads.train import loop
 from draftheads.train.host_syncs import HostSyncCounter
+from draftheads.train.setup import setup
 from tests.train.tiny_runs import HEAD_OVERRIDES, patterned_dataset
 
 # Per micro-batch, forward and backward with online hidden states, measured on the tiny Llama (one
@@ -54,7 +55,7 @@ def _syncs_of_a_run(tmp_path, kind: str, steps: int) -> int:
     from tests.conftest import make_tiny_llama
 
     dataset = patterned_dataset(rows=32)
-    run = loop.setup(config, base_model=make_tiny_llama(), datasets=(dataset, dataset))
+    run = setup(config, base_model=make_tiny_llama(), datasets=(dataset, dataset))
     try:
         with HostSyncCounter() as syncs:
             loop.train_steps(run)

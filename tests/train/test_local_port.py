@@ -10,7 +10,7 @@ import sys
 PROGRAM = """
 import os, socket
 from draftheads.distributed import free_port as real_free_port
-from draftheads.train import loop
+from draftheads.train import process_group
 
 taken = socket.socket()
 taken.bind(("127.0.0.1", 0))
@@ -20,8 +20,8 @@ ports = [taken.getsockname()[1]]  # the first choice is already in use
 def choose():
     return ports.pop(0) if ports else real_free_port()
 
-loop.free_port = choose
-rank, world_size, device = loop.init_distributed()
+process_group.free_port = choose
+rank, world_size, device = process_group.init_distributed()
 print("joined", rank, world_size, os.environ["MASTER_PORT"] != str(taken.getsockname()[1]))
 """
 

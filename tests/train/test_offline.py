@@ -11,7 +11,8 @@ from draftheads.data.features import CacheIdentity, FeatureCacheError, write_fea
 from draftheads.heads import DFlashConfig, Eagle3Config, EagleConfig, MedusaConfig, MtpConfig, build_head
 from draftheads.train.batching import fixed_batches
 from draftheads.train.hidden_states import OnlineHiddenStates, open_feature_cache
-from draftheads.train.loop import run_training, supervised_token_counts
+from draftheads.train.initial_head import supervised_token_counts
+from draftheads.train.loop import run_training
 from draftheads.train.objective import compute_objective
 from draftheads.train.reporting import read_metrics
 

@@ -13,7 +13,7 @@ from draftheads.base_skeleton import load_base_skeleton
 from draftheads.cli import main
 from draftheads.config import load_run_config
 from draftheads.data.features import base_weights_hash
-from draftheads.train import loop
+from draftheads.train import loop, setup
 
 
 @pytest.fixture(scope="module")
@@ -55,7 +55,7 @@ def test_offline_training_without_the_bases_layers_trains_what_the_whole_base_tr
     def refuse(*args, **kwargs):
         raise AssertionError("offline training loaded the whole base")
 
-    monkeypatch.setattr(loop, "load_base", refuse)
+    monkeypatch.setattr(setup, "load_base", refuse)
     without_layers = root / "without-layers"
     loop.run_training(load_run_config(config, options(without_layers)))
     expected, actual = head_weights(with_layers), head_weights(without_layers)

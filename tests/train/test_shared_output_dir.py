@@ -11,7 +11,7 @@ from torch import multiprocessing
 
 from draftheads.settings import ConfigError
 from draftheads.train.lock import OutputLock
-from draftheads.train.loop import check_shared_output_dir
+from draftheads.train.output_dir import check_shared_output_dir
 
 
 def _rank(rank: int, store_file: str, directories: list[str], results: str) -> None:
