@@ -6,7 +6,7 @@ targets). ``load_base_skeleton`` builds the model on the meta device and reads j
 from its safetensors files onto the device: the decoder layers (all but a few hundred MB of an 8B
 base) stay on the meta device, so no rank reads or holds them. Their names, shapes and dtypes are
 kept, so anything that walks the model's state dict sees the same entries; the one thing that reads
-their values, the cache's weight fingerprint (``draftheads.data.features.base_weights_hash``),
+their values, the cache's weight fingerprint (``draftheads.data.feature_identity.base_weights_hash``),
 reads its samples of them from the files (``probe_values``), so a skeleton and the whole base
 have one fingerprint.
 """

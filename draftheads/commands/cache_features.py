@@ -59,7 +59,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from draftheads.base_model import load_base, resolve_dtype
     from draftheads.config import load_run_config
-    from draftheads.data.features import CacheIdentity, write_feature_cache
+    from draftheads.data.feature_identity import CacheIdentity
+    from draftheads.data.features import write_feature_cache
     from draftheads.data.pipeline import build_datasets
     from draftheads.distributed import barrier, join_process_group
     from draftheads.heads import build_head

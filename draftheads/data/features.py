@@ -39,16 +39,18 @@ Under a launcher (``torchrun`` / ``deepspeed``, N processes), rank r of N writes
 r, r + N, r + 2N, ... of each split; rank 0 writes the one index, first with the identity, last
 with the shards found complete. The cache is the same files whatever N wrote it, and training
 reads it whatever its own world size.
+
+This module writes the cache (``write_feature_cache``); ``draftheads.data.feature_reader``
+reads it (``FeatureCache``) and ``draftheads.data.feature_identity`` fingerprints what it was
+made for (``CacheIdentity``).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
 import os
 import time
-from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -56,192 +58,32 @@ from typing import Any
 
 import torch
 
-from draftheads.data.shard_file import MissingTensorError, ShardFile, ShardFileError
-from draftheads.data.sources import DataError
+from draftheads.data.feature_identity import CacheIdentity, FeatureCacheError, check_identity, grown_splits
+from draftheads.data.feature_reader import (
+    ARGMAX_KEY,
+    FORMAT,
+    FORMAT_VERSION,
+    INDEX_NAME,
+    NO_ARGMAX,
+    open_shard,
+    read_index,
+    shard_offsets,
+    shard_path,
+)
 from draftheads.distributed import barrier
 from draftheads.storage import write_atomically, write_text_atomically
 
-INDEX_NAME = "index.json"
 MARKER_NAME = ".draftheads-features"  # written first into the directory a new cache is made in
-FORMAT = "draftheads-features"
-FORMAT_VERSION = 1
 SPLITS = ("train", "validation")
 DEFAULT_DTYPE = "bfloat16"  # half fp32's size; float32 caches reproduce fp32 training bit for bit
 DEFAULT_EXAMPLES_PER_SHARD = 256
 DEFAULT_BATCH_SIZE = 8
-MAX_OPEN_SHARDS = 128  # shard files a reader keeps open (one descriptor each), well within `ulimit -n`
-ARGMAX_KEY = "base_argmax"  # the shard tensor of the base's next-token argmax (absent in older caches)
-NO_ARGMAX = -1  # stored where the next token is not supervised (no objective reads it there)
 ARGMAX_CHUNK = 4096  # positions per lm_head call when writing the argmax
 STORAGE_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
-# Entries of the base config that do not change what the model computes.
-VOLATILE_CONFIG_KEYS = (
-    "_name_or_path",
-    "dtype",
-    "torch_dtype",
-    "transformers_version",
-    "_attn_implementation",
-    "attn_implementation",
-    "_commit_hash",
-    "architectures",
-)
-
-
-class FeatureCacheError(DataError):
-    """A feature cache that cannot be used: another base model, tokenizer, head or data; or damaged."""
 
 
 class CacheDirectoryError(FileExistsError):
     """A directory a feature cache will not be written into: it holds files of no cache of ours."""
-
-
-# ---- identity ---------------------------------------------------------------------------------
-
-
-def base_config_hash(config) -> str:
-    """Hash of everything in the base config that shapes the hidden states."""
-    data = {key: value for key, value in config.to_dict().items() if key not in VOLATILE_CONFIG_KEYS}
-    return hashlib.sha256(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()[:16]
-
-
-def base_weights_hash(model, probe: int = 4096) -> str:
-    """Cheap fingerprint of the weights: name, shape and the first and last ``probe`` values of
-    every tensor. Two checkpoints of one architecture (another seed, a fine-tune) differ here
-    while reading O(number of tensors) values, not the whole model. Tensors a skeleton base
-    (``draftheads.base_skeleton``) holds on the meta device are sampled from its files instead."""
-    from draftheads.base_skeleton import probe_values, weight_files
-
-    files = None
-    digest = hashlib.sha256()
-    for name, tensor in sorted(model.state_dict().items()):
-        if tensor.is_meta:
-            files = files or weight_files(Path(model.name_or_path))
-            sample = probe_values(files, name, probe, tensor.dtype)
-        else:
-            flat = tensor.detach().reshape(-1)
-            sample = torch.cat([flat[:probe], flat[-probe:]])
-        digest.update(f"{name}:{tuple(tensor.shape)}".encode())
-        digest.update(sample.float().cpu().numpy().tobytes())
-    return digest.hexdigest()[:16]
-
-
-def tokenizer_hash(tokenizer) -> str:
-    """Hash of the tokenizer's vocabulary, special tokens and chat template."""
-    from draftheads.data.pipeline import tokenizer_identity
-
-    return tokenizer_identity(tokenizer)[:16]
-
-
-def rows_fingerprint(dataset) -> str:
-    """Hash of a split's rows (input_ids and loss_mask, in order): the cache's rows must be the
-    training rows, whatever config or file produced them."""
-    import numpy
-
-    digest = hashlib.sha256()
-    for ids, mask in zip(dataset["input_ids"], dataset["loss_mask"]):
-        digest.update(numpy.asarray(ids, dtype=numpy.int32).tobytes())
-        digest.update(numpy.asarray(mask, dtype=numpy.int8).tobytes())
-        digest.update(b"|")
-    return digest.hexdigest()[:16]
-
-
-@dataclass(frozen=True)
-class CacheIdentity:
-    """What a cache was made for. Training refuses a cache whose identity differs in any field
-    but ``base_model`` (a name; the hashes identify the model wherever it was loaded from)."""
-
-    base_model: str
-    base_config_hash: str
-    base_weights_hash: str
-    tokenizer_vocab_size: int | None  # None: rows given without a tokenizer (tests)
-    tokenizer_hash: str | None
-    head_kind: str
-    hidden_state_layers: tuple[int, ...]
-    max_length: int | None
-    rows: dict[str, str]  # split -> rows_fingerprint
-    examples: dict[str, int]  # split -> rows
-
-    @classmethod
-    def build(
-        cls, base_model, base_name: str, tokenizer, head, splits: dict[str, Any], max_length: int | None
-    ):
-        return cls(
-            base_model=base_name,
-            base_config_hash=base_config_hash(base_model.config),
-            base_weights_hash=base_weights_hash(base_model),
-            tokenizer_vocab_size=len(tokenizer) if tokenizer is not None else None,
-            tokenizer_hash=tokenizer_hash(tokenizer) if tokenizer is not None else None,
-            head_kind=head.kind,
-            hidden_state_layers=tuple(head.required_hidden_states),
-            max_length=max_length,
-            rows={name: rows_fingerprint(dataset) for name, dataset in splits.items()},
-            examples={name: len(dataset) for name, dataset in splits.items()},
-        )
-
-    @classmethod
-    def from_dict(cls, data: dict) -> CacheIdentity:
-        return cls(**{**data, "hidden_state_layers": tuple(data["hidden_state_layers"])})
-
-
-# field -> what differs, for the refusal message. The data fields must match for any use; the head
-# fields too when resuming a write (the same cache), but not when reading one for training.
-_DATA_CHECKS = (
-    ("base_config_hash", "base model (config)"),
-    ("base_weights_hash", "base model (weights)"),
-    ("tokenizer_vocab_size", "tokenizer (vocabulary size)"),
-    ("tokenizer_hash", "tokenizer (vocabulary, special tokens or chat template)"),
-    ("examples", "data (number of examples per split)"),
-    ("rows", "data (tokens or loss masks; data config or source changed)"),
-)
-_HEAD_CHECKS = (
-    ("head_kind", "head kind"),
-    ("hidden_state_layers", "head feature layers"),
-)
-_REBUILD = (
-    "rebuild it with `draftheads cache-features` (rows added after the cached training rows, as "
-    "data.extra_sources adds them, are written on without rewriting the rest) or point "
-    "data.features elsewhere"
-)
-
-
-def _check_fields(found: CacheIdentity, expected: CacheIdentity, where: str, checks) -> None:
-    for name, meaning in checks:
-        have, want = getattr(found, name), getattr(expected, name)
-        if name.startswith("tokenizer") and (have is None or want is None):
-            continue
-        if have != want:
-            raise FeatureCacheError(
-                f"{where} was made for another {meaning}: {name} is {have!r} in the cache "
-                f"(base model '{found.base_model}', head '{found.head_kind}') but {want!r} for this run "
-                f"(base model '{expected.base_model}', head '{expected.head_kind}'); {_REBUILD}"
-            )
-
-
-def check_identity(found: CacheIdentity, expected: CacheIdentity, where: str) -> None:
-    """Resuming a write: raise FeatureCacheError naming the first field where the cache differs.
-    Tokenizer fields are compared only when both sides know their tokenizer."""
-    _check_fields(found, expected, where, _DATA_CHECKS + _HEAD_CHECKS)
-
-
-def check_readable(found: CacheIdentity, expected: CacheIdentity, where: str) -> None:
-    """Training from a cache: the same base, tokenizer and rows, and every hidden state the run's
-    head reads among those stored. Any head kind may read it: one EAGLE-3 cache (hs[2, 15, 27, L])
-    also serves Medusa, EAGLE and MTP (hs[L])."""
-    _check_fields(found, expected, where, _DATA_CHECKS)
-    missing = sorted(set(expected.hidden_state_layers) - set(found.hidden_state_layers))
-    if missing:
-        raise FeatureCacheError(
-            f"{where} lacks hidden states {missing} that the {expected.head_kind} head reads: "
-            f"hidden_state_layers is {list(found.hidden_state_layers)} in the cache (made for a "
-            f"{found.head_kind} head) but the run needs {list(expected.hidden_state_layers)}; {_REBUILD}"
-        )
-
-
-# ---- writing ----------------------------------------------------------------------------------
-
-
-def shard_path(directory: Path, split: str, shard: int) -> Path:
-    return directory / split / f"shard-{shard:05d}.safetensors"
 
 
 def _row_lengths(dataset) -> list[int]:
@@ -258,28 +100,6 @@ def bytes_per_token(hidden_size: int, layers: int, dtype: torch.dtype) -> int:
 
 def _write_index(directory: Path, index: dict) -> None:
     write_text_atomically(directory / INDEX_NAME, json.dumps(index, indent=2) + "\n")
-
-
-def grown_splits(found: CacheIdentity, expected: CacheIdentity, splits: dict[str, Any]) -> dict[str, int]:
-    """Splits whose rows are the cache's followed by new ones (``data.extra_sources`` added to a
-    run's training split), as {split: rows cached}; empty when no split grew or anything else
-    differs (the caller's ``check_identity`` then names it)."""
-    grown = {}
-    for name, dataset in splits.items():
-        cached = found.examples.get(name, 0)
-        if found.rows.get(name) == expected.rows.get(name) or not 0 < cached < len(dataset):
-            continue
-        if rows_fingerprint(dataset.select(range(cached))) == found.rows[name]:
-            grown[name] = cached
-    if not grown:
-        return {}
-    rows = {**expected.rows, **{name: found.rows[name] for name in grown}}
-    examples = {**expected.examples, **grown}
-    try:  # all else must be the cache's: the same base, tokenizer, head layers and other splits
-        check_identity(found, dataclasses.replace(expected, rows=rows, examples=examples), "")
-    except FeatureCacheError:
-        return {}
-    return grown
 
 
 def _extend_index(directory: Path, index: dict, identity: CacheIdentity, grown: dict[str, int]) -> None:
@@ -367,44 +187,10 @@ def _with_progress(index: dict, directory: Path, splits: dict, examples_per_shar
             path = shard_path(directory, name, shard)
             if not path.is_file():
                 break
-            with _open_shard(path) as shard:
-                counts.append(_offsets(shard)[-1])
+            with open_shard(path) as shard:
+                counts.append(shard_offsets(shard)[-1])
         complete[name], shard_tokens[name] = len(counts), counts
     return {**index, "complete_shards": complete, "shard_tokens": shard_tokens}
-
-
-def _damaged(path: Path, err: Exception) -> FeatureCacheError:
-    reason = err.reason if isinstance(err, ShardFileError) else str(err)
-    return FeatureCacheError(
-        f"feature cache shard {path} is damaged ({reason}); delete it and run `draftheads cache-features` "
-        "again to rewrite it"
-    )
-
-
-def _open_shard(path: Path) -> ShardFile:
-    """A shard open for row reads; a damaged file is named with what to do."""
-    try:
-        return ShardFile(path)
-    except (ShardFileError, OSError) as err:
-        raise _damaged(path, err) from err
-
-
-def _read_rows(shard: ShardFile, name: str, start: int, stop: int) -> torch.Tensor:
-    """Rows ``[start, stop)`` of tensor ``name`` of ``shard``; a damaged file is named as above (a
-    tensor it does not hold raises ``MissingTensorError``, naming the file and what it holds)."""
-    try:
-        return shard.rows(name, start, stop)
-    except (ShardFileError, OSError) as err:
-        raise _damaged(shard.path, err) from err
-
-
-def _offsets(shard: ShardFile) -> list[int]:
-    """The shard's ``offsets``: where each example's tokens start, then the tokens it holds."""
-    try:
-        ends = shard.shape("offsets")[0]
-    except MissingTensorError as err:
-        raise _damaged(shard.path, err) from err
-    return _read_rows(shard, "offsets", 0, ends).tolist()
 
 
 @torch.no_grad()
@@ -719,138 +505,3 @@ def write_feature_cache(
             f"({summary.bytes_per_token:.0f} bytes/token; estimated {_human(estimate)})"
         )
     return summary
-
-
-# ---- reading ----------------------------------------------------------------------------------
-
-
-def read_index(directory: str | Path) -> dict:
-    directory = Path(directory)
-    path = directory / INDEX_NAME
-    if not path.is_file():
-        raise FeatureCacheError(
-            f"data.features: {directory} holds no feature cache ({INDEX_NAME} missing); "
-            "write one with `draftheads cache-features --config FILE`"
-        )
-    try:
-        index = json.loads(path.read_text())
-    except json.JSONDecodeError as err:
-        raise FeatureCacheError(f"{path}: invalid JSON: {err}") from err
-    if index.get("format") != FORMAT or index.get("format_version") != FORMAT_VERSION:
-        raise FeatureCacheError(
-            f"{path}: not a {FORMAT} v{FORMAT_VERSION} index (format {index.get('format')!r}, "
-            f"version {index.get('format_version')!r})"
-        )
-    return index
-
-
-class FeatureCache:
-    """Reads a complete cache: hidden states of any rows of a split, padded into a batch."""
-
-    def __init__(self, directory: str | Path):
-        self.directory = Path(directory)
-        self.index = read_index(self.directory)
-        self.identity = CacheIdentity.from_dict(self.index["identity"])
-        self.examples_per_shard = int(self.index["examples_per_shard"])
-        # Open shards, least recently read first, each with its ``offsets`` (read once at opening).
-        self._shards: OrderedDict[Path, tuple[ShardFile, list[int]]] = OrderedDict()
-        for split, examples in self.identity.examples.items():
-            needed = -(-examples // self.examples_per_shard)
-            if self.index["complete_shards"].get(split, 0) < needed:
-                raise FeatureCacheError(
-                    f"feature cache {self.directory} is incomplete: "
-                    f"{self.index['complete_shards'].get(split, 0)} of {needed} '{split}' shards written; "
-                    "run `draftheads cache-features` again to finish it"
-                )
-
-    @property
-    def layers(self) -> tuple[int, ...]:
-        return self.identity.hidden_state_layers
-
-    def check(self, expected: CacheIdentity) -> None:
-        check_readable(self.identity, expected, f"feature cache {self.directory}")
-
-    def _shard(self, split: str, shard: int) -> tuple[ShardFile, list[int]]:
-        """The shard, open, and its ``offsets``; the least recently read shards are closed beyond
-        ``MAX_OPEN_SHARDS``."""
-        path = shard_path(self.directory, split, shard)
-        if path in self._shards:
-            self._shards.move_to_end(path)
-            return self._shards[path]
-        if not path.is_file():
-            raise FeatureCacheError(f"feature cache shard missing: {path}")
-        opened = _open_shard(path)
-        try:
-            self._shards[path] = opened, _offsets(opened)
-        except FeatureCacheError:
-            opened.close()
-            raise
-        while len(self._shards) > MAX_OPEN_SHARDS:
-            self._shards.popitem(last=False)[1][0].close()
-        return self._shards[path]
-
-    def _span(self, split: str, row: int) -> tuple[ShardFile, int, int]:
-        """``(shard, start, stop)``: where example ``row`` of ``split`` lies in its shard."""
-        if not 0 <= row < self.identity.examples.get(split, 0):
-            raise FeatureCacheError(f"feature cache {self.directory}: no row {row} in split '{split}'")
-        shard, offsets = self._shard(split, row // self.examples_per_shard)
-        local = row % self.examples_per_shard
-        return shard, offsets[local], offsets[local + 1]
-
-    def row(
-        self, split: str, row: int, layers: tuple[int, ...] | None = None
-    ) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
-        """``(input_ids (T,), {index: (T, h)})`` of example ``row`` of ``split``, for ``layers``
-        (default: every stored one)."""
-        shard, start, stop = self._span(split, row)
-        input_ids = _read_rows(shard, "input_ids", start, stop)  # (T,)
-        states = {
-            layer: _read_rows(shard, f"hidden_states.{layer}", start, stop) for layer in layers or self.layers
-        }  # (T, h)
-        return input_ids, states
-
-    def base_argmax(self, split: str, rows: list[int], input_ids: torch.Tensor) -> torch.Tensor | None:
-        """(B, T) the base model's next-token argmax at each position of ``rows`` of ``split``
-        whose next token is supervised (``NO_ARGMAX`` at the others, 0 on padding), aligned with
-        ``input_ids`` (B, T) as ``batch`` is; None if a shard they are in was written before the
-        cache stored it."""
-        out = torch.zeros(input_ids.shape, dtype=torch.long, device=input_ids.device)  # (B, T)
-        for position, row in enumerate(rows):
-            shard, start, stop = self._span(split, row)
-            if ARGMAX_KEY not in shard:
-                return None
-            argmax = _read_rows(shard, ARGMAX_KEY, start, stop)  # (T,)
-            out[position, : stop - start] = argmax.to(out.device, torch.long)
-        return out
-
-    def batch(
-        self,
-        split: str,
-        rows: list[int],
-        input_ids: torch.Tensor,
-        dtype: torch.dtype,
-        layers: tuple[int, ...] | None = None,
-    ) -> dict[int, torch.Tensor]:
-        """{index: (B, T, h)} for ``rows`` of ``split`` and ``layers`` (default: all stored),
-        right-padded with zeros to ``input_ids`` (B, T); raises if a cached row's tokens differ
-        from the batch's."""
-        batch_size, length = input_ids.shape
-        hidden_size = int(self.index["hidden_size"])
-        layers = layers or self.layers
-        out = {
-            layer: torch.zeros((batch_size, length, hidden_size), dtype=dtype, device=input_ids.device)
-            for layer in layers
-        }  # each (B, T, h)
-        for position, row in enumerate(rows):
-            cached_ids, states = self.row(split, row, layers)
-            count = cached_ids.numel()
-            if count > length or not torch.equal(
-                cached_ids.to(input_ids.device, torch.long), input_ids[position, :count]
-            ):
-                raise FeatureCacheError(
-                    f"feature cache {self.directory}: row {row} of '{split}' holds other tokens "
-                    "than the batch; the cache was written for other data"
-                )
-            for layer, state in states.items():
-                out[layer][position, :count] = state.to(device=input_ids.device, dtype=dtype)
-        return out

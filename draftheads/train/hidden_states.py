@@ -45,7 +45,7 @@ class CachedHiddenStates:
     """Read each batch's rows from a feature cache (``draftheads cache-features``), upcast to the
     training dtype. Batches carry ``row_index`` (B,): their rows in ``split``'s dataset."""
 
-    cache: Any  # draftheads.data.features.FeatureCache
+    cache: Any  # draftheads.data.feature_reader.FeatureCache
     dtype: torch.dtype
     layers: tuple[int, ...]  # the head's required_hidden_states (the cache may hold more)
 
@@ -70,7 +70,8 @@ def open_feature_cache(
     """The cache at ``directory``, after checking it was made for this base model, tokenizer and
     rows and holds the hidden states ``head`` reads (FeatureCacheError naming the first field that
     differs); a cache written for another head kind serves if it holds them."""
-    from draftheads.data.features import CacheIdentity, FeatureCache
+    from draftheads.data.feature_identity import CacheIdentity
+    from draftheads.data.feature_reader import FeatureCache
 
     cache = FeatureCache(directory)
     cache.check(CacheIdentity.build(base_model, base_name, tokenizer, head, splits, max_length))

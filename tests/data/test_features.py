@@ -9,8 +9,10 @@ import pytest
 import torch
 from data_fixtures import load_root_conftest, make_byte_tokenizer
 
-from draftheads.data import features
-from draftheads.data.features import CacheIdentity, FeatureCache, FeatureCacheError, write_feature_cache
+from draftheads.data import feature_reader, features
+from draftheads.data.feature_identity import CacheIdentity, FeatureCacheError
+from draftheads.data.feature_reader import FeatureCache
+from draftheads.data.features import write_feature_cache
 from draftheads.heads import build_head
 from draftheads.heads.eagle3 import Eagle3Config
 from draftheads.heads.medusa import MedusaConfig
@@ -95,7 +97,7 @@ def test_stores_the_base_argmax_where_the_next_token_is_supervised(tmp_path, tin
             expected = tiny_llama(input_ids=torch.tensor([ids])).logits[0].argmax(-1)
         supervised_next = torch.tensor(splits["train"][row]["loss_mask"][1:] + [0], dtype=torch.bool)
         assert torch.equal(argmax[position, : len(ids)][supervised_next], expected[supervised_next])
-        assert (argmax[position, : len(ids)][~supervised_next] == features.NO_ARGMAX).all()
+        assert (argmax[position, : len(ids)][~supervised_next] == feature_reader.NO_ARGMAX).all()
         assert not argmax[position, len(ids) :].any()  # padding
 
 
@@ -104,9 +106,9 @@ def test_a_cache_written_before_the_argmax_gives_none(tmp_path, tiny_llama, spli
 
     identity = _identity(tiny_llama, MedusaConfig(num_heads=2), splits)
     write_feature_cache(tiny_llama, splits, tmp_path, identity, examples_per_shard=4, progress=False)
-    old = features.shard_path(tmp_path, "train", 1)  # rows 4-6, as an older release wrote them
+    old = feature_reader.shard_path(tmp_path, "train", 1)  # rows 4-6, as an older release wrote them
     tensors = load_file(old)
-    del tensors[features.ARGMAX_KEY]
+    del tensors[feature_reader.ARGMAX_KEY]
     save_file(tensors, old, metadata={"format": "pt"})
     cache = FeatureCache(tmp_path)
     ids = lambda row: torch.tensor([splits["train"][row]["input_ids"]])
@@ -143,15 +145,15 @@ def test_a_cache_computed_in_bf16_serves_the_fp32_base(tmp_path, splits):
     write_feature_cache(model, splits, tmp_path / "bf16", identity, examples_per_shard=4, progress=False)
     cache = FeatureCache(tmp_path / "bf16")
     cache.check(_identity(make_tiny_llama(), head_config, splits))  # the fp32 run reads it
-    assert features.read_index(tmp_path / "bf16")["compute_dtype"] == "bfloat16"
+    assert feature_reader.read_index(tmp_path / "bf16")["compute_dtype"] == "bfloat16"
     write_feature_cache(make_tiny_llama(), splits, tmp_path / "fp32", identity, progress=False)
-    assert features.read_index(tmp_path / "fp32")["compute_dtype"] == "float32"
+    assert feature_reader.read_index(tmp_path / "fp32")["compute_dtype"] == "float32"
     _, bf16_states = cache.row("train", 0)
     _, fp32_states = FeatureCache(tmp_path / "fp32").row("train", 0)
     for layer in (1, 2, 3, 4):  # close, and computed otherwise than the fp32 forward's rounding
         torch.testing.assert_close(bf16_states[layer].float(), fp32_states[layer].float(), rtol=0.1, atol=0.1)
     assert any(not torch.equal(bf16_states[layer], fp32_states[layer]) for layer in (1, 2, 3, 4))
-    features.shard_path(tmp_path / "bf16", "train", 1).unlink()  # an interrupted write
+    feature_reader.shard_path(tmp_path / "bf16", "train", 1).unlink()  # an interrupted write
     with pytest.raises(FeatureCacheError, match="compute_dtype='bfloat16'.*got 'float32'"):
         write_feature_cache(
             make_tiny_llama(), splits, tmp_path / "bf16", identity, examples_per_shard=4, progress=False
@@ -308,10 +310,10 @@ def test_a_damaged_shard_is_named(tmp_path, tiny_llama, splits):
 def test_a_reader_keeps_a_bounded_number_of_shards_open(tmp_path, tiny_llama, splits, monkeypatch):
     identity = _identity(tiny_llama, MedusaConfig(num_heads=2), splits)
     write_feature_cache(tiny_llama, splits, tmp_path, identity, examples_per_shard=2, progress=False)
-    monkeypatch.setattr(features, "MAX_OPEN_SHARDS", 2)
+    monkeypatch.setattr(feature_reader, "MAX_OPEN_SHARDS", 2)
     cache = FeatureCache(tmp_path)
     first = [cache.row("train", row) for row in range(7)]  # 4 shards of 2 rows
-    path = [features.shard_path(tmp_path, "train", shard) for shard in range(4)]
+    path = [feature_reader.shard_path(tmp_path, "train", shard) for shard in range(4)]
     assert list(cache._shards) == [path[2], path[3]]
     third = cache._shards[path[3]][0]
     cache.row("train", 4)  # shard 2: now the most recently read

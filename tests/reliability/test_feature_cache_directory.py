@@ -10,8 +10,10 @@ import pytest
 import torch
 
 from draftheads.cli import EXIT_REFUSED, exit_status
-from draftheads.data import features
-from draftheads.data.features import CacheIdentity, FeatureCache, write_feature_cache
+from draftheads.data import feature_reader
+from draftheads.data.feature_identity import CacheIdentity
+from draftheads.data.feature_reader import FeatureCache
+from draftheads.data.features import write_feature_cache
 from draftheads.heads import build_head
 from draftheads.heads.medusa import MedusaConfig
 
@@ -66,7 +68,7 @@ def test_growing_a_cache_removes_only_the_shards_its_index_names(tmp_path, tiny_
     splits, identity = cache_job
     directory = tmp_path / "cache"
     write_feature_cache(tiny_llama, splits, directory, identity, **OPTIONS)
-    stranger = features.shard_path(directory, "train", 7)  # a shard number the cache never had
+    stranger = feature_reader.shard_path(directory, "train", 7)  # a shard number the cache never had
     stranger.write_bytes(b"not the cache's")
     more = datasets.concatenate_datasets([splits["train"], _rows(2, seed=2)])  # an extra source's rows
     grown = {"train": more, "validation": splits["validation"]}

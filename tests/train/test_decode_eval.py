@@ -17,7 +17,8 @@ import pytest
 import torch
 
 from draftheads.config import TrainConfig, load_run_config
-from draftheads.data.features import CacheIdentity, write_feature_cache
+from draftheads.data.feature_identity import CacheIdentity
+from draftheads.data.features import write_feature_cache
 from draftheads.heads import build_head, load_head, load_head_and_base
 from draftheads.settings import ConfigError
 from draftheads.train import decode_eval

@@ -11,7 +11,7 @@ from distributed_launch import empty_config, run_options, write_conversations, w
 
 from draftheads.cli import main
 from draftheads.config import load_run_config
-from draftheads.data.features import FeatureCacheError
+from draftheads.data.feature_identity import FeatureCacheError
 from draftheads.train.data_history import describe_data, source_range
 from draftheads.train.loop import run_training
 from draftheads.train.reporting import read_metrics

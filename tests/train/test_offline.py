@@ -7,7 +7,8 @@ import pytest
 import torch
 
 from draftheads.config import load_run_config
-from draftheads.data.features import CacheIdentity, FeatureCacheError, write_feature_cache
+from draftheads.data.feature_identity import CacheIdentity, FeatureCacheError
+from draftheads.data.features import write_feature_cache
 from draftheads.heads import DFlashConfig, Eagle3Config, EagleConfig, MedusaConfig, MtpConfig, build_head
 from draftheads.train.batching import fixed_batches
 from draftheads.train.hidden_states import OnlineHiddenStates, open_feature_cache

@@ -12,7 +12,7 @@ from draftheads.base_model import load_base
 from draftheads.base_skeleton import load_base_skeleton
 from draftheads.cli import main
 from draftheads.config import load_run_config
-from draftheads.data.features import base_weights_hash
+from draftheads.data.feature_identity import base_weights_hash
 from draftheads.train import loop, setup
 
 
