@@ -11,7 +11,8 @@ path, so every rank can call backward). Logits are upcast to float32 before any 
 from __future__ import annotations
 
 import functools
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -50,18 +51,9 @@ def kl_divergence(teacher_logits: torch.Tensor, student_logits: torch.Tensor) ->
     return (teacher_log_probs.exp() * (teacher_log_probs - student_log_probs)).sum(-1)
 
 
-def medusa_loss(
-    head_logits: Sequence[torch.Tensor],
-    head_targets: Sequence[torch.Tensor],
-    head_masks: Sequence[torch.Tensor],
-    decay: float = MEDUSA_DECAY,
-) -> torch.Tensor:
-    """sum_k decay^k * CE_k (Medusa-1). Head k: logits (..., V) for the token k + 2 ahead, targets (...)."""
-    terms = [
-        decay**k * masked_mean(cross_entropy(logits, targets), mask)
-        for k, (logits, targets, mask) in enumerate(zip(head_logits, head_targets, head_masks, strict=True))
-    ]
-    return torch.stack(terms).sum()
+def medusa_loss(head_losses: Sequence[torch.Tensor], decay: float = MEDUSA_DECAY) -> torch.Tensor:
+    """sum_k decay^k * CE_k (Medusa-1), CE_k head k's mean cross-entropy on the token k + 2 ahead."""
+    return torch.stack([decay**k * loss for k, loss in enumerate(head_losses)]).sum()
 
 
 def eagle_loss(
@@ -116,34 +108,74 @@ def entropy(probs: torch.Tensor) -> torch.Tensor:
     return -(probs * probs.clamp(min=torch.finfo(probs.dtype).tiny).log()).sum(-1)
 
 
-def log_acceptance_loss(target_probs: torch.Tensor, logits: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """Masked mean of -log alpha: maximises the acceptance rate itself (its gradient is
-    grad(alpha) / alpha, largest where the draft is accepted least). A position the draft cannot
-    be accepted at (alpha = 0, no gradient through min) adds 0."""
+@dataclass(frozen=True)
+class PositionTerms:
+    """A loss that is a function of masked sums of per-position terms, so rows can be scored a
+    chunk at a time and the chunks' sums added (``draftheads.train.chunked_loss``).
+
+    terms: (target probs (..., N), logits (..., N)) -> (..., K) per-position terms;
+    combine: (their masked sums (K,), the supervised count, at least 1) -> the scalar loss.
+    """
+
+    terms: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+    combine: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+
+    def __call__(self, target_probs: torch.Tensor, logits: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """The loss over all positions at once: ``terms``' masked sums, combined."""
+        terms = self.terms(target_probs, logits)  # (..., K)
+        sums = (terms * mask[..., None].to(terms.dtype)).reshape(-1, terms.shape[-1]).sum(0)  # (K,)
+        return self.combine(sums, mask.sum().clamp(min=1).to(terms.dtype))
+
+
+def mean_of_sums(sums: torch.Tensor, count: torch.Tensor) -> torch.Tensor:
+    """The masked mean of a single per-position term."""
+    return sums[0] / count
+
+
+def log_acceptance_terms(target_probs: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
+    """-log alpha per position (..., 1); a position the draft cannot be accepted at (alpha = 0, no
+    gradient through min) adds 0."""
     alpha = acceptance_rate(target_probs, logits)
-    return masked_mean(torch.where(alpha > 0, -alpha.clamp(min=1e-30).log(), 0.0), mask)
+    return torch.where(alpha > 0, -alpha.clamp(min=1e-30).log(), 0.0)[..., None]
 
 
-def kl_acceptance_loss(
-    target_probs: torch.Tensor, logits: torch.Tensor, mask: torch.Tensor, decay: float = 1.0
-) -> torch.Tensor:
+# -log alpha: maximises the acceptance rate itself (its gradient is grad(alpha) / alpha, largest
+# where the draft is accepted least).
+log_acceptance_loss = PositionTerms(log_acceptance_terms, mean_of_sums)
+
+
+def kl_and_alpha_terms(target_probs: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
+    """(KL(p || q), alpha) per position, (..., 2)."""
+    kl = soft_cross_entropy(target_probs, logits) - entropy(target_probs)
+    return torch.stack([kl, acceptance_rate(target_probs, logits)], dim=-1)
+
+
+def kl_acceptance_of_sums(sums: torch.Tensor, count: torch.Tensor, decay: float = 1.0) -> torch.Tensor:
     """w KL(p || q) + (1 - w)(1 - alpha_bar), w = exp(-decay alpha_bar), alpha_bar the batch's mean
     acceptance (held constant): distillation while the draft is poor, the acceptance rate as it
     improves (Samarin et al. 2026, "LK losses", arXiv 2602.23881; its default decay is 1)."""
-    kl = soft_cross_entropy(target_probs, logits) - entropy(target_probs)
-    alpha_bar = masked_mean(acceptance_rate(target_probs, logits), mask)
+    alpha_bar = sums[1] / count
     weight = torch.exp(-decay * alpha_bar.detach())
-    return weight * masked_mean(kl, mask) + (1 - weight) * (1 - alpha_bar)
+    return weight * sums[0] / count + (1 - weight) * (1 - alpha_bar)
 
 
-def soft_and_hard_loss(
-    target_probs: torch.Tensor, logits: torch.Tensor, mask: torch.Tensor, hard_target_weight: float = 0.0
+kl_acceptance_loss = PositionTerms(kl_and_alpha_terms, kl_acceptance_of_sums)
+
+
+def soft_and_hard_terms(
+    target_probs: torch.Tensor, logits: torch.Tensor, hard_target_weight: float = 0.0
 ) -> torch.Tensor:
-    """Masked mean of (1 - w) softCE + w CE(argmax p), w = ``hard_target_weight``."""
+    """(1 - w) softCE + w CE(argmax p) per position, (..., 1), w = ``hard_target_weight``."""
     w = hard_target_weight
     soft = soft_cross_entropy(target_probs, logits) if w < 1 else 0.0
     hard = cross_entropy(logits, target_probs.argmax(-1)) if w > 0 else 0.0
-    return masked_mean((1 - w) * soft + w * hard, mask)
+    return ((1 - w) * soft + w * hard)[..., None]
+
+
+def soft_and_hard_loss(hard_target_weight: float = 0.0) -> PositionTerms:
+    """The masked mean of ``soft_and_hard_terms``."""
+    terms = functools.partial(soft_and_hard_terms, hard_target_weight=hard_target_weight)
+    return PositionTerms(terms, mean_of_sums)
 
 
 def top_k_cross_entropy(
@@ -157,70 +189,54 @@ def top_k_cross_entropy(
     return -(top.values * log_probs.gather(-1, top.indices)).sum(-1)
 
 
-def hass_loss(
+def hass_terms(
     target_probs: torch.Tensor,
     logits: torch.Tensor,
-    mask: torch.Tensor,
     top_k: int = HASS_TOP_K,
     top_k_weight: float = HASS_TOP_K_WEIGHT,
 ) -> torch.Tensor:
-    """Masked mean of softCE + w top-k CE (HASS's harmonised objective distillation): the soft
-    cross-entropy, with the terms of the base's top-k tokens counted 1 + w times, so the draft's
-    probability mass goes first where a draft tree looks."""
+    """softCE + w top-k CE per position, (..., 1) (HASS's harmonised objective distillation): the
+    soft cross-entropy, with the terms of the base's top-k tokens counted 1 + w times, so the
+    draft's probability mass goes first where a draft tree looks."""
     log_probs = F.log_softmax(logits.float(), dim=-1)  # (..., N), once for both terms
     soft = -(target_probs.float() * log_probs).sum(-1)
-    return masked_mean(soft + top_k_weight * top_k_cross_entropy(target_probs, log_probs, top_k), mask)
+    return (soft + top_k_weight * top_k_cross_entropy(target_probs, log_probs, top_k))[..., None]
 
 
-# EAGLE-3's head.objective: the loss of one training-time-test step, (target probs, logits, mask)
-# -> a scalar. soft_ce is the EAGLE-3 reference's; only it takes head.hard_target_weight.
+def hass_loss(top_k: int = HASS_TOP_K, top_k_weight: float = HASS_TOP_K_WEIGHT) -> PositionTerms:
+    """The masked mean of ``hass_terms``."""
+    return PositionTerms(functools.partial(hass_terms, top_k=top_k, top_k_weight=top_k_weight), mean_of_sums)
+
+
+# EAGLE-3's head.objective: the loss of one training-time-test step as ``PositionTerms``, callable
+# as (target probs, logits, mask) -> a scalar. soft_ce is the EAGLE-3 reference's; only it takes
+# head.hard_target_weight (``eagle3_step_loss``).
 EAGLE3_STEP_LOSSES = {
-    "soft_ce": soft_and_hard_loss,
+    "soft_ce": soft_and_hard_loss(),
     "log_acceptance": log_acceptance_loss,
     "kl_acceptance": kl_acceptance_loss,
-    "hass": hass_loss,
+    "hass": hass_loss(),
 }
 
 
-def eagle3_loss(
-    step_logits: Sequence[torch.Tensor],
-    step_target_probs: Sequence[torch.Tensor],
-    step_masks: Sequence[torch.Tensor],
-    decay: float = EAGLE3_DECAY,
-    hard_target_weight: float = 0.0,
-    objective: str = "soft_ce",
-) -> torch.Tensor:
-    """sum_j decay^j * L_j over training-time-test steps; step j: (..., N) draft logits, (..., N)
-    target probabilities (``eagle3_targets``; their argmax is the base model's where the mask
-    holds), (...) mask (supervised and in the draft vocab). L_j is ``EAGLE3_STEP_LOSSES[objective]``;
-    soft_ce's is (1 - w) softCE_j + w CE_j(argmax) with w = ``hard_target_weight``."""
+def eagle3_step_loss(objective: str = "soft_ce", hard_target_weight: float = 0.0) -> PositionTerms:
+    """The loss of one training-time-test step under ``objective``, checked."""
     if objective not in EAGLE3_STEP_LOSSES:
         raise ValueError(f"objective must be one of {tuple(EAGLE3_STEP_LOSSES)}, got {objective!r}")
     if hard_target_weight and objective != "soft_ce":
         raise ValueError(f"hard_target_weight applies to the soft_ce objective, not {objective!r}")
-    step_loss = EAGLE3_STEP_LOSSES[objective]
     if hard_target_weight:
-        step_loss = functools.partial(step_loss, hard_target_weight=hard_target_weight)
-
-    terms = [
-        decay**j * step_loss(target_probs, logits, mask)
-        for j, (logits, target_probs, mask) in enumerate(
-            zip(step_logits, step_target_probs, step_masks, strict=True)
-        )
-    ]
-    return torch.stack(terms).sum()
+        return soft_and_hard_loss(hard_target_weight)
+    return EAGLE3_STEP_LOSSES[objective]
 
 
-def mtp_loss(
-    module_logits: Sequence[torch.Tensor],
-    module_targets: Sequence[torch.Tensor],
-    module_masks: Sequence[torch.Tensor],
-    weight: float,
-) -> torch.Tensor:
-    """DeepSeek-V3's (lambda / D) sum_k CE_k with lambda = ``weight``; module k: (..., V) logits for
-    the token k + 1 ahead, (...) targets, (...) mask."""
-    terms = [
-        masked_mean(cross_entropy(logits, targets), mask)
-        for logits, targets, mask in zip(module_logits, module_targets, module_masks, strict=True)
-    ]
-    return weight * torch.stack(terms).mean()
+def eagle3_loss(step_losses: Sequence[torch.Tensor], decay: float = EAGLE3_DECAY) -> torch.Tensor:
+    """sum_j decay^j * L_j over training-time-test steps, L_j step j's ``eagle3_step_loss`` over its
+    scored rows (supervised, and the base's argmax in the draft vocabulary)."""
+    return torch.stack([decay**j * loss for j, loss in enumerate(step_losses)]).sum()
+
+
+def mtp_loss(module_losses: Sequence[torch.Tensor], weight: float) -> torch.Tensor:
+    """DeepSeek-V3's (lambda / D) sum_k CE_k with lambda = ``weight``, CE_k module k's mean
+    cross-entropy on the token k + 1 ahead."""
+    return weight * torch.stack(list(module_losses)).mean()

@@ -26,6 +26,7 @@ whose argmax is outside EAGLE-3's draft vocabulary as misses.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -34,7 +35,17 @@ import torch
 from draftheads.heads.eagle3 import Eagle3Config
 from draftheads.heads.layers import padded_causal_mask, shift_left
 from draftheads.train import draws
-from draftheads.train.losses import eagle3_loss, eagle3_targets, eagle_loss, medusa_loss, mtp_loss
+from draftheads.train.chunked_loss import chunked_sums, rows_per_chunk
+from draftheads.train.losses import (
+    PositionTerms,
+    cross_entropy,
+    eagle3_loss,
+    eagle3_step_loss,
+    eagle3_targets,
+    eagle_loss,
+    medusa_loss,
+    mtp_loss,
+)
 
 TOP_K = 5  # the second accuracy reported per step
 
@@ -84,6 +95,36 @@ class SupervisedTokens:
         return self.batch_index[keep], self.position[keep] - offset
 
 
+@torch.no_grad()
+def prediction_hits(
+    logits: torch.Tensor, targets: torch.Tensor, to_target: Callable | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(top-1 hits, top-``TOP_K`` hits) of (M, V) logits against (M,) target ids, as 0-dim counts;
+    ``to_target`` maps predicted ids to target ids (EAGLE-3)."""
+    best = logits.topk(min(TOP_K, logits.shape[-1]), dim=-1).indices  # (M, k)
+    if to_target is not None:
+        best = to_target(best)
+    hits = best == targets[:, None]  # (M, k)
+    return hits[:, 0].sum(), hits.any(-1).sum()
+
+
+def cross_entropy_chunk(project: Callable, rows: torch.Tensor, targets: torch.Tensor):
+    """A chunk of a cross-entropy step (``chunked_sums``): (CE summed over its rows, top-1 hits,
+    top-k hits) of ``project(rows)`` (C, V) against (C,) ``targets``."""
+    logits = project(rows)
+    return (cross_entropy(logits, targets).sum(), *prediction_hits(logits, targets))
+
+
+def mean_cross_entropy(
+    project: Callable, rows: torch.Tensor, targets: torch.Tensor, width: int, accuracy: StepAccuracy
+) -> torch.Tensor:
+    """The mean CE of ``project(rows)`` against ``targets`` over (M, h) rows, a chunk at a time;
+    the step's hits go into ``accuracy``."""
+    total, top1, topk = chunked_sums(functools.partial(cross_entropy_chunk, project), (rows, targets), width)
+    accuracy.add_counts(top1, topk, targets.numel())
+    return total / max(targets.numel(), 1)
+
+
 class StepAccuracy:
     """Accumulates (top-1, top-k, counted) per draft step."""
 
@@ -92,16 +133,15 @@ class StepAccuracy:
         self.topk: list[torch.Tensor] = []
         self.counted: list[int] = []
 
-    @torch.no_grad()
     def add(self, logits: torch.Tensor, targets: torch.Tensor, to_target: Callable | None = None) -> None:
         """(M, V) logits, (M,) target ids; ``to_target`` maps predicted ids to target ids (EAGLE-3)."""
-        best = logits.topk(min(TOP_K, logits.shape[-1]), dim=-1).indices  # (M, k)
-        if to_target is not None:
-            best = to_target(best)
-        hits = best == targets[:, None]  # (M, k)
-        self.top1.append(hits[:, 0].sum())
-        self.topk.append(hits.any(-1).sum())
-        self.counted.append(targets.numel())
+        self.add_counts(*prediction_hits(logits, targets, to_target), targets.numel())
+
+    def add_counts(self, top1: torch.Tensor, topk: torch.Tensor, counted: int) -> None:
+        """A step's hit counts (``prediction_hits``, summed over chunks) out of ``counted`` targets."""
+        self.top1.append(top1)
+        self.topk.append(topk)
+        self.counted.append(counted)
 
     def output(self, loss: torch.Tensor) -> ObjectiveOutput:
         device = loss.device
@@ -128,16 +168,15 @@ def medusa_objective(
     features = head.select_features(hidden_states)  # (B, T, h)
     tokens = SupervisedTokens.from_masks(loss_mask, attention_mask)
     accuracy = StepAccuracy()
-    all_logits, all_targets, all_masks = [], [], []
+    head_losses = []
     for k in range(head.num_draft_steps):
         batch, rows = tokens.predicted_from(k + 2)
-        logits = head.head_logits(features[batch, rows], k)  # (M, V)
         targets = input_ids[batch, rows + k + 2]  # (M,)
-        accuracy.add(logits, targets)
-        all_logits.append(logits)
-        all_targets.append(targets)
-        all_masks.append(ones_like_rows(targets))
-    return accuracy.output(medusa_loss(all_logits, all_targets, all_masks))
+        project = functools.partial(head.head_logits, index=k)  # (C, h) -> (C, V)
+        head_losses.append(
+            mean_cross_entropy(project, features[batch, rows], targets, head.base_spec.vocab_size, accuracy)
+        )
+    return accuracy.output(medusa_loss(head_losses))
 
 
 def eagle_objective(
@@ -225,34 +264,61 @@ def eagle3_objective(
     lookup[needed_batch, needed_position] = torch.arange(needed_batch.numel(), device=needed.device)
     with torch.no_grad(), base_precision(last_hidden):
         rows_before = last_hidden[needed_batch, needed_position - 1]  # (M, h)
-        if base_argmax is None:  # the full-vocabulary projection, for its argmax
-            target_logits = head.base_lm_head(rows_before)  # (M, V)
-            target_ids = target_logits.argmax(-1)  # (M,)
-            draft_logits = target_logits[:, head.t2d]  # (M, N)
-            del target_logits
-        else:  # the argmax is known: only the draft vocabulary's rows of lm_head
-            target_ids = base_argmax[needed_batch, needed_position - 1]  # (M,)
-            draft_logits = draft_vocab_logits(head, rows_before)  # (M, N)
-        target_probs, in_draft_vocab = eagle3_targets(draft_logits, target_ids, head.t2d)  # (M, N), (M,)
-        del draft_logits
+        known = None if base_argmax is None else base_argmax[needed_batch, needed_position - 1]
+        table = eagle3_target_table(head, rows_before, known)
 
+    step_loss = eagle3_step_loss(head.config.objective, head.config.hard_target_weight)
+    score = functools.partial(eagle3_chunk, head, step_loss, table)
     accuracy = StepAccuracy()
-    all_logits, all_probs, all_masks = [], [], []
+    step_losses = []
     for state, (batch, slot, position) in zip(unrolled.states, pairs):
-        at = lookup[batch, position]  # (M_j,)
-        logits = head.logits(state[batch, slot])  # (M_j, N)
-        accuracy.add(logits, target_ids[at], to_target=head.draft_to_target)
-        all_logits.append(logits)
-        all_probs.append(target_probs[at])
-        all_masks.append(in_draft_vocab[at])
-    loss = eagle3_loss(
-        all_logits,
-        all_probs,
-        all_masks,
-        hard_target_weight=head.config.hard_target_weight,
-        objective=head.config.objective,
-    )
-    return accuracy.output(loss)
+        at = lookup[batch, position]  # (M_j,) rows of the target table
+        sums, top1, topk = chunked_sums(score, (state[batch, slot], at), head.draft_vocab_size)
+        accuracy.add_counts(top1, topk, at.numel())
+        count = table.in_draft_vocab[at].sum().clamp(min=1).to(sums.dtype)
+        step_losses.append(step_loss.combine(sums, count))
+    return accuracy.output(eagle3_loss(step_losses))
+
+
+@dataclass(frozen=True)
+class Eagle3Targets:
+    """The base's side of EAGLE-3's loss, one row per distinct scored token (no gradient).
+
+    target_ids: (M,) the base's argmax over its whole vocabulary; draft_logits: (M, N) its logits
+    at the draft-vocabulary ids, in the base's dtype (softmaxed in fp32 a chunk at a time, so no
+    (M, N) fp32 copy is held); in_draft_vocab: (M,) the argmax is a draft token (elsewhere the
+    drafter cannot match the base, so the loss skips the row).
+    """
+
+    target_ids: torch.Tensor
+    draft_logits: torch.Tensor
+    in_draft_vocab: torch.Tensor
+
+
+def eagle3_target_table(head, rows_before: torch.Tensor, base_argmax: torch.Tensor | None) -> Eagle3Targets:
+    """The targets of (M, h) base states entering lm_head. With the argmax known (a feature cache
+    stores it), only the draft vocabulary's rows of lm_head run; without it, the full-vocabulary
+    projection runs a chunk of rows at a time, for its argmax."""
+    if base_argmax is not None:
+        target_ids, draft_logits = base_argmax, draft_vocab_logits(head, rows_before)
+    else:
+        ids, logits = [], []
+        for part in rows_before.split(rows_per_chunk(head.base_spec.vocab_size)) or (rows_before,):
+            full = head.base_lm_head(part)  # (C, V)
+            ids.append(full.argmax(-1))
+            logits.append(full[:, head.t2d])
+        target_ids, draft_logits = torch.cat(ids), torch.cat(logits)
+    return Eagle3Targets(target_ids, draft_logits, head.t2d[target_ids])
+
+
+def eagle3_chunk(head, step_loss: PositionTerms, table: Eagle3Targets, rows: torch.Tensor, at: torch.Tensor):
+    """A chunk of one TTT step (``chunked_sums``): ``step_loss``'s masked term sums over (C, h)
+    drafter states whose targets are ``table``'s rows ``at`` (C,), and its top-1 / top-k hits."""
+    logits = head.logits(rows)  # (C, N)
+    target_probs, _ = eagle3_targets(table.draft_logits[at], table.target_ids[at], head.t2d)  # (C, N)
+    terms = step_loss.terms(target_probs, logits)  # (C, K)
+    sums = (terms * table.in_draft_vocab[at][:, None].to(terms.dtype)).sum(0)  # (K,)
+    return (sums, *prediction_hits(logits, table.target_ids[at], head.draft_to_target))
 
 
 def mtp_objective(
@@ -263,16 +329,15 @@ def mtp_objective(
     states = head.unroll(features, input_ids, attention_mask)  # D x (B, T, h)
     tokens = SupervisedTokens.from_masks(loss_mask, attention_mask)
     accuracy = StepAccuracy()
-    all_logits, all_targets, all_masks = [], [], []
+    module_losses = []
     for index, state in enumerate(states):
         batch, rows = tokens.predicted_from(index + 2)  # module index + 1 at row i predicts t_{i+index+2}
-        logits = head.module_logits(index, state[batch, rows])  # (M, V)
         targets = input_ids[batch, rows + index + 2]  # (M,)
-        accuracy.add(logits, targets)
-        all_logits.append(logits)
-        all_targets.append(targets)
-        all_masks.append(ones_like_rows(targets))
-    return accuracy.output(mtp_loss(all_logits, all_targets, all_masks, weight=head.config.loss_weight))
+        project = functools.partial(head.module_logits, index)  # (C, h) -> (C, V)
+        module_losses.append(
+            mean_cross_entropy(project, state[batch, rows], targets, head.base_spec.vocab_size, accuracy)
+        )
+    return accuracy.output(mtp_loss(module_losses, weight=head.config.loss_weight))
 
 
 OBJECTIVES: dict[str, Callable[..., ObjectiveOutput]] = {
@@ -406,10 +471,12 @@ def dflash_objective(
         target = anchors + row  # (B, N)
         scored = valid & (target < length) & supervised.gather(1, target.clamp(max=length - 1))
         batch, slot = scored.nonzero(as_tuple=True)
-        logits = head.logits(states[batch, slot, row])  # (M, V)
         targets = targets_at[batch, target[batch, slot]]  # (M,)
-        accuracy.add(logits, targets)
-        losses = torch.nn.functional.cross_entropy(logits.float(), targets, reduction="sum")
+        score = functools.partial(cross_entropy_chunk, head.logits)
+        losses, top1, topk = chunked_sums(
+            score, (states[batch, slot, row], targets), head.base_spec.vocab_size
+        )
+        accuracy.add_counts(top1, topk, targets.numel())
         weighted_sum = weighted_sum + weights[row - 1] * losses
         total_weight += weights[row - 1] * targets.numel()
     return accuracy.output(weighted_sum / max(total_weight, 1e-6))

@@ -8,12 +8,12 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from draftheads.heads.eagle3 import EAGLE3_OBJECTIVES
 from draftheads.train.losses import (
     EAGLE3_STEP_LOSSES,
     acceptance_rate,
     cross_entropy,
     eagle3_loss,
+    eagle3_step_loss,
     eagle3_targets,
     eagle_loss,
     hass_loss,
@@ -42,15 +42,9 @@ def test_cross_entropy_matches_torch():
     torch.testing.assert_close(soft_cross_entropy(F.one_hot(targets, 11).float(), logits), expected)
 
 
-def test_medusa_loss_decays_by_head_and_masks():
-    logits = [torch.randn(4, 7) for _ in range(3)]
-    targets = [torch.randint(0, 7, (4,)) for _ in range(3)]
-    masks = [torch.tensor([1, 1, 0, 0])] * 3
-    expected = sum(0.8**k * cross_entropy(logits[k], targets[k])[:2].mean() for k in range(3))
-    torch.testing.assert_close(medusa_loss(logits, targets, masks), expected)
-    changed = [logit.clone() for logit in logits]
-    changed[1][2:] += 50.0  # masked rows do not matter
-    torch.testing.assert_close(medusa_loss(changed, targets, masks), expected)
+def test_medusa_loss_decays_by_head():
+    head_losses = [torch.tensor(1.0), torch.tensor(2.0), torch.tensor(4.0)]
+    torch.testing.assert_close(medusa_loss(head_losses), torch.tensor(1.0 + 0.8 * 2.0 + 0.64 * 4.0))
 
 
 def test_eagle_loss_is_zero_regression_plus_entropy_at_the_target():
@@ -76,36 +70,34 @@ def test_eagle3_targets_restrict_and_renormalise_over_the_draft_vocab():
 def test_eagle3_loss_weights_steps():
     probs = [F.softmax(torch.randn(4, 6), -1) for _ in range(3)]
     logits = [torch.randn(4, 6) for _ in range(3)]
-    masks = [torch.tensor([True, True, True, False])] * 3
+    mask = torch.tensor([True, True, True, False])
     expected = sum(0.8**j * soft_cross_entropy(probs[j], logits[j])[:3].mean() for j in range(3))
-    torch.testing.assert_close(eagle3_loss(logits, probs, masks), expected)
+    step_loss = eagle3_step_loss()
+    torch.testing.assert_close(
+        eagle3_loss([step_loss(probs[j], logits[j], mask) for j in range(3)]), expected
+    )
 
 
 @pytest.mark.parametrize("weight", [0.0, 0.25, 1.0])
 def test_eagle3_loss_mixes_in_the_cross_entropy_on_the_argmax(weight):
-    probs = [F.softmax(torch.randn(4, 6), -1) for _ in range(2)]
-    logits = [torch.randn(4, 6) for _ in range(2)]
-    masks = [torch.tensor([True, False, True, True])] * 2
-    expected = sum(
-        0.8**j
-        * (
-            (1 - weight) * soft_cross_entropy(probs[j], logits[j])
-            + weight * cross_entropy(logits[j], probs[j].argmax(-1))
-        )[[0, 2, 3]].mean()
-        for j in range(2)
-    )
-    torch.testing.assert_close(eagle3_loss(logits, probs, masks, hard_target_weight=weight), expected)
+    probs = F.softmax(torch.randn(4, 6), -1)
+    logits = torch.randn(4, 6)
+    mask = torch.tensor([True, False, True, True])
+    expected = (
+        (1 - weight) * soft_cross_entropy(probs, logits) + weight * cross_entropy(logits, probs.argmax(-1))
+    )[[0, 2, 3]].mean()
+    torch.testing.assert_close(eagle3_step_loss(hard_target_weight=weight)(probs, logits, mask), expected)
 
 
 def test_eagle3_hard_targets_are_minimised_by_the_argmax_alone():
     """Logits that put all mass on the base's argmax: the hard loss goes to 0, the soft loss stays
     at least the target's entropy (the draft is penalised for not hedging as the base does)."""
-    probs = [torch.tensor([[0.6, 0.3, 0.1]])]
-    sharp = [torch.tensor([[50.0, 0.0, 0.0]])]
-    masks = [torch.tensor([True])]
-    assert eagle3_loss(sharp, probs, masks, hard_target_weight=1.0).item() < 1e-6
-    entropy = -(probs[0] * probs[0].log()).sum()
-    assert eagle3_loss(sharp, probs, masks, hard_target_weight=0.0).item() > entropy.item()
+    probs = torch.tensor([[0.6, 0.3, 0.1]])
+    sharp = torch.tensor([[50.0, 0.0, 0.0]])
+    mask = torch.tensor([True])
+    assert eagle3_step_loss(hard_target_weight=1.0)(probs, sharp, mask).item() < 1e-6
+    entropy = -(probs * probs.log()).sum()
+    assert eagle3_step_loss(hard_target_weight=0.0)(probs, sharp, mask).item() > entropy.item()
 
 
 def test_acceptance_rate_is_one_minus_total_variation():
@@ -148,17 +140,15 @@ def test_kl_acceptance_weighs_kl_by_the_batch_acceptance():
     torch.testing.assert_close(kl_acceptance_loss(p, logits, mask), weight * kl + (1 - weight) * (1 - alpha))
 
 
-def test_eagle3_loss_takes_the_objective_by_name_and_refuses_mixes():
-    probs = [F.softmax(torch.randn(4, 6), -1) for _ in range(2)]
-    logits = [torch.randn(4, 6) for _ in range(2)]
-    masks = [torch.tensor([True, True, False, True])] * 2
-    expected = sum(0.8**j * log_acceptance_loss(probs[j], logits[j], masks[j]) for j in range(2))
-    torch.testing.assert_close(eagle3_loss(logits, probs, masks, objective="log_acceptance"), expected)
+def test_eagle3_step_loss_takes_the_objective_by_name_and_refuses_mixes():
+    probs, logits = F.softmax(torch.randn(4, 6), -1), torch.randn(4, 6)
+    mask = torch.tensor([True, True, False, True])
+    expected = log_acceptance_loss(probs, logits, mask)
+    torch.testing.assert_close(eagle3_step_loss("log_acceptance")(probs, logits, mask), expected)
     with pytest.raises(ValueError, match="objective must be one of"):
-        eagle3_loss(logits, probs, masks, objective="lk")
+        eagle3_step_loss("lk")
     with pytest.raises(ValueError, match="hard_target_weight applies to the soft_ce objective"):
-        eagle3_loss(logits, probs, masks, hard_target_weight=0.5, objective="kl_acceptance")
-    assert tuple(EAGLE3_STEP_LOSSES) == EAGLE3_OBJECTIVES
+        eagle3_step_loss("kl_acceptance", hard_target_weight=0.5)
 
 
 def test_hass_counts_the_base_top_k_twice():
@@ -172,9 +162,9 @@ def test_hass_counts_the_base_top_k_twice():
     torch.testing.assert_close(top_k_cross_entropy(p, log_q, k=2)[0], top_two)
     torch.testing.assert_close(top_k_cross_entropy(p, log_q, k=99), soft_cross_entropy(p, logits))
     expected = soft_cross_entropy(p, logits)[0] + 0.5 * top_two
-    torch.testing.assert_close(hass_loss(p, logits, mask, top_k=2, top_k_weight=0.5), expected)
+    torch.testing.assert_close(hass_loss(top_k=2, top_k_weight=0.5)(p, logits, mask), expected)
     # its gradient pulls harder on the top-k logits than the soft CE's (the harmonised objective)
-    for loss, name in ((hass_loss, "hass"), (EAGLE3_STEP_LOSSES["soft_ce"], "soft_ce")):
+    for loss, name in ((hass_loss(), "hass"), (EAGLE3_STEP_LOSSES["soft_ce"], "soft_ce")):
         leaf = logits.clone().requires_grad_()
         loss(p, leaf, mask).backward()
         if name == "hass":
@@ -185,7 +175,5 @@ def test_hass_counts_the_base_top_k_twice():
 
 
 def test_mtp_loss_is_the_weighted_mean_over_modules():
-    logits = [torch.zeros(2, 10), torch.zeros(3, 10)]  # uniform: CE = log 10 for any target
-    targets = [torch.zeros(2, dtype=torch.long), torch.ones(3, dtype=torch.long)]
-    masks = [torch.ones(2), torch.ones(3)]
-    assert mtp_loss(logits, targets, masks, weight=0.3).item() == pytest.approx(0.3 * math.log(10))
+    module_losses = [torch.tensor(math.log(10)), torch.tensor(2 * math.log(10))]
+    assert mtp_loss(module_losses, weight=0.3).item() == pytest.approx(0.3 * 1.5 * math.log(10))
