@@ -10,13 +10,16 @@ count N. Terms, in bytes per GPU, b the training dtype's bytes (2 for bf16, 4 fo
 - gradients: P x b (ZeRO-0/1); ZeRO-2/3 keep their partition, P x b / N, and the reduce buckets.
 - optimizer: Adam's two fp32 moments, 8 P, and an fp32 master copy, 4 P, unless the weights are
   fp32 and not partitioned (ZeRO-0); / N under ZeRO-1/2/3 (Rajbhandari et al. 2020, "ZeRO").
-- base forward: online, the L + 1 hidden states the forward returns plus one layer's transient
-  tensors; offline, the cached states of the batch.
+- base forward: online, the hidden states the head reads (the forward keeps no others) plus one
+  layer's transient tensors; offline, the cached states of the batch.
 - head activations: what autograd keeps per row of each draft-layer pass (its inputs, norms, q/k/v,
   attention and MLP tensors: about 15 h + 3 kv + 4 I values), times the passes (EAGLE-3's TTT steps).
-- attention masks: EAGLE-3 step j attends over T + j T keys through an fp32 additive mask.
-- loss: per scored step the log-softmax autograd keeps (fp32, 4 bytes a draft-vocabulary entry)
-  and the fp32 target distribution once.
+- attention (training-time test): the (B, 1, T, T) causal mask in the training dtype, and one query
+  chunk's fp32 scores, probabilities and their gradient (``draftheads.heads.ttt_attention``; no
+  step keeps its scores).
+- loss: EAGLE-3's target table, the base's logits at the draft vocabulary in the training dtype,
+  one row per scored token; and one chunk's fp32 logits, log-softmax, targets, product and
+  gradient (``draftheads.train.chunked_loss``; no step keeps its logits).
 - optimizer step: the gradient partition flattened and cast to fp32 for Adam (and, on a CPU, the
   multi-tensor AdamW's temporaries).
 
@@ -31,10 +34,15 @@ from dataclasses import dataclass
 
 import torch
 
+from draftheads.heads.ttt_attention import CHUNK_SCORES
+
 GIB = 2**30
 MAX_MICRO_BATCH = 1024  # the largest micro-batch a plan tries
 DEFAULT_BUCKET = 500_000_000  # DeepSpeed's reduce_bucket_size default (elements)
 ACTIVATION_VALUES = (15, 3, 4)  # per row of a draft-layer pass: 15 h + 3 kv + 4 I values
+# fp32 copies of a chunk's scores or logits alive at once: logits, (log-)softmax, targets, their
+# product and the gradient in the backward pass.
+CHUNK_COPIES = 5
 
 
 @dataclass(frozen=True)
@@ -51,7 +59,8 @@ class Shapes:
     vocab: int
     draft_vocab: int
     passes: int  # draft-layer passes per training step (EAGLE-3: TTT steps; EAGLE: 1; Medusa: 0)
-    attention_steps: int  # passes whose attention takes a growing additive mask (EAGLE-3)
+    attention_steps: int  # training-time-test steps (EAGLE-3, P-EAGLE; 0 for the others)
+    attention_heads: int
     scored_steps: int  # vocabulary projections per position (draft steps)
     cached_states: int  # hidden states a feature cache holds per token
 
@@ -129,6 +138,7 @@ def count_shapes(run, base_config) -> Shapes:
         draft_vocab=getattr(run.head, "draft_vocab_size", None) or base_config.vocab_size,
         passes=passes,
         attention_steps=ttt if kind in ("eagle3", "peagle") else 0,
+        attention_heads=heads,
         scored_steps=getattr(run.head, "num_heads", None) or max(passes, 1),
         cached_states=len(head.required_hidden_states),
     )
@@ -155,7 +165,9 @@ def state_terms(shapes: Shapes, dtype_bytes: int, stage: int, gpus: int, offline
 def activation_terms(
     shapes: Shapes, batch: int, tokens: int, dtype_bytes: int, offline: bool, fraction: float
 ):
-    """What the forward keeps for the backward, and the loss's vocabulary-wide tensors."""
+    """What the forward keeps for the backward, and the attention's and loss's working tensors."""
+    from draftheads.train.chunked_loss import CHUNK_LOGITS
+
     h, kv, inter = shapes.hidden, shapes.kv_width, shapes.intermediate
     positions = batch * tokens
     if offline:
@@ -163,29 +175,31 @@ def activation_terms(
             "base forward", positions * shapes.cached_states * h * dtype_bytes, "cached states read", FORWARD
         )
     else:
-        kept = (shapes.layers + 1) * h
+        kept = shapes.cached_states * h
         transient = 4 * h + 2 * kv + 3 * inter
         base = Term(
             "base forward",
             positions * (kept + transient) * dtype_bytes,
-            "L + 1 hidden states + one layer",
+            f"{shapes.cached_states} hidden states + one layer",
             FORWARD,
         )
     a, b, c = ACTIVATION_VALUES
     per_row = (a * h + b * kv + c * inter) * dtype_bytes
     rows = positions * fraction
-    steps = shapes.attention_steps
-    mask = batch * tokens * tokens * 4 * steps * (steps + 1) / 2 * fraction
-    loss = rows * (shapes.scored_steps + 1) * shapes.draft_vocab * 4  # each step's log-softmax, the targets
     passes = max(shapes.passes, 1)
-    return [
+    terms = [
         base,
         Term("head activations", rows * per_row * passes, f"{shapes.passes} draft-layer passes", FORWARD),
-        Term("attention masks", mask, f"fp32, {steps} steps over growing keys" if steps else "none", FORWARD),
-        Term(
-            "loss", loss, f"{shapes.scored_steps} steps x {shapes.draft_vocab} ids + targets, fp32", FORWARD
-        ),
     ]
+    if shapes.attention_steps:
+        scores = min(batch * shapes.attention_heads * tokens * tokens, CHUNK_SCORES)
+        attention = batch * tokens * tokens * dtype_bytes + CHUNK_COPIES * scores * 4
+        terms.append(Term("attention", attention, "causal mask + one query chunk's fp32 scores", FORWARD))
+    table = rows * shapes.draft_vocab * dtype_bytes if shapes.attention_steps else 0
+    chunk = CHUNK_COPIES * min(rows * shapes.draft_vocab, CHUNK_LOGITS) * 4
+    how = f"target table ({shapes.draft_vocab} ids) + one chunk, fp32" if table else "one chunk, fp32"
+    terms.append(Term("loss", table + chunk, how, FORWARD))
+    return terms
 
 
 def optimizer_step_terms(shapes: Shapes, dtype_bytes: int, stage: int, gpus: int, device: str):

@@ -73,7 +73,7 @@ def test_the_command_prints_every_term_and_the_verdict(capsys):
         == 0
     )
     out = capsys.readouterr().out
-    for name in ("frozen base", "head weights", "gradients", "optimizer", "attention masks", "loss", "peak"):
+    for name in ("frozen base", "head weights", "gradients", "optimizer", "attention", "loss", "peak"):
         assert name in out
     assert "largest micro-batch that fits" in out and "32,776 bytes a token" in out
 
