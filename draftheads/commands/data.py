@@ -1,8 +1,9 @@
 """``draftheads data inspect --config FILE [key=value ...]``: build a run's datasets and report on them.
 
 Prints conversations read / kept / dropped (with reasons and examples), the truncated tail of the
-source, token totals, the assistant-token share, a length histogram and the time taken. A second
-run with the same inputs hits the datasets cache and is instant.
+source, token totals, the assistant-token share, a length histogram, the padding the run's
+micro-batches would compute on ``--ranks`` data-parallel ranks, and the time taken. A second run
+with the same inputs hits the datasets cache and is instant.
 """
 
 from __future__ import annotations
@@ -86,15 +87,28 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     inspect = actions.add_parser("inspect", help="build the datasets of a run config and report on them")
     inspect.add_argument("--config", help="run config YAML (defaults are used for anything it leaves out)")
     inspect.add_argument("overrides", nargs="*", help="dotted key=value overrides, e.g. data.limit=100")
+    inspect.add_argument(
+        "--ranks", type=int, default=1, help="data-parallel ranks the padding report assumes (default 1)"
+    )
 
 
 def run(args: argparse.Namespace) -> int:
     from draftheads.base_model import load_tokenizer
     from draftheads.config import load_run_config
     from draftheads.data.pipeline import build_datasets
+    from draftheads.settings import ConfigError
+    from draftheads.train.batching import row_lengths
+    from draftheads.train.padding import padding_report
 
+    if args.ranks < 1:
+        raise ConfigError(f"--ranks {args.ranks}: must be at least 1")
     run_config = load_run_config(args.config, args.overrides)
     tokenizer = load_tokenizer(run_config.model.base)
-    _, _, report = build_datasets(run_config.data, tokenizer, run_config.model.base)
+    train_dataset, _, report = build_datasets(run_config.data, tokenizer, run_config.model.base)
     print(format_report(report))
+    train = run_config.train
+    lengths = row_lengths(train_dataset)
+    print(
+        padding_report(lengths, train.micro_batch_size, args.ranks, train.seed, train.group_by_length).line()
+    )
     return 0

@@ -2,8 +2,9 @@
 
 Examples of similar length share a batch so little compute goes to padding (the grouping of HF
 ``LengthGroupedSampler``: shuffle, cut into mega-batches, sort each by length, shuffle the
-batches). Every order is a pure function of (seed, epoch), so a run's data position is one
-integer and resuming replays exactly the batches an uninterrupted run would see.
+batches, here in blocks of ``RANK_BLOCK`` so the ranks of a step get batches of similar length).
+Every order is a pure function of (seed, epoch), so a run's data position is one integer and
+resuming replays exactly the batches an uninterrupted run would see.
 """
 
 from __future__ import annotations
@@ -14,7 +15,16 @@ import torch
 
 from draftheads.train.draws import row_seeds
 
-MEGABATCH_FACTOR = 50  # batches per sorted mega-batch: local length groups, still a shuffled epoch
+# Batches per sorted mega-batch: local length groups, still a shuffled epoch. Large enough that a
+# block of RANK_BLOCK batches spans a narrow band of lengths, and a multiple of RANK_BLOCK, so that
+# blocks, and with them the steps of W ranks (W dividing RANK_BLOCK), never straddle two mega-batches.
+MEGABATCH_FACTOR = 512
+# Neighbouring batches of a sorted mega-batch that stay together when the batches are shuffled.
+# Rank r takes global micro-batches r, r + W, ...: with W dividing RANK_BLOCK, the W micro-batches
+# of a step come from one block, of about one length, so ranks do not wait for each other at the
+# gradient all-reduce (``draftheads.train.padding`` measures it). A constant, not W: the order of
+# a run must not depend on its world size, which a resumed run may change.
+RANK_BLOCK = 32
 
 
 def epoch_batches(
@@ -26,20 +36,23 @@ def epoch_batches(
         lengths: (N,) token count of each row.
         batch_size: rows per batch.
         seed, epoch: the order is a deterministic function of both.
-        group_by_length: sort rows by length inside each mega-batch of ``batch_size * 50`` rows.
+        group_by_length: sort rows by length inside each mega-batch of ``batch_size * MEGABATCH_FACTOR``
+            rows, and shuffle blocks of ``RANK_BLOCK`` batches.
     """
     generator = torch.Generator().manual_seed(seed * 1_000_003 + epoch)
     order = torch.randperm(len(lengths), generator=generator).tolist()
     if not group_by_length:
         return [order[i : i + batch_size] for i in range(0, len(order), batch_size)]
     megabatch = batch_size * MEGABATCH_FACTOR
-    batches: list[list[int]] = []
+    blocks: list[list[list[int]]] = []
     for start in range(0, len(order), megabatch):
         group = sorted(order[start : start + megabatch], key=lambda i: -lengths[i])
-        batches.extend(group[i : i + batch_size] for i in range(0, len(group), batch_size))
-    # Shuffle the batches so lengths do not fall steadily within each mega-batch.
-    permutation = torch.randperm(len(batches), generator=generator).tolist()
-    return [batches[i] for i in permutation]
+        batches = [group[i : i + batch_size] for i in range(0, len(group), batch_size)]
+        blocks.extend(batches[i : i + RANK_BLOCK] for i in range(0, len(batches), RANK_BLOCK))
+    # Shuffle blocks of neighbouring batches, so lengths do not fall steadily within each
+    # mega-batch while the ranks of one step still get batches of about one length.
+    permutation = torch.randperm(len(blocks), generator=generator).tolist()
+    return [batch for i in permutation for batch in blocks[i]]
 
 
 def collate(rows: Sequence[dict], pad_token_id: int) -> dict[str, torch.Tensor]:
@@ -73,7 +86,8 @@ def with_row_index(batch: dict[str, torch.Tensor], indices: Sequence[int]) -> di
     return {**batch, "row_index": torch.tensor(list(indices), dtype=torch.long)}
 
 
-def _row_lengths(dataset) -> list[int]:
+def row_lengths(dataset) -> list[int]:
+    """The token count of every row of ``dataset``."""
     # The data pipeline stores a ``length`` column; reading it avoids decoding every input_ids row.
     if "length" in getattr(dataset, "column_names", ()):
         return [int(length) for length in dataset["length"]]
@@ -108,7 +122,7 @@ class BatchStream:
         if not 0 <= rank < world_size:
             raise ValueError(f"rank {rank} is outside world size {world_size}")
         self.dataset = dataset
-        self.lengths = _row_lengths(dataset)
+        self.lengths = row_lengths(dataset)
         self.batch_size = batch_size
         self.pad_token_id = pad_token_id
         self.seed = seed
@@ -180,11 +194,14 @@ def fixed_batches(
 ) -> list[dict]:
     """Evaluation batches: one length-grouped epoch order for ``seed``, first ``limit`` batches.
 
-    A shuffled (not longest-first) order keeps a limited evaluation representative; it depends
-    only on ``seed``, so every evaluation of a run sees the same batches.
+    The batches are shuffled one by one (not in ``RANK_BLOCK`` blocks of one length band), which
+    keeps a limited evaluation representative; the order depends only on ``seed``, so every
+    evaluation of a run sees the same batches.
     """
-    lengths = _row_lengths(dataset)
+    lengths = row_lengths(dataset)
     groups = epoch_batches(lengths, batch_size, seed, epoch=0, group_by_length=True)
+    permutation = torch.randperm(len(groups), generator=torch.Generator().manual_seed(seed)).tolist()
+    groups = [groups[i] for i in permutation]
     if limit is not None:
         groups = groups[:limit]
     return [with_row_index(collate([dataset[i] for i in group], pad_token_id), group) for group in groups]

@@ -30,5 +30,9 @@ def test_data_inspect_prints_the_report(tmp_path, tiny_base_dir, capsys):
     assert "invalid_json: 1" in out and "e.g. chats.jsonl line 13:" in out
     assert "unknown_role: 1" in out and "turn 1 has role 'robot'" in out
     assert "assistant-token share" in out and "length histogram" in out and "built and cached" in out
-    assert main(["data", "inspect", "--config", str(config), "data.max_length=256"]) == 0
-    assert "cache hit" in capsys.readouterr().out
+    assert "of the positions micro-batches of 4 compute; 1 rank(s) wait 0.0%" in out
+    assert main(["data", "inspect", "--config", str(config), "data.max_length=256", "--ranks", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "cache hit" in out and "2 rank(s) wait" in out
+    assert main(["data", "inspect", "--config", str(config), "--ranks", "0"]) == 3
+    assert "--ranks 0: must be at least 1" in capsys.readouterr().err
