@@ -1,5 +1,5 @@
 """Where the gap between training's held-out top-1 and decode-time acceptance comes from
-(docs/training.md, "Training metric vs decoding").
+(docs/log.md, 2026-11-24: the acceptance gap).
 
 Every number here is one measurement, the one `draftheads tune-tree` makes: acceptance through
 the head's own Drafter along the base model's greedy path (``draftheads.tuning.acceptance``),

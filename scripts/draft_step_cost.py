@@ -1,5 +1,5 @@
-"""What a drafting step costs for each head architecture of the methods table (docs/training.md,
-"Methods side by side, on one short schedule").
+"""What a drafting step costs for each head architecture of the methods table (docs/log.md,
+2026-12-03: methods side by side, on one short schedule).
 
 Every architecture is built with random weights on SmolLM2-135M-Instruct (the time of a forward
 does not depend on the weights) and prepared as decoding prepares a head (linear kernels chosen by

@@ -1,5 +1,5 @@
 """How held-out top-1 grows with training tokens, fitted on the measured EAGLE-3 curves
-(docs/training.md, "Where the curve flattens").
+(docs/log.md, 2026-11-25: where the curve flattens).
 
 Each training record (docs/results/2026-11-22-training-records/*.json) gives held-out top-1 at draft
 step 1 and the chain acceptance at every evaluation. The x axis is the tokens the head has trained
