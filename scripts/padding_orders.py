@@ -19,7 +19,7 @@ PREVIOUS_ORDER = {"MEGABATCH_FACTOR": 50, "RANK_BLOCK": 1}
 def main() -> None:
     from draftheads.base_model import load_tokenizer
     from draftheads.config import load_run_config
-    from draftheads.data.pipeline import build_datasets
+    from draftheads.data.pipeline import build_datasets, row_lengths
     from draftheads.train import batching
     from draftheads.train.padding import padding_report
 
@@ -30,7 +30,7 @@ def main() -> None:
     args = parser.parse_args()
     run = load_run_config(args.config, args.overrides)
     train_dataset, _, _ = build_datasets(run.data, load_tokenizer(run.model.base), run.model.base)
-    lengths = batching.row_lengths(train_dataset)
+    lengths = row_lengths(train_dataset)
     orders = {
         "shipped": {"MEGABATCH_FACTOR": batching.MEGABATCH_FACTOR, "RANK_BLOCK": batching.RANK_BLOCK},
         "previous": PREVIOUS_ORDER,

@@ -95,9 +95,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from draftheads.base_model import load_tokenizer
     from draftheads.config import load_run_config
-    from draftheads.data.pipeline import build_datasets
+    from draftheads.data.pipeline import build_datasets, row_lengths
     from draftheads.settings import ConfigError
-    from draftheads.train.batching import row_lengths
     from draftheads.train.padding import padding_report
 
     if args.ranks < 1:

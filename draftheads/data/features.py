@@ -70,6 +70,7 @@ from draftheads.data.feature_reader import (
     shard_offsets,
     shard_path,
 )
+from draftheads.data.pipeline import row_lengths
 from draftheads.distributed import barrier
 from draftheads.storage import write_atomically, write_text_atomically
 
@@ -84,12 +85,6 @@ STORAGE_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32
 
 class CacheDirectoryError(FileExistsError):
     """A directory a feature cache will not be written into: it holds files of no cache of ours."""
-
-
-def _row_lengths(dataset) -> list[int]:
-    if "length" in dataset.column_names:
-        return [int(length) for length in dataset["length"]]
-    return [len(ids) for ids in dataset["input_ids"]]
 
 
 def bytes_per_token(hidden_size: int, layers: int, dtype: torch.dtype) -> int:
@@ -454,7 +449,7 @@ def write_feature_cache(
     storage = STORAGE_DTYPES[dtype]
     layers = tuple(identity.hidden_state_layers)
     per_token = bytes_per_token(base_model.config.hidden_size, len(layers), storage)
-    lengths = {name: _row_lengths(dataset) for name, dataset in splits.items()}
+    lengths = {name: row_lengths(dataset) for name, dataset in splits.items()}
     tokens = sum(sum(values) for values in lengths.values())
     estimate = tokens * per_token
     todo = _pending_shards(directory, splits, examples_per_shard, rank, world_size)

@@ -200,6 +200,14 @@ def _merge_drops(report: SourceReport, reason: str, where: str, detail: str) -> 
 # building
 
 
+def row_lengths(dataset) -> list[int]:
+    """The token count of every row of ``dataset``: its ``length`` column, which the pipeline writes
+    (reading it avoids decoding every ``input_ids`` row), else the rows' own lengths."""
+    if "length" in getattr(dataset, "column_names", ()):
+        return [int(length) for length in dataset["length"]]
+    return [len(ids) for ids in dataset["input_ids"]]
+
+
 def _features():
     import datasets
 

@@ -13,6 +13,7 @@ from collections.abc import Sequence
 
 import torch
 
+from draftheads.data.pipeline import row_lengths
 from draftheads.train.draws import row_seeds
 
 # Batches per sorted mega-batch: local length groups, still a shuffled epoch. Large enough that a
@@ -84,14 +85,6 @@ def with_row_index(batch: dict[str, torch.Tensor], indices: Sequence[int]) -> di
     """Add ``row_index`` (B,): the dataset rows of the batch (offline training reads their cached
     hidden states by it)."""
     return {**batch, "row_index": torch.tensor(list(indices), dtype=torch.long)}
-
-
-def row_lengths(dataset) -> list[int]:
-    """The token count of every row of ``dataset``."""
-    # The data pipeline stores a ``length`` column; reading it avoids decoding every input_ids row.
-    if "length" in getattr(dataset, "column_names", ()):
-        return [int(length) for length in dataset["length"]]
-    return [len(ids) for ids in dataset["input_ids"]]
 
 
 class BatchStream:
