@@ -120,11 +120,17 @@ class PositionTerms:
     terms: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
     combine: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
+    def masked_sums(
+        self, target_probs: torch.Tensor, logits: torch.Tensor, mask: torch.Tensor
+    ) -> torch.Tensor:
+        """(K,) sums of ``terms`` over the positions ``mask`` (...) keeps."""
+        terms = self.terms(target_probs, logits)  # (..., K)
+        return (terms * mask[..., None].to(terms.dtype)).reshape(-1, terms.shape[-1]).sum(0)
+
     def __call__(self, target_probs: torch.Tensor, logits: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         """The loss over all positions at once: ``terms``' masked sums, combined."""
-        terms = self.terms(target_probs, logits)  # (..., K)
-        sums = (terms * mask[..., None].to(terms.dtype)).reshape(-1, terms.shape[-1]).sum(0)  # (K,)
-        return self.combine(sums, mask.sum().clamp(min=1).to(terms.dtype))
+        sums = self.masked_sums(target_probs, logits, mask)  # (K,)
+        return self.combine(sums, mask.sum().clamp(min=1).to(sums.dtype))
 
 
 def mean_of_sums(sums: torch.Tensor, count: torch.Tensor) -> torch.Tensor:

@@ -316,8 +316,7 @@ def eagle3_chunk(head, step_loss: PositionTerms, table: Eagle3Targets, rows: tor
     drafter states whose targets are ``table``'s rows ``at`` (C,), and its top-1 / top-k hits."""
     logits = head.logits(rows)  # (C, N)
     target_probs, _ = eagle3_targets(table.draft_logits[at], table.target_ids[at], head.t2d)  # (C, N)
-    terms = step_loss.terms(target_probs, logits)  # (C, K)
-    sums = (terms * table.in_draft_vocab[at][:, None].to(terms.dtype)).sum(0)  # (K,)
+    sums = step_loss.masked_sums(target_probs, logits, table.in_draft_vocab[at])  # (K,)
     return (sums, *prediction_hits(logits, table.target_ids[at], head.draft_to_target))
 
 
