@@ -29,12 +29,6 @@ from torch import nn
 
 from draftheads.heads.ttt_attention import DRAFT_SDPA, register_draft_sdpa
 
-# The drafter always runs SDPA: it takes 4D float masks (flash-attention-2 does not) and gives the
-# same numbers whether a head was built from a live model or loaded from disk (a loaded config
-# carries no attention implementation, which transformers would otherwise treat as eager). Its
-# registered name adds training-time test's linear attention (``draftheads.heads.ttt_attention``).
-DRAFT_ATTENTION = DRAFT_SDPA
-
 
 @dataclass(frozen=True)
 class Architecture:
@@ -88,11 +82,17 @@ def architecture(model_type: str) -> Architecture:
 
 
 def draft_layer_config(base_config, **overrides):
-    """A copy of the base config for building draft layers (attention pinned to ``DRAFT_ATTENTION``),
-    with ``overrides`` (e.g. ``intermediate_size``) set on it."""
+    """A copy of the base config for building draft layers (attention pinned to ``DRAFT_SDPA``),
+    with ``overrides`` (e.g. ``intermediate_size``) set on it.
+
+    The drafter always runs SDPA: it takes 4D float masks (flash-attention-2 does not) and gives
+    the same numbers whether a head was built from a live model or loaded from disk (a loaded
+    config carries no attention implementation, which transformers would otherwise treat as
+    eager). ``DRAFT_SDPA`` is SDPA under a registered name that adds training-time test's linear
+    attention (``draftheads.heads.ttt_attention``)."""
     register_draft_sdpa()
     config = copy.deepcopy(base_config)
-    config._attn_implementation = DRAFT_ATTENTION
+    config._attn_implementation = DRAFT_SDPA
     layer_type = architecture(config.model_type).draft_layer_type
     if layer_type is not None and getattr(config, "layer_types", None) is not None:
         config.layer_types = [layer_type] * len(config.layer_types)
