@@ -49,17 +49,6 @@ class StepMask:
     def to(self, dtype: torch.dtype) -> StepMask:
         return StepMask(self.prefix.to(dtype), self.widths)
 
-    def dense(self) -> torch.Tensor:
-        """The same mask as one additive (B, 1, R_j, T + R_1 + ... + R_j) tensor."""
-        queries = self.prefix.shape[2]
-        minimum = torch.finfo(self.prefix.dtype).min
-        blocks = []
-        for width in self.widths:
-            own = torch.eye(queries, width, dtype=torch.bool, device=self.prefix.device)
-            block = torch.zeros(own.shape, dtype=self.prefix.dtype, device=self.prefix.device)
-            blocks.append(block.masked_fill(~own, minimum).expand(self.prefix.shape[0], 1, -1, -1))
-        return torch.cat([self.prefix, *blocks], dim=-1)
-
 
 def _chunk_attention(
     query: torch.Tensor,

@@ -10,7 +10,7 @@ import torch
 from head_fixtures import base_hidden_states
 
 from draftheads.heads import Eagle3Config, PEagleConfig, build_head, ttt_attention
-from draftheads.heads.layers import padded_causal_mask
+from draftheads.heads.layers import additive_mask, padded_causal_mask
 from draftheads.heads.ttt_attention import StepMask, step_attention
 
 TOLERANCE = {"rtol": 1e-5, "atol": 1e-5}
@@ -19,12 +19,26 @@ TOLERANCE = {"rtol": 1e-5, "atol": 1e-5}
 GRADIENT_TOLERANCE = {"rtol": 1e-4, "atol": 1e-4}
 
 
+def dense_mask(mask: StepMask) -> torch.Tensor:
+    """The mask training ran before: one additive (B, 1, R_j, T + R_1 + ... + R_j) tensor, query
+    slot s seeing key slot s of each later step."""
+    queries, batch = mask.prefix.shape[2], mask.prefix.shape[0]
+    device, dtype = mask.prefix.device, mask.prefix.dtype
+    blocks = [
+        additive_mask(torch.eye(queries, width, dtype=torch.bool, device=device), dtype).expand(
+            batch, 1, -1, -1
+        )
+        for width in mask.widths
+    ]
+    return torch.cat([mask.prefix, *blocks], dim=-1)
+
+
 def dense_attention(query, key, value, mask: StepMask, scaling):
     """The reference: SDPA over every cached key with the mask written out, (B, R_j, H, D)."""
     groups = query.shape[1] // key.shape[1]
     key, value = key.repeat_interleave(groups, dim=1), value.repeat_interleave(groups, dim=1)
     output = torch.nn.functional.scaled_dot_product_attention(
-        query, key, value, attn_mask=mask.dense(), scale=scaling
+        query, key, value, attn_mask=dense_mask(mask), scale=scaling
     )
     return output.transpose(1, 2)
 
@@ -69,7 +83,7 @@ def test_a_missing_diagonal_is_caught():
     """Negative control: a mask that hides the step's own key gives other outputs than the step's."""
     query, key, value, mask = random_step((5, 4, 2))
     output = step_attention(query, key, value, mask, 0.3)
-    wrong = mask.dense().clone()
+    wrong = dense_mask(mask).clone()
     wrong[..., -2:] = torch.finfo(wrong.dtype).min
     groups = query.shape[1] // key.shape[1]
     hidden_own = torch.nn.functional.scaled_dot_product_attention(
