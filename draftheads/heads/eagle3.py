@@ -263,21 +263,56 @@ def grow_draft_vocabulary(
     return ids, rows.to(saved_rows.dtype)  # (size,), (size, h)
 
 
-@dataclass
-class UnrolledRows:
-    """What ``training_time_test`` returns: per step j a (B, R_j, h) state at drafter rows
-    ``index[:, :R_j]``. R_0 = R; R_j is smaller when some chains stop before step j (COD sampling),
-    since slots are ordered longest chain first."""
+@dataclass(frozen=True)
+class ChainSlots:
+    """Which drafter rows the steps after step 0 of the training-time test run on, laid out so that
+    each step's rows are a prefix of every batch row's slots: ``index`` (B, R) long, the drafter
+    row i of each slot (longest chain first, in order among equal chains; the unused slots of a
+    short batch row are row 0); ``chain_steps`` (B, R) long, the steps each slot's chain runs (0:
+    unused); ``widths`` (ttt_steps,) host ints, the slots step j runs on (the most chains of any
+    batch row reaching it, at least 1 so a step's states keep their shape).
 
-    states: list[torch.Tensor]  # ttt_steps x (B, R_j, h)
-    index: torch.Tensor  # (B, R) long: the drafter row i of each slot
-    chain_steps: torch.Tensor  # (B, R) long: the steps each slot's chain runs; 0 pads a short batch row
+    Built from (B, T) host masks before a batch moves to the device (``of``), the unroll reads no
+    value on the host: ``widths`` are plain ints.
+    """
+
+    index: torch.Tensor
+    chain_steps: torch.Tensor
+    widths: tuple[int, ...]
+
+    @classmethod
+    def of(cls, rows: torch.Tensor, steps: int) -> ChainSlots:
+        """``rows`` (B, T): bool, True for every step of a row's chain; long, the number of steps
+        row i's chain runs (0: none; COD sampling ends chains early)."""
+        chain_steps = rows.long() * steps if rows.dtype == torch.bool else rows.long().clamp(0, steps)
+        index, slot_steps = gather_rows(chain_steps)
+        return cls(index, slot_steps, tuple(step_widths(slot_steps, steps)))
+
+    @classmethod
+    def every_row(cls, batch: int, length: int, steps: int, device=None) -> ChainSlots:
+        """Every row, every step (rows with i + j + 2 >= T are then padding)."""
+        index = torch.arange(length, device=device)[None].expand(batch, length)
+        return cls(index, torch.full_like(index, steps), (length,) * steps)
 
     def at_step(self, step: int) -> tuple[torch.Tensor, torch.Tensor]:
         """(index, scored), each (B, R_step): the rows of step ``step``'s states and whether a
         slot's chain reaches that step."""
-        width = self.states[step].shape[1]
+        width = self.widths[step]
         return self.index[:, :width], self.chain_steps[:, :width] > step
+
+
+@dataclass
+class UnrolledRows:
+    """What ``training_time_test`` returns: per step j a (B, R_j, h) state at the drafter rows
+    ``chains.index[:, :R_j]``. R_0 = R; R_j is smaller when some chains stop before step j (COD
+    sampling), since slots are ordered longest chain first."""
+
+    states: list[torch.Tensor]  # ttt_steps x (B, R_j, h)
+    chains: ChainSlots
+
+    def at_step(self, step: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """(index, scored), each (B, R_step): see ``ChainSlots.at_step``."""
+        return self.chains.at_step(step)
 
 
 def gather_rows(chain_steps: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -531,7 +566,7 @@ class Eagle3Head(DraftHead):
         features: torch.Tensor,
         input_ids: torch.Tensor,
         attention_mask: torch.Tensor | None,
-        rows: torch.Tensor | None = None,
+        rows: torch.Tensor | ChainSlots | None = None,
     ) -> UnrolledRows:
         """Unroll the drafter ``ttt_steps`` times over a training batch (EAGLE-3's training-time test).
 
@@ -544,7 +579,8 @@ class Eagle3Head(DraftHead):
         picks the rows whose chains are scored: bool, True for every step; long, the number of
         steps row i's chain runs (0: none; COD sampling ends chains early). Step j runs on the rows
         whose chains reach it alone, since a row reads no other row's later steps. None: every row,
-        every step (rows with i + j + 2 >= T are then padding).
+        every step (rows with i + j + 2 >= T are then padding). ``ChainSlots`` laid out on the host
+        beforehand (``ChainSlots.of``) spare the device-to-host reads of laying them out here.
         """
         batch, length = input_ids.shape
         device = features.device
@@ -556,14 +592,13 @@ class Eagle3Head(DraftHead):
         hidden = self.step(hidden, shift_left(input_ids, 1), positions, causal, cache)  # (B, T, h)
 
         if rows is None:
-            index, slot_steps = positions, torch.full_like(positions, steps)
+            chains = ChainSlots.every_row(batch, length, steps, device)
         else:
-            chain_steps = rows.long() * steps if rows.dtype == torch.bool else rows.long().clamp(0, steps)
-            index, slot_steps = gather_rows(chain_steps)  # (B, R) each
+            chains = rows if isinstance(rows, ChainSlots) else ChainSlots.of(rows, steps)
             batch_rows = torch.arange(batch, device=device)[:, None]
-            hidden = hidden[batch_rows, index]  # (B, R, h)
-            causal = causal[batch_rows, :, index].transpose(1, 2)  # (B, 1, R, T)
-        widths = step_widths(slot_steps, steps)
+            hidden = hidden[batch_rows, chains.index]  # (B, R, h)
+            causal = causal[batch_rows, :, chains.index].transpose(1, 2)  # (B, 1, R, T)
+        index, widths = chains.index, chains.widths
         states = [hidden]
         for step in range(1, steps):
             width = widths[step]
@@ -574,7 +609,7 @@ class Eagle3Head(DraftHead):
             tokens = input_ids.gather(1, (at + step + 1).clamp(max=length - 1))  # (B, R_j)
             hidden = self.step(*self.later_step_inputs(hidden[:, :width], tokens), at + step, mask, cache)
             states.append(hidden)
-        return UnrolledRows(states, index, slot_steps)
+        return UnrolledRows(states, chains)
 
     def later_step_inputs(
         self, hidden: torch.Tensor, tokens: torch.Tensor

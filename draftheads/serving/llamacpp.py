@@ -96,8 +96,8 @@ def running_server(command: list[str], port: int, log_path: Path):
 
 def complete(port: int, ids: list[int], max_new_tokens: int, stop: tuple[str, ...] = ()) -> dict:
     """One greedy completion: its new token ids (it stops at the model's end-of-generation tokens, as
-    vLLM's reference does, and after the token completing a ``stop`` string) and the server's
-    timings (``predicted_n``, ``predicted_ms``, ...)."""
+    vLLM's reference does, and after the token completing a ``stop`` string), the server's
+    timings (``predicted_n``, ``predicted_ms``, ``draft_n``, ...) and the slot that served it."""
     body = {
         "prompt": ids,
         "n_predict": max_new_tokens,
@@ -110,7 +110,11 @@ def complete(port: int, ids: list[int], max_new_tokens: int, stop: tuple[str, ..
     if stop:
         body["stop"] = list(stop)
     response = json.loads(request(port, "/completion", body))
-    return {"tokens": list(response["tokens"]), "timings": response["timings"]}
+    return {
+        "tokens": list(response["tokens"]),
+        "timings": response["timings"],
+        "slot": response.get("id_slot"),
+    }
 
 
 METRIC = re.compile(r'^llamacpp:(\w+)(?:\{position="(\d+)"\})?\s+(\S+)$')

@@ -9,7 +9,7 @@ resuming replays exactly the batches an uninterrupted run would see.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 
@@ -175,6 +175,27 @@ class BatchStream:
                 f"{self.world_size}; resume with {state['world_size']}"
             )
         self.read = int(state["micro_batches_read"])
+
+
+def with_supervision(batch: dict, plan: Callable[[dict], object | None]) -> dict:
+    """A host ``batch`` with what its training forward scores, ``plan(batch)``
+    (``draftheads.train.supervision``), laid out here, where reading the masks' values makes
+    nothing wait for a device; unchanged when ``plan`` gives None."""
+    moved = sorted(name for name, tensor in batch.items() if tensor.device.type != "cpu")
+    if moved:
+        raise ValueError(f"with_supervision: a host batch's tensors, got {moved} on a device")
+    supervision = plan(batch)
+    return batch if supervision is None else {**batch, "supervision": supervision}
+
+
+def to_device(batch: dict, device: torch.device) -> dict:
+    """A host batch's tensors (and its supervision) on ``device``. Towards a GPU they are pinned
+    first, so the copies queue behind the device's work without the host waiting."""
+    pin = device.type == "cuda"
+    return {
+        name: (value.pin_memory() if pin else value).to(device, non_blocking=True)
+        for name, value in batch.items()
+    }
 
 
 def batch_tokens(batch: dict[str, torch.Tensor]) -> int:

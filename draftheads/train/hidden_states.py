@@ -34,7 +34,11 @@ class OnlineHiddenStates:
     layers: tuple[int, ...] | None = None
 
     def __call__(self, batch: dict, split: str) -> tuple:
-        return base_hidden_states(self.base_model, batch["input_ids"], batch["attention_mask"], self.layers)
+        # Batches are right-padded (``batching.collate``): under the causal mask a real token sees
+        # real tokens alone, so its states are the same without the padding mask, which would only
+        # make transformers read it on the host (a sync) and keep SDPA from its fused causal kernel.
+        # Padding rows' states differ; nothing reads them (the heads mask padding themselves).
+        return base_hidden_states(self.base_model, batch["input_ids"], None, self.layers)
 
     def base_argmax(self, batch: dict, split: str) -> None:
         return None  # the body runs without lm_head: the objective projects only the rows it needs

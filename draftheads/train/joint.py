@@ -27,7 +27,8 @@ from draftheads.config import JointConfig, RunConfig
 from draftheads.heads.adapter import ADAPTER_DIR
 from draftheads.settings import ConfigError
 from draftheads.train.losses import cross_entropy, kl_divergence, masked_mean
-from draftheads.train.objective import ObjectiveOutput, SupervisedTokens, compute_objective, ones_like_rows
+from draftheads.train.objective import ObjectiveOutput, compute_objective, ones_like_rows
+from draftheads.train.supervision import Supervision, offset_rows, supervised_mask, training_supervision
 
 
 def head_loss_weight(step: int, total_steps: int, peak: float, warmup_ratio: float) -> float:
@@ -136,8 +137,8 @@ class JointRecipe(nn.Module):
         lm_head = self.adapted_base.get_base_model().get_output_embeddings()
         layers = tuple(self.head.required_hidden_states)  # the rest of the L + 1 entries are None
         hidden_states = self._body(input_ids, attention_mask, layers).hidden_states
-        tokens = SupervisedTokens.from_masks(loss_mask, attention_mask)
-        rows_batch, rows = tokens.predicted_from(1)  # row q - 1 predicts token q
+        (scored,) = offset_rows(supervised_mask(loss_mask, attention_mask), range(1, 2))
+        rows_batch, rows = scored.batch, scored.row  # row q - 1 predicts token q
         student_logits = lm_head(hidden_states[-1][rows_batch, rows])  # (M, V)
         if self.joint.base_loss == "lm":
             per_token = cross_entropy(student_logits, input_ids[rows_batch, rows + 1])  # (M,)
@@ -148,11 +149,21 @@ class JointRecipe(nn.Module):
             per_token = kl_divergence(teacher_logits, student_logits)  # (M,)
         base_loss = masked_mean(per_token, ones_like_rows(per_token))
         heads = compute_objective(
-            self.head, hidden_states, input_ids, loss_mask, attention_mask, self.token_fraction, sample_seed
+            self.head,
+            hidden_states,
+            input_ids,
+            loss_mask,
+            attention_mask,
+            self.token_fraction,
+            sample_seed,
+            supervision=batch.get("supervision"),
         )
         heads.loss = base_loss + self.head_loss_weight * heads.loss
         heads.loss_parts["base_loss"] = base_loss
         return heads
+
+    def supervision(self, host_batch: dict) -> Supervision | None:
+        return training_supervision(self.head, host_batch, self.token_fraction)
 
     def parameter_groups(self, learning_rate: float) -> list[dict]:
         """The heads at ``learning_rate``, the adapter at ``learning_rate / joint.head_lr_multiple``."""

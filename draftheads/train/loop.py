@@ -30,7 +30,7 @@ from draftheads.config import RunConfig
 from draftheads.heads.base import CONFIG_NAME, RUN_HEAD_DIR
 from draftheads.settings import ConfigError, to_dict
 from draftheads.train import checkpoint
-from draftheads.train.batching import BatchStream, batch_tokens
+from draftheads.train.batching import BatchStream, batch_tokens, to_device, with_supervision
 from draftheads.train.data_history import source_range
 from draftheads.train.decode_eval import decode_acceptance
 from draftheads.train.metrics import (
@@ -133,9 +133,11 @@ def train_steps(run: TrainingRun) -> None:
         step_values = run.recipe.begin_step(run.step, run.total_steps)  # e.g. Medusa-2's lambda0
         step_losses = []
         for accumulation_index in range(accumulation):
-            host_batch = next(run.stream)  # with each row's seed (draftheads.train.draws)
-            window_tokens += batch_tokens(host_batch)  # read on the host: nothing waits for the device
-            batch = {name: tensor.to(run.device, non_blocking=True) for name, tensor in host_batch.items()}
+            # With each row's seed (draftheads.train.draws) and what the step scores, both laid out
+            # on the host, as is the token count: nothing here waits for the device.
+            host_batch = with_supervision(next(run.stream), run.recipe.supervision)
+            window_tokens += batch_tokens(host_batch)
+            batch = to_device(host_batch, run.device)
             output = engine(batch, "train")
             engine.backward(output.loss)
             step_losses.append(output.loss.detach())

@@ -32,7 +32,6 @@ from dataclasses import dataclass, field
 
 import torch
 
-from draftheads.heads.eagle3 import Eagle3Config
 from draftheads.heads.layers import padded_causal_mask, shift_left
 from draftheads.train import draws
 from draftheads.train.chunked_loss import chunked_sums, rows_per_chunk
@@ -45,6 +44,13 @@ from draftheads.train.losses import (
     eagle_loss,
     medusa_loss,
     mtp_loss,
+)
+from draftheads.train.supervision import (
+    Supervision,
+    batch_seeds,
+    plan_supervision,
+    sample_keep,
+    supervised_mask,
 )
 
 TOP_K = 5  # the second accuracy reported per step
@@ -67,32 +73,6 @@ def base_precision(like: torch.Tensor):
     weights' precision even inside ``train.autocast``, so the head learns the distribution that
     decoding verifies against."""
     return torch.autocast(like.device.type, enabled=False)
-
-
-def supervised_mask(loss_mask: torch.Tensor, attention_mask: torch.Tensor | None) -> torch.Tensor:
-    """(B, T) bool: the supervised tokens (``loss_mask`` 1, not padding)."""
-    supervised = loss_mask.bool()
-    if attention_mask is not None:
-        supervised = supervised & attention_mask.bool()
-    return supervised
-
-
-@dataclass(frozen=True)
-class SupervisedTokens:
-    """Where the supervised tokens q are: parallel (M,) batch and position indices."""
-
-    batch_index: torch.Tensor
-    position: torch.Tensor
-
-    @classmethod
-    def from_masks(cls, loss_mask: torch.Tensor, attention_mask: torch.Tensor | None) -> SupervisedTokens:
-        batch_index, position = supervised_mask(loss_mask, attention_mask).nonzero(as_tuple=True)
-        return cls(batch_index, position)
-
-    def predicted_from(self, offset: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """(batch, row) indices, each (M',), of the rows q - offset >= 0 that predict a supervised q."""
-        keep = self.position >= offset
-        return self.batch_index[keep], self.position[keep] - offset
 
 
 @torch.no_grad()
@@ -162,27 +142,38 @@ def ones_like_rows(rows: torch.Tensor) -> torch.Tensor:
 
 
 def medusa_objective(
-    head, hidden_states, input_ids, loss_mask, attention_mask, keep=None, seeds=None, base_argmax=None
+    head,
+    hidden_states,
+    input_ids,
+    loss_mask,
+    attention_mask,
+    keep=None,
+    seeds=None,
+    base_argmax=None,
+    plan=None,
 ) -> ObjectiveOutput:
-    loss_mask = keep_tokens(loss_mask, keep)
     features = head.select_features(hidden_states)  # (B, T, h)
-    tokens = SupervisedTokens.from_masks(loss_mask, attention_mask)
     accuracy = StepAccuracy()
     head_losses = []
-    for k in range(head.num_draft_steps):
-        batch, rows = tokens.predicted_from(k + 2)
-        targets = input_ids[batch, rows + k + 2]  # (M,)
+    for k, scored in enumerate(plan.steps):  # head k at row q - (k + 2) predicts t_q
+        targets = input_ids[scored.batch, scored.position]  # (M,)
         project = functools.partial(head.head_logits, index=k)  # (C, h) -> (C, V)
-        head_losses.append(
-            mean_cross_entropy(project, features[batch, rows], targets, head.base_spec.vocab_size, accuracy)
-        )
+        rows = features[scored.batch, scored.row]  # (M, h)
+        head_losses.append(mean_cross_entropy(project, rows, targets, head.base_spec.vocab_size, accuracy))
     return accuracy.output(medusa_loss(head_losses))
 
 
 def eagle_objective(
-    head, hidden_states, input_ids, loss_mask, attention_mask, keep=None, seeds=None, base_argmax=None
+    head,
+    hidden_states,
+    input_ids,
+    loss_mask,
+    attention_mask,
+    keep=None,
+    seeds=None,
+    base_argmax=None,
+    plan=None,
 ) -> ObjectiveOutput:
-    loss_mask = keep_tokens(loss_mask, keep)
     features = head.select_features(hidden_states)  # (B, T, h) = hs[L]
     batch_size, length = input_ids.shape
     inputs = features
@@ -197,14 +188,15 @@ def eagle_objective(
     # Row i: (f_i, t_{i+1}) -> f_hat_{i+1}; the last row has no next token and is never supervised.
     predicted = head.predict_features(inputs, shift_left(input_ids, 1), positions, mask)  # (B, T, h)
 
-    tokens = SupervisedTokens.from_masks(loss_mask, attention_mask)
-    batch, rows = tokens.predicted_from(2)  # row q - 2 predicts t_q through f_hat_{q-1}
-    predicted_rows = predicted[batch, rows]  # (M, h)
-    target_rows = features[batch, rows + 1]  # (M, h) the clean f_{q-1}
+    (scored,) = plan.steps  # row q - 2 predicts t_q through f_hat_{q-1}
+    predicted_rows = predicted[scored.batch, scored.row]  # (M, h)
+    target_rows = features[scored.batch, scored.position - 1]  # (M, h) the clean f_{q-1}
     predicted_logits = head.base_lm_head(predicted_rows)  # (M, V)
     with torch.no_grad(), base_precision(target_rows):
         target_logits = head.base_lm_head(target_rows)  # (M, V)
-    loss = eagle_loss(predicted_rows, target_rows, predicted_logits, target_logits, ones_like_rows(rows))
+    loss = eagle_loss(
+        predicted_rows, target_rows, predicted_logits, target_logits, ones_like_rows(scored.row)
+    )
     accuracy = StepAccuracy()
     accuracy.add(predicted_logits, target_logits.argmax(-1))
     return accuracy.output(loss)
@@ -214,56 +206,33 @@ def draft_vocab_logits(head, rows: torch.Tensor) -> torch.Tensor:
     """(M, h) -> (M, N) the base lm_head's logits at EAGLE-3's draft-vocabulary ids only (ascending
     target id, i.e. draft id order): ``base_lm_head(rows)[:, t2d]`` at N/V of its cost."""
     lm_head = head.base_lm_head
-    bias = None if lm_head.bias is None else lm_head.bias[head.t2d]
-    return torch.nn.functional.linear(rows, lm_head.weight[head.t2d], bias)
+    ids = draft_target_ids(head)  # indices, not the t2d mask: the shape is known without reading it
+    bias = None if lm_head.bias is None else lm_head.bias[ids]
+    return torch.nn.functional.linear(rows, lm_head.weight[ids], bias)
 
 
-def cod_chain_steps(seeds: torch.Tensor, length: int, config: Eagle3Config, device=None) -> torch.Tensor:
-    """(B, T) long in [1, ttt_steps]: the TTT steps each row's chain runs under COD sampling. Step
-    j >= 1 is reached iff the row's ``draws.uniform`` is below max(cod_ratio^j, cod_ratio_min):
-    the thresholds never rise, so a chain that stops at step j reaches no later step."""
-    uniform = draws.uniform(seeds, draws.CHAIN_STEPS, length, device=device)  # (B, T)
-    steps = torch.ones_like(uniform, dtype=torch.long)
-    for step in range(1, config.ttt_steps):
-        steps += uniform < max(config.cod_ratio**step, config.cod_ratio_min)
-    return steps
+def draft_target_ids(head) -> torch.Tensor:
+    """(N,) the target ids of EAGLE-3's draft vocabulary, ascending (draft id order)."""
+    return head.draft_to_target(torch.arange(head.draft_vocab_size, device=head.d2t.device))
 
 
 def eagle3_objective(
-    head, hidden_states, input_ids, loss_mask, attention_mask, keep=None, seeds=None, base_argmax=None
+    head,
+    hidden_states,
+    input_ids,
+    loss_mask,
+    attention_mask,
+    keep=None,
+    seeds=None,
+    base_argmax=None,
+    plan=None,
 ) -> ObjectiveOutput:
     features = head.select_features(hidden_states)  # (B, T, 3h)
     last_hidden = hidden_states[head.base_spec.num_hidden_layers]  # (B, T, h), what enters lm_head
-    length = input_ids.shape[1]
-    supervised = supervised_mask(loss_mask, attention_mask)  # (B, T)
-    # Row i's chain predicts t_{i+2+j} at step j: it runs past step 0 only if one of those is
-    # supervised (prompt rows do not), and only if sampled (``keep`` samples chains, not tokens).
-    steps = head.config.ttt_steps
-    targets_of_row = [shift_left(supervised, 2 + step) for step in range(steps)]  # S x (B, T) bool
-    rows = torch.stack(targets_of_row).any(dim=0)  # (B, T)
-    if keep is not None:
-        rows = rows & keep
-    if seeds is not None and head.config.cod_ratio < 1.0:
-        rows = rows.long() * cod_chain_steps(seeds, length, head.config, rows.device)  # (B, T)
-    unrolled = head.training_time_test(features, input_ids, attention_mask, rows)  # S x (B, R_j, h)
-
-    # (batch, slot) pairs per step, and the token q each predicts.
-    pairs = []
-    for step in range(steps):
-        index, reaches = unrolled.at_step(step)  # (B, R_j) each
-        target = (index + 2 + step).clamp(max=length - 1)  # (B, R_j)
-        scored = reaches & (index + 2 + step < length) & supervised.gather(1, target)
-        batch, slot = scored.nonzero(as_tuple=True)
-        pairs.append((batch, slot, target[batch, slot]))
-    # Targets once per distinct token q: its target distribution is the base model's at q - 1.
-    needed = torch.zeros_like(supervised)
-    for batch, _, position in pairs:
-        needed[batch, position] = True
-    needed_batch, needed_position = needed.nonzero(as_tuple=True)
-    lookup = torch.full(needed.shape, -1, dtype=torch.long, device=needed.device)
-    lookup[needed_batch, needed_position] = torch.arange(needed_batch.numel(), device=needed.device)
+    unrolled = head.training_time_test(features, input_ids, attention_mask, plan.chains)  # S x (B, R_j, h)
+    needed_batch, needed_position = plan.targets  # the distinct tokens q scored, (M,) each
     with torch.no_grad(), base_precision(last_hidden):
-        rows_before = last_hidden[needed_batch, needed_position - 1]  # (M, h)
+        rows_before = last_hidden[needed_batch, needed_position - 1]  # (M, h): the base's at q - 1
         known = None if base_argmax is None else base_argmax[needed_batch, needed_position - 1]
         table = eagle3_target_table(head, rows_before, known)
 
@@ -271,9 +240,9 @@ def eagle3_objective(
     score = functools.partial(eagle3_chunk, head, step_loss, table)
     accuracy = StepAccuracy()
     step_losses = []
-    for state, (batch, slot, position) in zip(unrolled.states, pairs):
-        at = lookup[batch, position]  # (M_j,) rows of the target table
-        sums, top1, topk = chunked_sums(score, (state[batch, slot], at), head.draft_vocab_size)
+    for state, scored in zip(unrolled.states, plan.steps):
+        at = scored.table_row  # (M_j,) rows of the target table
+        sums, top1, topk = chunked_sums(score, (state[scored.batch, scored.row], at), head.draft_vocab_size)
         accuracy.add_counts(top1, topk, at.numel())
         count = table.in_draft_vocab[at].sum().clamp(min=1).to(sums.dtype)
         step_losses.append(step_loss.combine(sums, count))
@@ -302,11 +271,11 @@ def eagle3_target_table(head, rows_before: torch.Tensor, base_argmax: torch.Tens
     if base_argmax is not None:
         target_ids, draft_logits = base_argmax, draft_vocab_logits(head, rows_before)
     else:
-        ids, logits = [], []
+        ids, logits, draft_ids = [], [], draft_target_ids(head)
         for part in rows_before.split(rows_per_chunk(head.base_spec.vocab_size)) or (rows_before,):
             full = head.base_lm_head(part)  # (C, V)
             ids.append(full.argmax(-1))
-            logits.append(full[:, head.t2d])
+            logits.append(full[:, draft_ids])
         target_ids, draft_logits = torch.cat(ids), torch.cat(logits)
     return Eagle3Targets(target_ids, draft_logits, head.t2d[target_ids])
 
@@ -321,21 +290,25 @@ def eagle3_chunk(head, step_loss: PositionTerms, table: Eagle3Targets, rows: tor
 
 
 def mtp_objective(
-    head, hidden_states, input_ids, loss_mask, attention_mask, keep=None, seeds=None, base_argmax=None
+    head,
+    hidden_states,
+    input_ids,
+    loss_mask,
+    attention_mask,
+    keep=None,
+    seeds=None,
+    base_argmax=None,
+    plan=None,
 ) -> ObjectiveOutput:
-    loss_mask = keep_tokens(loss_mask, keep)
     features = head.select_features(hidden_states)  # (B, T, h) = hs[L] = h^0
     states = head.unroll(features, input_ids, attention_mask)  # D x (B, T, h)
-    tokens = SupervisedTokens.from_masks(loss_mask, attention_mask)
     accuracy = StepAccuracy()
     module_losses = []
-    for index, state in enumerate(states):
-        batch, rows = tokens.predicted_from(index + 2)  # module index + 1 at row i predicts t_{i+index+2}
-        targets = input_ids[batch, rows + index + 2]  # (M,)
+    for index, (state, scored) in enumerate(zip(states, plan.steps)):  # module index + 1 at q - (index + 2)
+        targets = input_ids[scored.batch, scored.position]  # (M,)
         project = functools.partial(head.module_logits, index)  # (C, h) -> (C, V)
-        module_losses.append(
-            mean_cross_entropy(project, state[batch, rows], targets, head.base_spec.vocab_size, accuracy)
-        )
+        rows = state[scored.batch, scored.row]  # (M, h)
+        module_losses.append(mean_cross_entropy(project, rows, targets, head.base_spec.vocab_size, accuracy))
     return accuracy.output(mtp_loss(module_losses, weight=head.config.loss_weight))
 
 
@@ -348,34 +321,6 @@ OBJECTIVES: dict[str, Callable[..., ObjectiveOutput]] = {
 }
 
 
-def batch_seeds(sample_seed: int | torch.Tensor | None, batch_size: int) -> torch.Tensor:
-    """(B,) the seed of each row's draws: ``sample_seed`` itself when it is one per row (the
-    training loop's ``draws.row_seeds``); for one int, seeds of the rows by batch slot (a row's
-    draws then follow its slot); for None, seeds from torch's global RNG."""
-    if sample_seed is None:
-        return torch.randint(0, draws.MASK + 1, (batch_size,))
-    if isinstance(sample_seed, torch.Tensor) and sample_seed.dim() == 1:
-        if sample_seed.numel() != batch_size:
-            raise ValueError(f"{sample_seed.numel()} row seeds for a batch of {batch_size} rows")
-        return sample_seed
-    return draws.row_seeds(int(sample_seed), 0, range(batch_size))
-
-
-def sample_keep(seeds: torch.Tensor, length: int, fraction: float, device=None) -> torch.Tensor | None:
-    """(B, T) bool, each entry True with probability ``fraction``: position t of row b is kept iff
-    its ``draws.uniform`` (of ``seeds[b]``, t) is below ``fraction``, whatever T or the other
-    rows. None when ``fraction`` >= 1 (keep everything)."""
-    if fraction >= 1.0:
-        return None
-    return draws.uniform(seeds, draws.LOSS_TOKENS, length, device=device) < fraction
-
-
-def keep_tokens(loss_mask: torch.Tensor, keep: torch.Tensor | None) -> torch.Tensor:
-    """``loss_mask`` scored only where ``keep`` is True: the per-token loss mean stays an unbiased
-    estimate, and the vocab projections, the largest matmuls of training, shrink with it."""
-    return loss_mask if keep is None else loss_mask * keep.to(loss_mask.dtype)
-
-
 def compute_objective(
     head,
     hidden_states,
@@ -385,6 +330,7 @@ def compute_objective(
     token_fraction: float = 1.0,
     sample_seed: int | torch.Tensor | None = None,
     base_argmax: torch.Tensor | None = None,
+    supervision: Supervision | None = None,
 ) -> ObjectiveOutput:
     """Loss and per-step accuracy of ``head`` on one batch.
 
@@ -407,15 +353,21 @@ def compute_objective(
             without lm_head (a feature cache stores it): EAGLE-3 then projects only the draft
             vocabulary's rows of lm_head, and DFlash's base targets need no projection. None:
             computed here.
+        supervision: what the batch's steps score, laid out on the host from the same masks,
+            seeds and ``token_fraction`` (``draftheads.train.supervision``); None: laid out here.
     """
     if head.kind not in OBJECTIVES:
         raise ValueError(
             f"no training objective for head kind '{head.kind}'; known kinds: {', '.join(sorted(OBJECTIVES))}"
         )
     seeds = batch_seeds(sample_seed, input_ids.shape[0]) if head.training else None
-    keep = sample_keep(seeds, input_ids.shape[1], token_fraction, loss_mask.device) if head.training else None
+    if supervision is None:
+        supervision = plan_supervision(head, loss_mask, attention_mask, token_fraction, seeds)
+    keep = None  # a planned kind's keep is in its supervision
+    if supervision is None and seeds is not None:
+        keep = sample_keep(seeds, input_ids.shape[1], token_fraction, loss_mask.device)
     return OBJECTIVES[head.kind](
-        head, hidden_states, input_ids, loss_mask, attention_mask, keep, seeds, base_argmax=base_argmax
+        head, hidden_states, input_ids, loss_mask, attention_mask, keep, seeds, base_argmax, supervision
     )
 
 
@@ -423,7 +375,15 @@ def compute_objective(
 
 
 def dflash_objective(
-    head, hidden_states, input_ids, loss_mask, attention_mask, keep=None, seeds=None, base_argmax=None
+    head,
+    hidden_states,
+    input_ids,
+    loss_mask,
+    attention_mask,
+    keep=None,
+    seeds=None,
+    base_argmax=None,
+    plan=None,
 ) -> ObjectiveOutput:
     """DFlash (arXiv 2602.06036, sec. 4): blocks anchored at positions a whose next token is
     supervised (up to ``anchors_per_sequence`` per sequence: at random in training, by the rows'

@@ -30,6 +30,7 @@ from draftheads.config import RunConfig
 from draftheads.train.hidden_states import HiddenStateSource, OnlineHiddenStates, open_feature_cache
 from draftheads.train.joint import JointRecipe
 from draftheads.train.objective import ObjectiveOutput, compute_objective
+from draftheads.train.supervision import Supervision, training_supervision
 
 
 class Recipe(Protocol):
@@ -61,6 +62,10 @@ class Recipe(Protocol):
         """Loss and per-step accuracy on ``batch`` (collated rows: input_ids, loss_mask,
         attention_mask, each (B, T); row_index (B,); in training, ``sample_seed``: the int that
         seeds the batch's random draws) of ``split`` ("train" or "validation")."""
+
+    def supervision(self, host_batch: dict) -> Supervision | None:
+        """What a training forward on ``host_batch`` scores, laid out on the host
+        (``draftheads.train.supervision``); the forward then finds it in ``batch["supervision"]``."""
 
     def parameter_groups(self, learning_rate: float) -> list[dict]:
         """AdamW parameter groups; a group without ``lr`` trains at ``learning_rate``."""
@@ -125,7 +130,11 @@ class FrozenBaseRecipe(nn.Module):
                 self.token_fraction,
                 batch.get("sample_seed"),
                 base_argmax=self.hidden_states.base_argmax(batch, split),
+                supervision=batch.get("supervision"),
             )
+
+    def supervision(self, host_batch: dict) -> Supervision | None:
+        return training_supervision(self.head, host_batch, self.token_fraction)
 
     def parameter_groups(self, learning_rate: float) -> list[dict]:
         return [{"params": [p for p in self.parameters() if p.requires_grad]}]

@@ -164,8 +164,8 @@ def test_eagle3_training_time_test_on_picked_rows_equals_every_row(tiny_llama, s
         full = head.training_time_test(features, input_ids, None)
         picked = head.training_time_test(features, input_ids, None, rows)
         empty = head.training_time_test(features, input_ids, None, torch.zeros_like(rows))
-    assert picked.index[0].tolist() == [1, 4, 5, 9] and (picked.chain_steps[0] > 0).all()
-    assert not (picked.chain_steps[1] > 0).any() and not (empty.chain_steps > 0).any()
+    assert picked.chains.index[0].tolist() == [1, 4, 5, 9] and (picked.chains.chain_steps[0] > 0).all()
+    assert not (picked.chains.chain_steps[1] > 0).any() and not (empty.chains.chain_steps > 0).any()
     # Rows 0..7 consume real tokens at every step (row 9 reads past the end from step 0 on: padding).
     for step, (dense, sparse) in enumerate(zip(full.states, picked.states)):
         for slot, row in enumerate([1, 4, 5]):
@@ -186,7 +186,12 @@ def test_training_time_test_on_chains_of_several_lengths_equals_every_row(kind, 
     with torch.no_grad():
         full = head.training_time_test(features, input_ids, None)
         picked = head.training_time_test(features, input_ids, None, chain_steps)
-    assert picked.index[0].tolist() == [2, 5, 4, 1] and picked.chain_steps[0].tolist() == [3, 3, 2, 1]
+    assert picked.chains.index[0].tolist() == [2, 5, 4, 1] and picked.chains.chain_steps[0].tolist() == [
+        3,
+        3,
+        2,
+        1,
+    ]
     assert [state.shape[1] for state in picked.states] == [4, 3, 2]
     for step, dense in enumerate(full.states):
         index, reaches = picked.at_step(step)

@@ -133,27 +133,25 @@ def test_token_fraction_scores_a_subset_in_training_and_everything_in_eval(kind,
 
 def test_sample_keep_keeps_about_the_fraction():
     from draftheads.train.draws import row_seeds
-    from draftheads.train.objective import keep_tokens, sample_keep
+    from draftheads.train.supervision import sample_keep
 
     loss_mask = torch.zeros(8, 1000, dtype=torch.long)
     loss_mask[:, 200:] = 1
     seeds = row_seeds(0, 0, range(8))
     keep = sample_keep(seeds, 1000, 0.25)
-    kept = keep_tokens(loss_mask, keep)
-    assert kept.dtype == loss_mask.dtype
+    kept = loss_mask * keep
     assert int(kept[:, :200].sum()) == 0
     assert abs(kept.sum().item() / loss_mask.sum().item() - 0.25) < 0.02
     # Each row keeps about the fraction too, and rows differ (each has its own seed).
     assert all(abs(row.item() / 800 - 0.25) < 0.06 for row in kept.sum(dim=1))
     assert len({tuple(row.tolist()) for row in keep}) == 8
     assert sample_keep(seeds, 1000, 1.0) is None
-    assert keep_tokens(loss_mask, None) is loss_mask
 
 
 def test_eagle3_token_fraction_samples_whole_chains(tiny_llama, batch):  # noqa: F811
     """EAGLE-3 keeps a row's chain at every TTT step or at none: the step counts fall together."""
     from draftheads.train.draws import row_seeds
-    from draftheads.train.objective import sample_keep
+    from draftheads.train.supervision import sample_keep
 
     input_ids, loss_mask, attention_mask = batch
     head = build_head(tiny_llama, HEAD_CONFIGS["eagle3"])
@@ -176,7 +174,7 @@ def test_cod_chain_steps_follow_the_geometric_rates():
     """Step j is reached by about max(r^j, floor) of the rows, whatever the row's batch slot."""
     from draftheads.heads.eagle3 import Eagle3Config
     from draftheads.train.draws import row_seeds
-    from draftheads.train.objective import cod_chain_steps
+    from draftheads.train.supervision import cod_chain_steps
 
     seeds = row_seeds(0, 0, range(4))
     config = Eagle3Config(ttt_steps=5, cod_ratio=0.7, cod_ratio_min=0.3)
@@ -194,7 +192,7 @@ def test_cod_runs_fewer_chains_at_deeper_steps_in_training_only(tiny_llama, batc
     import dataclasses
 
     from draftheads.train.draws import row_seeds
-    from draftheads.train.objective import cod_chain_steps, sample_keep
+    from draftheads.train.supervision import cod_chain_steps, sample_keep
 
     input_ids, loss_mask, attention_mask = batch
     config = dataclasses.replace(HEAD_CONFIGS["eagle3"], ttt_steps=3, cod_ratio=0.5, cod_ratio_min=0.0)

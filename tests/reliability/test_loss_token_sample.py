@@ -15,7 +15,8 @@ import torch
 from draftheads.heads import DFlashConfig, Eagle3Config, EagleConfig, MedusaConfig, MtpConfig, build_head
 from draftheads.train.batching import BatchStream
 from draftheads.train.draws import row_seeds
-from draftheads.train.objective import compute_objective, sample_keep
+from draftheads.train.objective import compute_objective
+from draftheads.train.supervision import sample_keep
 from tests.conftest import make_tiny_llama
 
 SEED = 3
