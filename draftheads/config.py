@@ -182,6 +182,10 @@ class TrainConfig:
     # (docs/training.md, "Throughput"):
     # 0.5 halves them while every token still feeds the base and the drafter's decoder layers.
     loss_token_fraction: float = 1.0
+    # Recompute each unrolled training-time-test step (EAGLE-3, P-EAGLE) in the backward pass
+    # instead of keeping its activations, the largest term of an 8B-width step's memory
+    # (``draftheads plan``), for one more forward of the draft layers.
+    gradient_checkpointing: bool = False
     # Start from a saved head (a ``save_pretrained`` directory, e.g. a finished run's ``head/``)
     # instead of fresh weights: continue training on other data. Its kind and head settings must
     # equal head.*, and it must fit the base; EAGLE-3 keeps its draft vocabulary.

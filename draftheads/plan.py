@@ -13,7 +13,9 @@ count N. Terms, in bytes per GPU, b the training dtype's bytes (2 for bf16, 4 fo
 - base forward: online, the hidden states the head reads (the forward keeps no others) plus one
   layer's transient tensors; offline, the cached states of the batch.
 - head activations: what autograd keeps per row of each draft-layer pass (its inputs, norms, q/k/v,
-  attention and MLP tensors: about 15 h + 3 kv + 4 I values), times the passes (EAGLE-3's TTT steps).
+  attention and MLP tensors: about 15 h + 3 kv + 4 I values), times the passes (EAGLE-3's TTT steps);
+  with ``train.gradient_checkpointing``, each pass's input state and keys / values (h + 2 kv) and
+  one pass over every row recomputed in the backward pass.
 - attention (training-time test): the (B, 1, T, T) causal mask in the training dtype, and one query
   chunk's fp32 scores, probabilities and their gradient (``draftheads.heads.ttt_attention``; no
   step keeps its scores).
@@ -163,9 +165,17 @@ def state_terms(shapes: Shapes, dtype_bytes: int, stage: int, gpus: int, offline
 
 
 def activation_terms(
-    shapes: Shapes, batch: int, tokens: int, dtype_bytes: int, offline: bool, fraction: float
+    shapes: Shapes,
+    batch: int,
+    tokens: int,
+    dtype_bytes: int,
+    offline: bool,
+    fraction: float,
+    recompute: bool = False,
 ):
-    """What the forward keeps for the backward, and the attention's and loss's working tensors."""
+    """What the forward keeps for the backward, and the attention's and loss's working tensors;
+    ``recompute``: the draft-layer passes are recomputed in the backward pass
+    (``train.gradient_checkpointing``)."""
     from draftheads.train.chunked_loss import CHUNK_LOGITS
 
     h, kv, inter = shapes.hidden, shapes.kv_width, shapes.intermediate
@@ -187,10 +197,16 @@ def activation_terms(
     per_row = (a * h + b * kv + c * inter) * dtype_bytes
     rows = positions * fraction
     passes = max(shapes.passes, 1)
-    terms = [
-        base,
-        Term("head activations", rows * per_row * passes, f"{shapes.passes} draft-layer passes", FORWARD),
-    ]
+    if recompute:  # each pass keeps its input state and keys / values; one pass runs again at a time
+        kept = rows * passes * (h + 2 * kv) * dtype_bytes + positions * per_row
+        head = Term(
+            "head activations", kept, f"{shapes.passes} passes' inputs + one pass recomputed", FORWARD
+        )
+    else:
+        head = Term(
+            "head activations", rows * per_row * passes, f"{shapes.passes} draft-layer passes", FORWARD
+        )
+    terms = [base, head]
     if shapes.attention_steps:
         scores = min(batch * shapes.attention_heads * tokens * tokens, CHUNK_SCORES)
         attention = batch * tokens * tokens * dtype_bytes + CHUNK_COPIES * scores * 4
@@ -258,7 +274,8 @@ def plan_step(
     tokens = tokens or run.data.max_length
     stage, width, offline = settings.stage, settings.dtype_bytes, bool(run.data.features)
     terms = state_terms(shapes, width, stage, gpus, offline, settings.buckets)
-    terms += activation_terms(shapes, batch, tokens, width, offline, run.train.loss_token_fraction)
+    recompute = run.train.gradient_checkpointing
+    terms += activation_terms(shapes, batch, tokens, width, offline, run.train.loss_token_fraction, recompute)
     terms += optimizer_step_terms(shapes, width, stage, gpus, settings.device)
     return StepPlan(tuple(terms), batch, tokens, gpus, stage)
 

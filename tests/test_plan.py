@@ -59,6 +59,19 @@ def test_an_offline_plan_holds_no_decoder_layer(llama_shapes):
     assert planned["base forward"] == 2048 * 4 * 4096 * 2  # the four cached states of a row
 
 
+def test_gradient_checkpointing_keeps_each_pass_input_and_recomputes_one(llama_shapes):
+    kept = terms(plan_step(load_run_config(LLAMA_CONFIG), llama_shapes, gpus=8))
+    recomputed = terms(
+        plan_step(load_run_config(LLAMA_CONFIG, ["train.gradient_checkpointing=true"]), llama_shapes, gpus=8)
+    )
+    rows, h, kv = 2048, 4096, 1024  # the config's micro-batch of 1 x 2,048, Llama-3.1-8B's widths
+    per_pass = kept["head activations"] / 7  # 7 TTT steps
+    assert recomputed["head activations"] == pytest.approx(7 * rows * (h + 2 * kv) * 2 + per_pass)
+    assert {name: value for name, value in recomputed.items() if name != "head activations"} == {
+        name: value for name, value in kept.items() if name != "head activations"
+    }
+
+
 def test_the_largest_micro_batch_is_the_last_that_fits(llama_shapes):
     run = load_run_config(LLAMA_CONFIG)
     three = plan_step(run, llama_shapes, gpus=8, batch=3).total

@@ -137,13 +137,26 @@ class DraftHead(nn.Module):
     # The decoder-layer layout the serving engines build this kind's drafter as, whatever the base
     # (``draftheads.heads.layers.LAYOUT_CONFIGS``); None: the base's own layers, or no layers.
     engine_layout: ClassVar[str | None] = None
+    # Whether its training unroll can recompute each pass in the backward pass
+    # (``gradient_checkpointing_enable``).
+    supports_gradient_checkpointing: ClassVar[bool] = False
 
     def __init__(self, config: HeadConfig, base_config, base_name: str | None = None):
         super().__init__()
+        self.gradient_checkpointing = False
         self.config = config
         self.base_config = base_config  # transformers PretrainedConfig of the base model
         self.base_spec = BaseModelSpec.from_config(base_config, base_name)
         self._frozen: tuple[nn.Module, ...] = ()  # (embed_tokens, lm_head), set by attach()
+
+    def gradient_checkpointing_enable(self) -> None:
+        """Recompute the training unroll's passes in the backward pass instead of keeping their
+        activations (transformers' name for it); ValueError for a kind that has no such unroll."""
+        if not self.supports_gradient_checkpointing:
+            raise ValueError(
+                f"train.gradient_checkpointing: {self.kind} heads have no unrolled passes to recompute"
+            )
+        self.gradient_checkpointing = True
 
     # ---- construction -------------------------------------------------------------------------
 

@@ -36,6 +36,7 @@ from typing import ClassVar
 
 import torch
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 from transformers import DynamicCache
 
 from draftheads.compat import cache_kwargs
@@ -52,7 +53,7 @@ from draftheads.heads.layers import (
     replace_linear_input,
     shift_left,
 )
-from draftheads.heads.ttt_attention import StepMask
+from draftheads.heads.ttt_attention import StepKeys, StepMask
 from draftheads.settings import ConfigError
 
 # Default draft vocabulary cap: the EAGLE-3 release and SpecForge use 32,000 ids for Llama-3's
@@ -341,6 +342,7 @@ class Eagle3Head(DraftHead):
     config_class = Eagle3Config
     drafting = "autoregressive"
     batch_catch_up = True
+    supports_gradient_checkpointing = True  # the training-time test's steps (``unrolled_step``)
 
     def __init__(self, config: Eagle3Config, base_config, base_name: str | None = None):
         super().__init__(config, base_config, base_name)
@@ -523,7 +525,7 @@ class Eagle3Head(DraftHead):
         token_ids: torch.Tensor,
         position_ids: torch.Tensor,
         attention_mask: torch.Tensor,
-        cache: DynamicCache | None,
+        cache: DynamicCache | StepKeys | None,
     ) -> torch.Tensor:
         """One midlayer pass: (B, T, h) state + (B, T) tokens -> (B, T, h) next state (pre-norm, or
         normed with ``norm_output``).
@@ -588,8 +590,10 @@ class Eagle3Head(DraftHead):
         hidden = self.fuse(features)  # (B, T, h)
         causal = padded_causal_mask(attention_mask, batch, length, hidden.dtype, device)  # (B, 1, T, T)
         positions = torch.arange(length, device=device)[None].expand(batch, length)  # (B, T)
-        cache = DynamicCache()
-        hidden = self.step(hidden, shift_left(input_ids, 1), positions, causal, cache)  # (B, T, h)
+        # Step 0 runs over every row: its keys are the prefix every later step attends to.
+        hidden, keys = self.unrolled_step(
+            hidden, shift_left(input_ids, 1), positions, causal, ()
+        )  # (B, T, h)
 
         if rows is None:
             chains = ChainSlots.every_row(batch, length, steps, device)
@@ -607,9 +611,40 @@ class Eagle3Head(DraftHead):
             mask = StepMask(causal[:, :, :width], tuple(widths[1 : step + 1]))
             at = index[:, :width]  # (B, R_j)
             tokens = input_ids.gather(1, (at + step + 1).clamp(max=length - 1))  # (B, R_j)
-            hidden = self.step(*self.later_step_inputs(hidden[:, :width], tokens), at + step, mask, cache)
+            hidden, keys = self.unrolled_step(hidden[:, :width], tokens, at + step, mask, keys)
             states.append(hidden)
         return UnrolledRows(states, chains)
+
+    def unrolled_step(
+        self,
+        hidden: torch.Tensor,
+        tokens: torch.Tensor,
+        positions: torch.Tensor,
+        mask: torch.Tensor | StepMask,
+        earlier: tuple[tuple[torch.Tensor, torch.Tensor], ...],
+    ) -> tuple[torch.Tensor, tuple[tuple[torch.Tensor, torch.Tensor], ...]]:
+        """One training-time-test step: (B, R, h) states and (B, R) tokens (step 0: the fused
+        features and a tensor mask; later steps: the previous step's states and a ``StepMask``) ->
+        the next states and every draft layer's keys and values so far (``StepKeys``). With
+        ``gradient_checkpointing`` on, in training, the step keeps only its inputs and outputs and
+        runs again in the backward pass."""
+        widths = mask.widths if isinstance(mask, StepMask) else None
+        prefix = mask.prefix if widths is not None else mask
+
+        def run(hidden, tokens, positions, prefix, *flat):
+            keys = StepKeys(tuple(zip(flat[0::2], flat[1::2], strict=True)))
+            if widths is not None:
+                hidden, tokens = self.later_step_inputs(hidden, tokens)
+            step_mask = prefix if widths is None else StepMask(prefix, widths)
+            out = self.step(hidden, tokens, positions, step_mask, keys)
+            return (out, *(tensor for pair in keys.layers() for tensor in pair))
+
+        inputs = (hidden, tokens, positions, prefix, *(tensor for pair in earlier for tensor in pair))
+        if self.gradient_checkpointing and self.training and torch.is_grad_enabled():
+            outputs = checkpoint(run, *inputs, use_reentrant=False)
+        else:
+            outputs = run(*inputs)
+        return outputs[0], tuple(zip(outputs[1::2], outputs[2::2], strict=True))
 
     def later_step_inputs(
         self, hidden: torch.Tensor, tokens: torch.Tensor

@@ -50,6 +50,33 @@ class StepMask:
         return StepMask(self.prefix.to(dtype), self.widths)
 
 
+class StepKeys:
+    """The draft cache of one training-time-test step, sharing no state with other steps.
+
+    ``update`` (what a transformers attention layer calls) returns the earlier steps' keys and
+    values, ``earlier[layer_idx]``, with this step's appended: what a cache extended step by step
+    would hold, ``[step 0 | step 1 | ... | step j]``; the result stays in ``held``. What a step
+    reads is then fixed by its inputs, so the step can be recomputed in the backward pass
+    (activation checkpointing), where a cache extended in place would by then hold every later
+    step's keys as well.
+    """
+
+    def __init__(self, earlier: tuple[tuple[torch.Tensor, torch.Tensor], ...] = ()):
+        self.earlier = earlier
+        self.held: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+
+    def update(self, key: torch.Tensor, value: torch.Tensor, layer_idx: int, *args, **kwargs):
+        if layer_idx < len(self.earlier):
+            past_key, past_value = self.earlier[layer_idx]
+            key, value = torch.cat([past_key, key], dim=-2), torch.cat([past_value, value], dim=-2)
+        self.held[layer_idx] = (key, value)
+        return key, value
+
+    def layers(self) -> tuple[tuple[torch.Tensor, torch.Tensor], ...]:
+        """Every layer's keys and values after this step, by layer index."""
+        return tuple(self.held[index] for index in sorted(self.held))
+
+
 def _chunk_attention(
     query: torch.Tensor,
     prefix_keys: torch.Tensor,

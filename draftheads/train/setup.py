@@ -166,6 +166,8 @@ def build_training_run(
         )
 
     head = initial_head(run, base_model, train_dataset)
+    if train.gradient_checkpointing:
+        head.gradient_checkpointing_enable()
     recipe = recipe_class.build(
         run,
         base_model,
@@ -214,6 +216,19 @@ def build_training_run(
     return training_run
 
 
+def check_gradient_checkpointing(run: RunConfig) -> None:
+    """ConfigError when ``train.gradient_checkpointing`` asks a kind that has nothing to recompute."""
+    from draftheads.heads.base import HEAD_REGISTRY
+
+    head_class = HEAD_REGISTRY[run.head.kind]
+    if run.train.gradient_checkpointing and not head_class.supports_gradient_checkpointing:
+        supported = sorted(kind for kind, cls in HEAD_REGISTRY.items() if cls.supports_gradient_checkpointing)
+        raise ConfigError(
+            f"train.gradient_checkpointing: true recomputes unrolled draft passes, which only "
+            f"{', '.join(supported)} heads have; head.kind is '{run.head.kind}'"
+        )
+
+
 def setup(
     run: RunConfig,
     base_model=None,
@@ -238,6 +253,7 @@ def setup(
     if run.head is None:
         raise ConfigError("head: missing; add a 'head:' section with a 'kind' (e.g. kind: medusa)")
     recipe_for(run.head).check(run)
+    check_gradient_checkpointing(run)
     rank, world_size, device = init_distributed()
     lock = lock_output_dir(run.train, overwrite, rank, world_size)
     try:

@@ -188,3 +188,64 @@ def test_a_head_trained_with_the_diagonal_attention_is_the_dense_one(monkeypatch
         expected = dense.training_time_test(features, torch.arange(3, 23)[None], None).states
     for state, reference in zip(drafted, expected, strict=True):
         assert torch.equal(diagonal.logits(state).argmax(-1), dense.logits(reference).argmax(-1))
+
+
+def _saved_bytes(function) -> tuple[object, int]:
+    """``function()``'s result and the bytes autograd saved for its backward pass."""
+    saved = []
+
+    def pack(tensor):
+        saved.append(tensor.untyped_storage().nbytes() if tensor.device.type != "meta" else 0)
+        return tensor
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+        result = function()
+    return result, sum(saved)
+
+
+@pytest.mark.parametrize("kind", ["eagle3", "peagle"])
+@pytest.mark.parametrize("rows", ["every", "chains"])
+def test_gradient_checkpointing_recomputes_the_steps_exactly(tiny_llama, kind, rows):
+    """With the steps recomputed in the backward pass (train.gradient_checkpointing) the states and
+    every parameter's gradient are the kept unroll's, bit for bit, and autograd holds less."""
+    config_class = {"eagle3": Eagle3Config, "peagle": PEagleConfig}[kind]
+    torch.manual_seed(0)
+    head = build_head(
+        tiny_llama, config_class(feature_layers=(1, 2, 3), draft_vocab_size=64, ttt_steps=4, num_layers=2)
+    ).train()
+    input_ids = torch.randint(3, 256, (2, 12), generator=torch.Generator().manual_seed(5))
+    attention_mask = torch.ones_like(input_ids)
+    attention_mask[1, 9:] = 0
+    features = head.select_features(base_hidden_states(tiny_llama, input_ids, attention_mask)).detach()
+    picked = (
+        None if rows == "every" else torch.randint(0, 5, (2, 12), generator=torch.Generator().manual_seed(2))
+    )
+
+    def run():
+        return unrolled(head, features, input_ids, attention_mask, picked)
+
+    (states, gradients), kept_bytes = _saved_bytes(run)
+    head.gradient_checkpointing_enable()
+    (again, again_gradients), recomputed_bytes = _saved_bytes(run)
+    for state, expected in zip(again, states, strict=True):
+        assert torch.equal(state, expected)
+    assert len(again_gradients) == len(gradients)
+    for gradient, expected in zip(again_gradients, gradients, strict=True):
+        assert torch.equal(gradient, expected)
+    assert recomputed_bytes < 0.5 * kept_bytes, (recomputed_bytes, kept_bytes)
+
+
+def test_a_kind_without_unrolled_passes_refuses_gradient_checkpointing(tiny_llama):
+    from draftheads.config import load_run_config
+    from draftheads.heads import MedusaConfig
+    from draftheads.settings import ConfigError
+    from draftheads.train.setup import check_gradient_checkpointing
+
+    with pytest.raises(ValueError, match="medusa"):
+        build_head(tiny_llama, MedusaConfig(num_heads=2)).gradient_checkpointing_enable()
+    run = load_run_config(None, ["head.kind=medusa", "train.gradient_checkpointing=true"])
+    with pytest.raises(ConfigError, match="train.gradient_checkpointing.*eagle3.*'medusa'"):
+        check_gradient_checkpointing(run)
+    check_gradient_checkpointing(
+        load_run_config(None, ["head.kind=eagle3", "train.gradient_checkpointing=true"])
+    )
