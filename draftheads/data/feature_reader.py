@@ -146,6 +146,11 @@ class FeatureCache:
         }  # (T, h)
         return input_ids, states
 
+    @property
+    def storage_dtype(self) -> torch.dtype:
+        """The dtype the hidden states are stored in (``cache-features --dtype``)."""
+        return getattr(torch, self.index["dtype"])
+
     def base_argmax(self, split: str, rows: list[int], input_ids: torch.Tensor) -> torch.Tensor | None:
         """(B, T) the base model's next-token argmax at each position of ``rows`` of ``split``
         whose next token is supervised (``NO_ARGMAX`` at the others, 0 on padding), aligned with

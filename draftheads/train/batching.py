@@ -177,15 +177,14 @@ class BatchStream:
         self.read = int(state["micro_batches_read"])
 
 
-def with_supervision(batch: dict, plan: Callable[[dict], object | None]) -> dict:
-    """A host ``batch`` with what its training forward scores, ``plan(batch)``
-    (``draftheads.train.supervision``), laid out here, where reading the masks' values makes
-    nothing wait for a device; unchanged when ``plan`` gives None."""
+def with_host_inputs(batch: dict, prepare: Callable[[dict], dict]) -> dict:
+    """A host ``batch`` with what ``prepare(batch)`` adds (``Recipe.host_inputs``: what the step
+    scores, a feature cache's rows), made here, where reading values makes nothing wait for a
+    device: on a GPU the host reads the next batch while the device runs the queued one."""
     moved = sorted(name for name, tensor in batch.items() if tensor.device.type != "cpu")
     if moved:
-        raise ValueError(f"with_supervision: a host batch's tensors, got {moved} on a device")
-    supervision = plan(batch)
-    return batch if supervision is None else {**batch, "supervision": supervision}
+        raise ValueError(f"with_host_inputs: a host batch's tensors, got {moved} on a device")
+    return {**batch, **prepare(batch)}
 
 
 def to_device(batch: dict, device: torch.device) -> dict:

@@ -16,10 +16,18 @@ import torch
 
 from draftheads.train.metrics import base_hidden_states
 
+# The batch entries ``CachedHiddenStates.host_inputs`` adds.
+STATES_KEY = "hidden_states.{}"
+ARGMAX_KEY = "base_argmax"
+
 
 class HiddenStateSource(Protocol):
     def __call__(self, batch: dict, split: str) -> Any:
         """The base's hidden states for ``batch`` of ``split``."""
+
+    def host_inputs(self, host_batch: dict, split: str) -> dict[str, torch.Tensor]:
+        """What can be read for ``host_batch`` on the host before it moves to the device (a
+        cache's rows), as more batch entries; the call then takes them from the batch."""
 
     def base_argmax(self, batch: dict, split: str) -> torch.Tensor | None:
         """(B, T) the base's next-token argmax at each position, or None where not at hand."""
@@ -40,6 +48,9 @@ class OnlineHiddenStates:
         # Padding rows' states differ; nothing reads them (the heads mask padding themselves).
         return base_hidden_states(self.base_model, batch["input_ids"], None, self.layers)
 
+    def host_inputs(self, host_batch: dict, split: str) -> dict[str, torch.Tensor]:
+        return {}  # the base runs on the device
+
     def base_argmax(self, batch: dict, split: str) -> None:
         return None  # the body runs without lm_head: the objective projects only the rows it needs
 
@@ -54,11 +65,24 @@ class CachedHiddenStates:
     layers: tuple[int, ...]  # the head's required_hidden_states (the cache may hold more)
 
     def __call__(self, batch: dict, split: str) -> dict[int, torch.Tensor]:
+        if STATES_KEY.format(self.layers[0]) in batch:  # read on the host (``host_inputs``)
+            return {layer: batch[STATES_KEY.format(layer)].to(self.dtype) for layer in self.layers}
         rows = batch["row_index"].tolist()
         return self.cache.batch(split, rows, batch["input_ids"], self.dtype, self.layers)
 
     def base_argmax(self, batch: dict, split: str) -> torch.Tensor | None:
+        if STATES_KEY.format(self.layers[0]) in batch:
+            return batch.get(ARGMAX_KEY)
         return self.cache.base_argmax(split, batch["row_index"].tolist(), batch["input_ids"])
+
+    def host_inputs(self, host_batch: dict, split: str) -> dict[str, torch.Tensor]:
+        """The batch's rows read from the cache on the host, in the cache's storage dtype (cast on
+        the device): ``hidden_states.L`` (B, T, h) per layer and, where stored, ``base_argmax``."""
+        rows, input_ids = host_batch["row_index"].tolist(), host_batch["input_ids"]
+        states = self.cache.batch(split, rows, input_ids, self.cache.storage_dtype, self.layers)
+        inputs = {STATES_KEY.format(layer): state for layer, state in states.items()}
+        argmax = self.cache.base_argmax(split, rows, input_ids)
+        return inputs if argmax is None else {**inputs, ARGMAX_KEY: argmax}
 
 
 def open_feature_cache(

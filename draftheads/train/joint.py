@@ -28,7 +28,7 @@ from draftheads.heads.adapter import ADAPTER_DIR
 from draftheads.settings import ConfigError
 from draftheads.train.losses import cross_entropy, kl_divergence, masked_mean
 from draftheads.train.objective import ObjectiveOutput, compute_objective, ones_like_rows
-from draftheads.train.supervision import Supervision, offset_rows, supervised_mask, training_supervision
+from draftheads.train.supervision import offset_rows, supervised_mask, training_supervision
 
 
 def head_loss_weight(step: int, total_steps: int, peak: float, warmup_ratio: float) -> float:
@@ -162,8 +162,9 @@ class JointRecipe(nn.Module):
         heads.loss_parts["base_loss"] = base_loss
         return heads
 
-    def supervision(self, host_batch: dict) -> Supervision | None:
-        return training_supervision(self.head, host_batch, self.token_fraction)
+    def host_inputs(self, host_batch: dict) -> dict:
+        supervision = training_supervision(self.head, host_batch, self.token_fraction)
+        return {} if supervision is None else {"supervision": supervision}
 
     def parameter_groups(self, learning_rate: float) -> list[dict]:
         """The heads at ``learning_rate``, the adapter at ``learning_rate / joint.head_lr_multiple``."""

@@ -30,7 +30,7 @@ from draftheads.config import RunConfig
 from draftheads.heads.base import CONFIG_NAME, RUN_HEAD_DIR
 from draftheads.settings import ConfigError, to_dict
 from draftheads.train import checkpoint
-from draftheads.train.batching import BatchStream, batch_tokens, to_device, with_supervision
+from draftheads.train.batching import BatchStream, batch_tokens, to_device, with_host_inputs
 from draftheads.train.data_history import source_range
 from draftheads.train.decode_eval import decode_acceptance
 from draftheads.train.metrics import (
@@ -133,9 +133,9 @@ def train_steps(run: TrainingRun) -> None:
         step_values = run.recipe.begin_step(run.step, run.total_steps)  # e.g. Medusa-2's lambda0
         step_losses = []
         for accumulation_index in range(accumulation):
-            # With each row's seed (draftheads.train.draws) and what the step scores, both laid out
-            # on the host, as is the token count: nothing here waits for the device.
-            host_batch = with_supervision(next(run.stream), run.recipe.supervision)
+            # With each row's seed (draftheads.train.draws), what the step scores and a cache's rows,
+            # all made on the host, as is the token count: nothing here waits for the device.
+            host_batch = with_host_inputs(next(run.stream), run.recipe.host_inputs)
             window_tokens += batch_tokens(host_batch)
             batch = to_device(host_batch, run.device)
             output = engine(batch, "train")

@@ -30,7 +30,7 @@ from draftheads.config import RunConfig
 from draftheads.train.hidden_states import HiddenStateSource, OnlineHiddenStates, open_feature_cache
 from draftheads.train.joint import JointRecipe
 from draftheads.train.objective import ObjectiveOutput, compute_objective
-from draftheads.train.supervision import Supervision, training_supervision
+from draftheads.train.supervision import training_supervision
 
 
 class Recipe(Protocol):
@@ -63,9 +63,10 @@ class Recipe(Protocol):
         attention_mask, each (B, T); row_index (B,); in training, ``sample_seed``: the int that
         seeds the batch's random draws) of ``split`` ("train" or "validation")."""
 
-    def supervision(self, host_batch: dict) -> Supervision | None:
-        """What a training forward on ``host_batch`` scores, laid out on the host
-        (``draftheads.train.supervision``); the forward then finds it in ``batch["supervision"]``."""
+    def host_inputs(self, host_batch: dict) -> dict:
+        """What a training forward on ``host_batch`` needs that the host can make before the batch
+        moves to the device, as more batch entries: ``supervision``, what it scores
+        (``draftheads.train.supervision``), and a feature cache's rows."""
 
     def parameter_groups(self, learning_rate: float) -> list[dict]:
         """AdamW parameter groups; a group without ``lr`` trains at ``learning_rate``."""
@@ -133,8 +134,10 @@ class FrozenBaseRecipe(nn.Module):
                 supervision=batch.get("supervision"),
             )
 
-    def supervision(self, host_batch: dict) -> Supervision | None:
-        return training_supervision(self.head, host_batch, self.token_fraction)
+    def host_inputs(self, host_batch: dict) -> dict:
+        inputs = self.hidden_states.host_inputs(host_batch, "train")
+        supervision = training_supervision(self.head, host_batch, self.token_fraction)
+        return inputs if supervision is None else {**inputs, "supervision": supervision}
 
     def parameter_groups(self, learning_rate: float) -> list[dict]:
         return [{"params": [p for p in self.parameters() if p.requires_grad]}]

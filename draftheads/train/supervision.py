@@ -6,7 +6,7 @@ EAGLE-3's step j at the slot of row q - (j + 2) (``ChainSlots``). Finding those 
 masks' values (``nonzero``, the widths of EAGLE-3's steps): on a GPU each read makes the host wait
 for every queued kernel. Everything they depend on, the masks, the rows' seeds and the head's
 sampling settings, is on the host before the batch moves, so the training loop lays the rows out
-there (``draftheads.train.batching.with_supervision``) and the objective only indexes device
+there (``draftheads.train.batching.with_host_inputs``) and the objective only indexes device
 tensors with them. A batch that comes without (evaluation, tests) gets the same layout from the
 same functions on its own device: the objective's result does not depend on where it was made.
 """

@@ -38,11 +38,11 @@ def test_the_counter_sees_each_kind_of_sync():
     assert dict(syncs.kinds) == {"item": 1, "tolist": 1, "bool": 1, "bool-index": 1, "nonzero": 2}
 
 
-def _syncs_of_a_run(tmp_path, kind: str, steps: int) -> tuple[int, int]:
+def _syncs_of_a_run(tmp_path, kind: str, steps: int, *overrides: str) -> tuple[int, int]:
     """(every sync, the syncs outside transformers' mask preparation) of a run of ``steps``."""
     config = load_run_config(
         None,
-        HEAD_OVERRIDES[kind]
+        [*HEAD_OVERRIDES[kind], *overrides]
         + [
             f"train.output_dir={tmp_path / f'{kind}-{steps}'}",
             f"train.max_steps={steps}",
@@ -58,7 +58,10 @@ def _syncs_of_a_run(tmp_path, kind: str, steps: int) -> tuple[int, int]:
     from tests.conftest import make_tiny_llama
 
     dataset = patterned_dataset(rows=32)
-    run = setup(config, base_model=make_tiny_llama(), datasets=(dataset, dataset))
+    base = make_tiny_llama()
+    if config.data.features and not (tmp_path / "features").exists():
+        write_cache(tmp_path / "features", base, config, {"train": dataset, "validation": dataset})
+    run = setup(config, base_model=base, datasets=(dataset, dataset))
     try:
         with HostSyncCounter() as syncs, HostSyncCounter(HOST_CODE + (TRANSFORMERS_MASKS,)) as ours:
             loop.train_steps(run)
@@ -77,3 +80,31 @@ def test_at_most_one_host_sync_per_optimizer_step(tmp_path, kind):
     )
     assert ours <= LOOP_SYNCS_PER_STEP, ours
     assert every <= LOOP_SYNCS_PER_STEP + 2 * BASE_FORWARD_SYNCS, every  # accumulation 2
+
+
+def write_cache(directory, base, config, splits) -> None:
+    from draftheads.data.feature_identity import CacheIdentity
+    from draftheads.data.features import write_feature_cache
+    from draftheads.heads import build_head
+
+    head = build_head(base, config.head)
+    identity = CacheIdentity.build(
+        base, config.model.base, None, head, splits, max_length=config.data.max_length
+    )
+    write_feature_cache(
+        base, splits, directory, identity, dtype="bfloat16", examples_per_shard=8, progress=False
+    )
+
+
+@pytest.mark.parametrize("kind", ["eagle3", "medusa"])
+def test_a_cached_run_reads_its_rows_on_the_host(tmp_path, kind):
+    """From a feature cache no base runs: the rows are read on the host before the batch moves, and
+    nothing reads the device but the loop's one check per optimizer step."""
+    features = f"data.features={tmp_path / 'features'}"
+    longer, shorter = (
+        _syncs_of_a_run(tmp_path, kind, 4, features),
+        _syncs_of_a_run(tmp_path, kind, 2, features),
+    )
+    every = (longer[0] - shorter[0]) / 2
+    print(f"{kind}, cached: {every:g} host syncs per optimizer step of 2 micro-batches")
+    assert every <= LOOP_SYNCS_PER_STEP, every

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from draftheads.heads import Eagle3Config, build_head
-from draftheads.train.batching import with_supervision
+from draftheads.train.batching import with_host_inputs
 from draftheads.train.draws import row_seeds
 from draftheads.train.hidden_states import OnlineHiddenStates
 from draftheads.train.metrics import base_hidden_states
@@ -69,8 +69,9 @@ def _objective(head, base, batch, fraction, supervision=None):
 def test_the_host_layout_gives_the_objective_its_own_result(kind, fraction, tiny_llama):
     head = build_head(tiny_llama, CONFIGS[kind]).train()
     batch = _host_batch()
-    planned = with_supervision(batch, functools.partial(training_supervision, head, token_fraction=fraction))
-    assert "supervision" in planned
+    prepare = functools.partial(training_supervision, head, token_fraction=fraction)
+    planned = with_host_inputs(batch, lambda host_batch: {"supervision": prepare(host_batch)})
+    assert planned["supervision"] is not None
     inline, inline_grads = _objective(head, tiny_llama, batch, fraction)
     given, given_grads = _objective(head, tiny_llama, batch, fraction, planned["supervision"])
     assert torch.equal(given.loss, inline.loss)
@@ -86,7 +87,7 @@ def test_the_layout_is_made_from_host_tensors_only():
     batch = _host_batch()
     batch["attention_mask"] = batch["attention_mask"].to("meta")
     with pytest.raises(ValueError, match="attention_mask"):
-        with_supervision(batch, lambda b: None)
+        with_host_inputs(batch, lambda b: {})
 
 
 def test_a_kind_that_lays_out_its_own_rows_gets_no_supervision(tiny_llama):
@@ -94,7 +95,7 @@ def test_a_kind_that_lays_out_its_own_rows_gets_no_supervision(tiny_llama):
 
     head = build_head(tiny_llama, DFlashConfig(feature_layers=(1, 2), block_size=4)).train()
     batch = _host_batch()
-    assert with_supervision(batch, functools.partial(training_supervision, head, token_fraction=1.0)) is batch
+    assert training_supervision(head, batch, 1.0) is None
 
 
 @pytest.mark.parametrize("factory", ["make_tiny_llama", "make_tiny_gemma3"])
