@@ -253,14 +253,22 @@ def parallel_server_command(
     return command + ["--metrics", "--no-webui", "--no-warmup", *speculative]
 
 
+# Sample the draft on the host, not in the draft's graph: with several slots decoding at once,
+# llama.cpp's backend draft sampling (on by default in the llama-cpp-python 0.3.36 tree) leaves
+# all but about one slot's drafts near zero acceptance (docs/engines.md, "several slots"); host
+# sampling drafts every slot as a lone request does.
+DRAFT_SAMPLING = "--no-spec-draft-backend-sampling"
+
+
 def draft_flags(draft: Path, chain: int, spec_type: str = "draft-eagle3", p_min: float = 0.0) -> list[str]:
     """Drafting with the model ``draft`` as ``spec_type`` (``draft-eagle3``, ``draft-dflash``): up to
     ``chain`` tokens a step, a chain stopping early where the draft's top probability falls under
-    ``p_min`` (0: never; no minimum length), the draft's KV cache in f32 and on every core."""
+    ``p_min`` (0: never; no minimum length), the draft's KV cache in f32 and on every core, its
+    tokens sampled on the host (``DRAFT_SAMPLING``)."""
     threads = str(len(os.sched_getaffinity(0)))
     flags = ["-md", str(draft), "--spec-type", spec_type, "-td", threads]
     flags += ["--spec-draft-n-max", str(chain), "--spec-draft-n-min", "0", "--spec-draft-p-min", f"{p_min:g}"]
-    return flags + ["-ctkd", "f32", "-ctvd", "f32"]
+    return flags + ["-ctkd", "f32", "-ctvd", "f32", DRAFT_SAMPLING]
 
 
 def ngram_flags(lookup: int, draft_tokens: int) -> list[str]:

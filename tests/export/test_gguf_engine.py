@@ -216,3 +216,14 @@ def test_draft_flags_stop_a_chain_early_only_when_asked(tmp_path):
     early = llamacpp.draft_flags(tmp_path / "d.gguf", 4, p_min=0.5)
     assert early[early.index("--spec-draft-p-min") + 1] == "0.5"
     assert early[early.index("--spec-draft-n-max") + 1] == "4"
+
+
+def test_drafts_are_sampled_on_the_host_with_a_flag_llamacpp_knows(tmp_path):
+    """Backend draft sampling collapses acceptance with concurrent slots (docs/engines.md): every
+    draft server turns it off, with a flag the pinned llama.cpp tree defines."""
+    flags = llamacpp.draft_flags(tmp_path / "d.gguf", 3)
+    assert flags.count(llamacpp.DRAFT_SAMPLING) == 1
+    arguments = llamacpp.source_path() / "common" / "arg.cpp"
+    if not arguments.is_file():
+        pytest.skip("llama.cpp's source is not here (make engines-llamacpp)")
+    assert f'"{llamacpp.DRAFT_SAMPLING}"' in arguments.read_text()
