@@ -24,6 +24,7 @@ Checkpoint names: ``fc.weight``, ``hidden_norm.weight``, ``layers.{i}.<the base 
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -141,10 +142,9 @@ def layer_config(base_config, layer_architecture: str | None):
     return layout_config(base_config, layer_architecture)
 
 
-def block_position_weights(block_size: int, decay: float | None) -> torch.Tensor:
-    """(K - 1,) loss weight of block rows 1..K-1: exp(-(k - 1) / decay), or ones."""
-    rows = torch.arange(block_size - 1, dtype=torch.float32)
-    return torch.ones_like(rows) if decay is None else torch.exp(-rows / decay)
+def block_position_weights(block_size: int, decay: float | None) -> list[float]:
+    """The loss weights of block rows 1..K-1: exp(-(k - 1) / decay), or ones (host floats)."""
+    return [1.0 if decay is None else math.exp(-row / decay) for row in range(block_size - 1)]
 
 
 def choose_anchors(

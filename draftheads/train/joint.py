@@ -28,7 +28,7 @@ from draftheads.heads.adapter import ADAPTER_DIR
 from draftheads.settings import ConfigError
 from draftheads.train.losses import cross_entropy, kl_divergence, masked_mean
 from draftheads.train.objective import ObjectiveOutput, compute_objective, ones_like_rows
-from draftheads.train.supervision import offset_rows, supervised_mask, training_supervision
+from draftheads.train.supervision import Supervision, offset_rows, supervised_mask, training_supervision
 
 
 def head_loss_weight(step: int, total_steps: int, peak: float, warmup_ratio: float) -> float:
@@ -67,6 +67,11 @@ def dropout_seed(sample_seed: int | torch.Tensor) -> int:
         key = ":".join(str(seed) for seed in sample_seed.tolist()).encode()
         return int.from_bytes(hashlib.blake2b(key, digest_size=8).digest(), "little") >> 1  # < 2^63
     return int(sample_seed)
+
+
+def next_token_rows(loss_mask: torch.Tensor, attention_mask: torch.Tensor | None) -> Supervision:
+    """The base loss's rows: row q - 1 predicts each supervised token q (one step)."""
+    return Supervision(offset_rows(supervised_mask(loss_mask, attention_mask), range(1, 2)))
 
 
 class JointRecipe(nn.Module):
@@ -108,13 +113,13 @@ class JointRecipe(nn.Module):
         so tokenizer, splits, dtype and log go unused."""
         return cls(add_lora_adapter(base_model, run.joint), head, run.joint, run.train.loss_token_fraction)
 
-    def _body(self, input_ids, attention_mask, layers: tuple[int, ...] | None):
+    def _body(self, input_ids, layers: tuple[int, ...] | None):
         """The adapted base's body; ``hidden_states`` keeps ``layers`` only (None: none, the last
-        normed state is ``last_hidden_state``)."""
+        normed state is ``last_hidden_state``). No padding mask: batches are right-padded, so a real
+        token's states need none (``draftheads.train.hidden_states.OnlineHiddenStates``)."""
         causal_lm = self.adapted_base.get_base_model()  # the HF model, LoRA layers injected
         return causal_lm.base_model(
             input_ids=input_ids,
-            attention_mask=attention_mask,
             output_hidden_states=False if layers is None else list(layers),
             use_cache=False,
         )
@@ -136,15 +141,16 @@ class JointRecipe(nn.Module):
         input_ids, loss_mask, attention_mask = batch["input_ids"], batch["loss_mask"], batch["attention_mask"]
         lm_head = self.adapted_base.get_base_model().get_output_embeddings()
         layers = tuple(self.head.required_hidden_states)  # the rest of the L + 1 entries are None
-        hidden_states = self._body(input_ids, attention_mask, layers).hidden_states
-        (scored,) = offset_rows(supervised_mask(loss_mask, attention_mask), range(1, 2))
+        hidden_states = self._body(input_ids, layers).hidden_states
+        base_rows = batch.get("base_rows") or next_token_rows(loss_mask, attention_mask)
+        (scored,) = base_rows.steps
         rows_batch, rows = scored.batch, scored.row  # row q - 1 predicts token q
         student_logits = lm_head(hidden_states[-1][rows_batch, rows])  # (M, V)
         if self.joint.base_loss == "lm":
             per_token = cross_entropy(student_logits, input_ids[rows_batch, rows + 1])  # (M,)
         else:
             with torch.no_grad(), self.adapted_base.disable_adapter():
-                teacher_hidden = self._body(input_ids, attention_mask, None).last_hidden_state  # (B, T, h)
+                teacher_hidden = self._body(input_ids, None).last_hidden_state  # (B, T, h)
                 teacher_logits = lm_head(teacher_hidden[rows_batch, rows])  # (M, V)
             per_token = kl_divergence(teacher_logits, student_logits)  # (M,)
         base_loss = masked_mean(per_token, ones_like_rows(per_token))
@@ -164,7 +170,8 @@ class JointRecipe(nn.Module):
 
     def host_inputs(self, host_batch: dict) -> dict:
         supervision = training_supervision(self.head, host_batch, self.token_fraction)
-        return {} if supervision is None else {"supervision": supervision}
+        base_rows = next_token_rows(host_batch["loss_mask"], host_batch["attention_mask"])
+        return {"supervision": supervision, "base_rows": base_rows}
 
     def parameter_groups(self, learning_rate: float) -> list[dict]:
         """The heads at ``learning_rate``, the adapter at ``learning_rate / joint.head_lr_multiple``."""

@@ -6,7 +6,8 @@ of the frozen base, a feature cache, or Medusa-2's adapted base). Each kind's fu
 predictions with targets and calls its loss in ``draftheads.train.losses``.
 
 Sampling. ``keep`` (B, T) bool, or None for everything, is the random subset a training step scores
-(``train.loss_token_fraction``, see ``compute_objective``). Every random draw of a training batch
+(``train.loss_token_fraction``, see ``compute_objective``; ``draftheads.train.supervision`` lays
+out what each step scores, on the host in training). Every random draw of a training batch
 (``keep``, EAGLE's feature noise, DFlash's anchors) is a counter-based function of the row's seed
 (``seeds`` (B,): ``draws.row_seeds`` of the run seed, epoch and dataset row), the token position
 and the channel (``draftheads.train.draws``), never a per-process stream or a draw shaped like the
@@ -16,7 +17,7 @@ Alignment. Token q is supervised iff ``loss_mask[q] == 1`` (and it is not paddin
 step s (Medusa head s, EAGLE-3 training-time-test step s, MTP module s + 1; EAGLE-1 has one step)
 predicts token q from the row q - (s + 2) of its output: Medusa head k at t predicts t + k + 2;
 an EAGLE drafter row i consumes (f_i, t_{i+1}) and predicts t_{i+2}, one more per TTT step; MTP
-module k at i predicts t_{i+k+1}. Vocab projections run only at supervised rows (the projection is
+module k at i predicts t_{i+k+1}. Vocab projections run only at the scored rows (the projection is
 the largest matmul of a draft head: docs/training.md, "Throughput").
 
 Accuracy per step: Medusa and MTP against the ground-truth token; EAGLE-1 and EAGLE-3 against the
@@ -49,8 +50,6 @@ from draftheads.train.supervision import (
     Supervision,
     batch_seeds,
     plan_supervision,
-    sample_keep,
-    supervised_mask,
 )
 
 TOP_K = 5  # the second accuracy reported per step
@@ -142,15 +141,7 @@ def ones_like_rows(rows: torch.Tensor) -> torch.Tensor:
 
 
 def medusa_objective(
-    head,
-    hidden_states,
-    input_ids,
-    loss_mask,
-    attention_mask,
-    keep=None,
-    seeds=None,
-    base_argmax=None,
-    plan=None,
+    head, hidden_states, input_ids, attention_mask, plan: Supervision, seeds=None, base_argmax=None
 ) -> ObjectiveOutput:
     features = head.select_features(hidden_states)  # (B, T, h)
     accuracy = StepAccuracy()
@@ -164,15 +155,7 @@ def medusa_objective(
 
 
 def eagle_objective(
-    head,
-    hidden_states,
-    input_ids,
-    loss_mask,
-    attention_mask,
-    keep=None,
-    seeds=None,
-    base_argmax=None,
-    plan=None,
+    head, hidden_states, input_ids, attention_mask, plan: Supervision, seeds=None, base_argmax=None
 ) -> ObjectiveOutput:
     features = head.select_features(hidden_states)  # (B, T, h) = hs[L]
     batch_size, length = input_ids.shape
@@ -217,15 +200,7 @@ def draft_target_ids(head) -> torch.Tensor:
 
 
 def eagle3_objective(
-    head,
-    hidden_states,
-    input_ids,
-    loss_mask,
-    attention_mask,
-    keep=None,
-    seeds=None,
-    base_argmax=None,
-    plan=None,
+    head, hidden_states, input_ids, attention_mask, plan: Supervision, seeds=None, base_argmax=None
 ) -> ObjectiveOutput:
     features = head.select_features(hidden_states)  # (B, T, 3h)
     last_hidden = hidden_states[head.base_spec.num_hidden_layers]  # (B, T, h), what enters lm_head
@@ -290,15 +265,7 @@ def eagle3_chunk(head, step_loss: PositionTerms, table: Eagle3Targets, rows: tor
 
 
 def mtp_objective(
-    head,
-    hidden_states,
-    input_ids,
-    loss_mask,
-    attention_mask,
-    keep=None,
-    seeds=None,
-    base_argmax=None,
-    plan=None,
+    head, hidden_states, input_ids, attention_mask, plan: Supervision, seeds=None, base_argmax=None
 ) -> ObjectiveOutput:
     features = head.select_features(hidden_states)  # (B, T, h) = hs[L] = h^0
     states = head.unroll(features, input_ids, attention_mask)  # D x (B, T, h)
@@ -363,27 +330,15 @@ def compute_objective(
     seeds = batch_seeds(sample_seed, input_ids.shape[0]) if head.training else None
     if supervision is None:
         supervision = plan_supervision(head, loss_mask, attention_mask, token_fraction, seeds)
-    keep = None  # a planned kind's keep is in its supervision
-    if supervision is None and seeds is not None:
-        keep = sample_keep(seeds, input_ids.shape[1], token_fraction, loss_mask.device)
-    return OBJECTIVES[head.kind](
-        head, hidden_states, input_ids, loss_mask, attention_mask, keep, seeds, base_argmax, supervision
-    )
+    objective = OBJECTIVES[head.kind]
+    return objective(head, hidden_states, input_ids, attention_mask, supervision, seeds, base_argmax)
 
 
 # ---- DFlash -----------------------------------------------------------------------------------
 
 
 def dflash_objective(
-    head,
-    hidden_states,
-    input_ids,
-    loss_mask,
-    attention_mask,
-    keep=None,
-    seeds=None,
-    base_argmax=None,
-    plan=None,
+    head, hidden_states, input_ids, attention_mask, plan: Supervision, seeds=None, base_argmax=None
 ) -> ObjectiveOutput:
     """DFlash (arXiv 2602.06036, sec. 4): blocks anchored at positions a whose next token is
     supervised (up to ``anchors_per_sequence`` per sequence: at random in training, by the rows'
@@ -392,29 +347,16 @@ def dflash_objective(
     exp(-(k - 1) / loss_decay) and normalised by the total weight of the rows scored. Step k - 1's
     accuracy is block row k's top-1 against the same target. ``head.config.targets == "base"``
     replaces the data's token by the base model's argmax at the position before it."""
-    from draftheads.heads.dflash import block_position_weights, choose_anchors
+    from draftheads.heads.dflash import block_position_weights
 
     features = head.select_features(hidden_states)  # (B, T, F h)
-    length = input_ids.shape[1]
-    supervised = supervised_mask(loss_mask, attention_mask)  # (B, T)
-    candidates = shift_left(supervised, 1)  # (B, T): t_{a+1} is supervised
-    candidates[:, 0] = False  # a block reads the context before its anchor: none at 0
-    if keep is not None:
-        candidates = candidates & keep
-    priority = (
-        draws.uniform(seeds, draws.ANCHORS, length, device=candidates.device) if head.training else None
-    )
-    anchors, valid = choose_anchors(candidates, head.config.anchors_per_sequence, priority)  # (B, N) each
+    anchors, valid = plan.anchors  # (B, N) each
     states = head.training_blocks(features, input_ids, attention_mask, anchors, valid)  # (B, N, K, h)
-    weights = block_position_weights(head.block_size, head.config.loss_decay).tolist()  # (K - 1,)
+    decay = head.config.loss_decay
+    weights = block_position_weights(head.block_size, decay)  # K - 1 floats
     targets_at = input_ids  # (B, T): what block row k at anchor a is scored against, at a + k
-    if head.config.targets == "base":  # the base's greedy token, once per position any block scores
-        needed = torch.zeros_like(supervised)
-        for row in range(1, head.block_size):
-            batch, slot = (valid & (anchors + row < length)).nonzero(as_tuple=True)
-            needed[batch, anchors[batch, slot] + row] = True
-        needed = needed & supervised
-        batch, position = needed.nonzero(as_tuple=True)
+    if plan.targets is not None:  # the base's greedy token, once per position any block scores
+        batch, position = plan.targets
         last_hidden = hidden_states[head.base_spec.num_hidden_layers]  # (B, T, h), enters lm_head
         targets_at = input_ids.clone()
         if base_argmax is not None:  # a feature cache stored it
@@ -426,14 +368,11 @@ def dflash_objective(
     accuracy = StepAccuracy()
     weighted_sum = states.new_zeros((), dtype=torch.float32)
     total_weight = 0.0
-    for row in range(1, head.block_size):
-        target = anchors + row  # (B, N)
-        scored = valid & (target < length) & supervised.gather(1, target.clamp(max=length - 1))
-        batch, slot = scored.nonzero(as_tuple=True)
-        targets = targets_at[batch, target[batch, slot]]  # (M,)
+    for row, scored in enumerate(plan.steps, start=1):
+        targets = targets_at[scored.batch, scored.position]  # (M,)
         score = functools.partial(cross_entropy_chunk, head.logits)
         losses, top1, topk = chunked_sums(
-            score, (states[batch, slot, row], targets), head.base_spec.vocab_size
+            score, (states[scored.batch, scored.row, row], targets), head.base_spec.vocab_size
         )
         accuracy.add_counts(top1, topk, targets.numel())
         weighted_sum = weighted_sum + weights[row - 1] * losses

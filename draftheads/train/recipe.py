@@ -135,9 +135,8 @@ class FrozenBaseRecipe(nn.Module):
             )
 
     def host_inputs(self, host_batch: dict) -> dict:
-        inputs = self.hidden_states.host_inputs(host_batch, "train")
         supervision = training_supervision(self.head, host_batch, self.token_fraction)
-        return inputs if supervision is None else {**inputs, "supervision": supervision}
+        return {**self.hidden_states.host_inputs(host_batch, "train"), "supervision": supervision}
 
     def parameter_groups(self, learning_rate: float) -> list[dict]:
         return [{"params": [p for p in self.parameters() if p.requires_grad]}]

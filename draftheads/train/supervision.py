@@ -39,11 +39,13 @@ class PredictedRows:
 class Supervision:
     """The scored predictions of a batch, per draft step; EAGLE-3 adds its chains' slots and
     ``targets``, the (batch, position) pairs of the distinct tokens its steps predict (its table
-    of targets holds one row per pair, in this order)."""
+    of targets holds one row per pair, in this order); DFlash its blocks' anchors and, for base
+    targets, the positions whose base argmax it needs."""
 
     steps: tuple[PredictedRows, ...]
     chains: ChainSlots | None = None
     targets: tuple[torch.Tensor, torch.Tensor] | None = None
+    anchors: tuple[torch.Tensor, torch.Tensor] | None = None  # DFlash: (anchors, valid), each (B, N)
 
     def map(self, function: Callable[[torch.Tensor], torch.Tensor]) -> Supervision:
         """The same layout with ``function`` applied to every tensor (``.to(device)``, pinning)."""
@@ -169,12 +171,40 @@ def eagle3_steps(head, supervised, keep, seeds) -> Supervision:
     return Supervision(steps, chains, (needed_batch, needed_position))
 
 
+def dflash_steps(head, supervised, keep, seeds) -> Supervision:
+    """DFlash (``draftheads.train.objective.dflash_objective``): blocks anchored at positions a
+    whose next token is supervised, up to ``anchors_per_sequence`` a row (by the rows' ``seeds``
+    in training, evenly spaced without); block row k predicts t_{a+k}, a step per k."""
+    from draftheads.heads.dflash import choose_anchors
+
+    length = supervised.shape[1]
+    candidates = shift_left(supervised, 1)  # (B, T): t_{a+1} is supervised
+    candidates[:, 0] = False  # a block reads the context before its anchor: none at 0
+    if keep is not None:
+        candidates = candidates & keep
+    priority = (
+        None if seeds is None else draws.uniform(seeds, draws.ANCHORS, length, device=supervised.device)
+    )
+    anchors, valid = choose_anchors(candidates, head.config.anchors_per_sequence, priority)  # (B, N) each
+    steps = []
+    needed = torch.zeros_like(supervised)
+    for row in range(1, head.block_size):
+        target = anchors + row  # (B, N)
+        scored = valid & (target < length) & supervised.gather(1, target.clamp(max=length - 1))
+        batch, slot = scored.nonzero(as_tuple=True)
+        steps.append(PredictedRows(batch, slot, target[batch, slot]))
+        needed[batch, target[batch, slot]] = True
+    targets = needed.nonzero(as_tuple=True) if head.config.targets == "base" else None
+    return Supervision(tuple(steps), targets=targets, anchors=(anchors, valid))
+
+
 PLANNERS: dict[str, Callable[..., Supervision]] = {
     "medusa": token_steps,
     "mtp": token_steps,
     "eagle": eagle_steps,
     "eagle3": eagle3_steps,
     "peagle": eagle3_steps,  # EAGLE-3's training-time test with mask rows (heads.peagle)
+    "dflash": dflash_steps,
 }
 
 
@@ -184,18 +214,20 @@ def plan_supervision(
     attention_mask: torch.Tensor | None,
     token_fraction: float = 1.0,
     seeds: torch.Tensor | None = None,
-) -> Supervision | None:
-    """What ``head``'s objective scores on a batch, on the masks' device; None for a kind whose
-    objective lays its rows out itself (DFlash). ``seeds`` (B,): the rows' seeds in training
-    (``batch_seeds``), by which ``token_fraction`` samples what is scored (``sample_keep``) and
-    COD sampling ends chains; None (evaluation) scores everything."""
+) -> Supervision:
+    """What ``head``'s objective scores on a batch, on the masks' device. ``seeds`` (B,): the rows'
+    seeds in training (``batch_seeds``), by which ``token_fraction`` samples what is scored
+    (``sample_keep``), COD sampling ends chains and DFlash draws anchors; None (evaluation) scores
+    everything."""
     if head.kind not in PLANNERS:
-        return None
+        raise ValueError(
+            f"no supervision planner for head kind '{head.kind}'; known: {', '.join(sorted(PLANNERS))}"
+        )
     keep = None if seeds is None else sample_keep(seeds, loss_mask.shape[1], token_fraction, loss_mask.device)
     return PLANNERS[head.kind](head, supervised_mask(loss_mask, attention_mask), keep, seeds)
 
 
-def training_supervision(head, batch: dict, token_fraction: float) -> Supervision | None:
+def training_supervision(head, batch: dict, token_fraction: float) -> Supervision:
     """``plan_supervision`` of a training ``batch`` (input_ids, loss_mask, attention_mask and each
     row's ``sample_seed``), as the objective of ``head`` in training mode lays it out."""
     seeds = batch_seeds(batch.get("sample_seed"), batch["input_ids"].shape[0])

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from draftheads.heads import Eagle3Config, build_head
+from draftheads.heads import DFlashConfig, Eagle3Config, build_head
 from draftheads.train.batching import with_host_inputs
 from draftheads.train.draws import row_seeds
 from draftheads.train.hidden_states import OnlineHiddenStates
@@ -25,6 +25,8 @@ from head_fixtures import HEAD_CONFIGS
 CONFIGS = {
     **HEAD_CONFIGS,
     "eagle3-cod": Eagle3Config(feature_layers=(1, 2, 3), draft_vocab_size=64, ttt_steps=3, cod_ratio=0.5),
+    "dflash": DFlashConfig(feature_layers=(1, 2), block_size=4, anchors_per_sequence=3),
+    "dflash-base-targets": DFlashConfig(feature_layers=(1, 2), block_size=4, targets="base"),
 }
 
 
@@ -90,12 +92,11 @@ def test_the_layout_is_made_from_host_tensors_only():
         with_host_inputs(batch, lambda b: {})
 
 
-def test_a_kind_that_lays_out_its_own_rows_gets_no_supervision(tiny_llama):
-    from draftheads.heads import DFlashConfig
+def test_every_objective_has_a_planner():
+    from draftheads.train.objective import OBJECTIVES
+    from draftheads.train.supervision import PLANNERS
 
-    head = build_head(tiny_llama, DFlashConfig(feature_layers=(1, 2), block_size=4)).train()
-    batch = _host_batch()
-    assert training_supervision(head, batch, 1.0) is None
+    assert set(PLANNERS) == set(OBJECTIVES)
 
 
 @pytest.mark.parametrize("factory", ["make_tiny_llama", "make_tiny_gemma3"])
