@@ -238,27 +238,19 @@ def argmax_positions(example: dict) -> list[bool]:
 
 
 def _write_shard(
-    path: Path,
-    examples: list[dict[int, torch.Tensor]],
-    argmaxes: list[torch.Tensor],
-    rows: list[list[int]],
-    dtype: torch.dtype,
+    path: Path, states: dict[int, torch.Tensor], argmax: torch.Tensor, rows: list[list[int]]
 ) -> None:
+    """One shard file: ``states`` {layer: (N, h)} and ``argmax`` (N,) of ``rows``' N tokens, in row
+    order (``_shard_features``), with the rows' ``offsets`` and ``input_ids``."""
     from safetensors.torch import save_file
 
     lengths = torch.tensor([0] + [len(row) for row in rows], dtype=torch.int64)
-    tensors = {
-        f"hidden_states.{layer}": torch.cat([example[layer] for example in examples]).to(
-            dtype=dtype, device="cpu"
-        )
-        for layer in examples[0]
-    }  # each (N, h)
+    tensors = {f"hidden_states.{layer}": state for layer, state in states.items()}  # each (N, h)
     tensors["offsets"] = lengths.cumsum(0)  # (E' + 1,)
     tensors["input_ids"] = torch.tensor([token for row in rows for token in row], dtype=torch.int32)  # (N,)
-    tensors[ARGMAX_KEY] = torch.cat(argmaxes).to(dtype=torch.int32, device="cpu")  # (N,)
+    tensors[ARGMAX_KEY] = argmax  # (N,) int32
     path.parent.mkdir(parents=True, exist_ok=True)
-    contiguous = {name: tensor.contiguous() for name, tensor in tensors.items()}
-    write_atomically(path, lambda temporary: save_file(contiguous, str(temporary), metadata={"format": "pt"}))
+    write_atomically(path, lambda temporary: save_file(tensors, str(temporary), metadata={"format": "pt"}))
 
 
 def _human(size: float) -> str:
@@ -357,21 +349,29 @@ def _shard_features(
     storage: torch.dtype,
     batch_size: int,
     on_batch: Callable[[int], None],
-) -> tuple[list[dict[int, torch.Tensor]], list[torch.Tensor]]:
-    """Per row, in row order: its stored hidden states (on CPU, in ``storage``) and its argmax.
+) -> tuple[dict[int, torch.Tensor], torch.Tensor]:
+    """The shard's stored hidden states {layer: (N, h)} (on CPU, in ``storage``) and argmax (N,)
+    int32 over its rows' N tokens in row order. Each forward's rows are copied straight into their
+    place, so the host holds the shard once (not per-row pieces and their concatenation).
     ``on_batch(tokens)`` is called after each base forward."""
-    # Similar lengths share a forward (less padding); results go back to row order.
+    starts = [0]
+    for row in rows:
+        starts.append(starts[-1] + len(row))
+    hidden_size = base_model.config.hidden_size
+    states = {layer: torch.empty((starts[-1], hidden_size), dtype=storage) for layer in layers}
+    argmax = torch.empty(starts[-1], dtype=torch.int32)
+    # Similar lengths share a forward (less padding); each row goes to its own place.
     order = sorted(range(len(rows)), key=lambda i: len(rows[i]))
-    computed: dict[int, dict[int, torch.Tensor]] = {}
-    argmaxes: dict[int, torch.Tensor] = {}
     for first in range(0, len(order), batch_size):
         group = order[first : first + batch_size]
         outputs = _base_outputs(base_model, [rows[i] for i in group], [targets[i] for i in group], layers)
-        for row, (states, argmax) in zip(group, outputs):
-            computed[row] = {layer: state.to(dtype=storage, device="cpu") for layer, state in states.items()}
-            argmaxes[row] = argmax.cpu()
+        for row, (row_states, row_argmax) in zip(group, outputs):
+            place = slice(starts[row], starts[row + 1])
+            for layer, state in row_states.items():
+                states[layer][place] = state.to(dtype=storage, device="cpu")
+            argmax[place] = row_argmax.to(dtype=torch.int32, device="cpu")
         on_batch(sum(len(rows[i]) for i in group))
-    return [computed[i] for i in range(len(rows))], [argmaxes[i] for i in range(len(rows))]
+    return states, argmax
 
 
 def _write_pending(
@@ -394,10 +394,8 @@ def _write_pending(
         for shard, start, stop in todo[name]:
             rows = [list(dataset[i]["input_ids"]) for i in range(start, stop)]
             targets = [argmax_positions(dataset[i]) for i in range(start, stop)]
-            examples, argmaxes = _shard_features(
-                base_model, rows, targets, layers, storage, batch_size, on_batch
-            )
-            _write_shard(shard_path(directory, name, shard), examples, argmaxes, rows, storage)
+            states, argmax = _shard_features(base_model, rows, targets, layers, storage, batch_size, on_batch)
+            _write_shard(shard_path(directory, name, shard), states, argmax, rows)
             written += len(rows)
             if single_writer and shard == index["complete_shards"][name]:
                 index["complete_shards"][name] = shard + 1
