@@ -167,30 +167,42 @@ def markdown(results: list[dict], record: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def add_run_arguments(parser: argparse.ArgumentParser) -> None:
+    """OUT_DIR, the head and the prompts: what the llama.cpp scripts share."""
     parser.add_argument("out", type=Path)
     parser.add_argument("--heads", default="eagle3-smollm2", help="an EAGLE-3 head (short name or directory)")
     parser.add_argument("--prompts", default="mt-bench")
     parser.add_argument("--limit", type=int, default=16)
     parser.add_argument("--max-new-tokens", type=int, default=128)
+
+
+def run_record(args: argparse.Namespace, results: list[dict]) -> dict:
+    """The record of a run: its settings (``args`` but OUT_DIR), the machine, llama.cpp's
+    version, ``results`` and the date."""
+    from draftheads.machine import cpu_flags, cpu_name
+    from draftheads.serving import llamacpp
+
+    return {
+        "settings": {k: v for k, v in vars(args).items() if k != "out"},
+        "machine": {"cpu": cpu_name(), "cpu_flags": cpu_flags(), "cores": len(os.sched_getaffinity(0))},
+        "llamacpp": llamacpp.version(),
+        "environment": {name: value for name, value in os.environ.items() if name.startswith("LLAMA_")},
+        "results": results,
+        "date": time.strftime("%Y-%m-%d"),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    add_run_arguments(parser)
     parser.add_argument("--settings", nargs="+", default=["1:0", "2:0", "3:0", "3:0.5", "4:0.5"])
     parser.add_argument("--repeats", type=int, default=2)
     args = parser.parse_args(argv)
     if (args.out / "sweep.json").exists():
         parser.error(f"{args.out / 'sweep.json'} exists: choose another OUT_DIR")
-    from draftheads.machine import cpu_flags, cpu_name
-    from draftheads.serving import llamacpp
-
     with tempfile.TemporaryDirectory(prefix="llamacpp-sweep-") as work:
         results = sweep(args, Path(work))
-    record = {
-        "settings": {k: v for k, v in vars(args).items() if k != "out"},
-        "machine": {"cpu": cpu_name(), "cpu_flags": cpu_flags(), "cores": len(os.sched_getaffinity(0))},
-        "llamacpp": llamacpp.version(),
-        "results": results,
-        "date": time.strftime("%Y-%m-%d"),
-    }
+    record = run_record(args, results)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "sweep.json").write_text(json.dumps(record, indent=1, default=asdict) + "\n")
     (args.out / "sweep.md").write_text(markdown(results, record))

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shlex
 import sys
 import tempfile
@@ -29,7 +28,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-from llamacpp_draft_sweep import export_draft, prompt_ids
+from llamacpp_draft_sweep import add_run_arguments, export_draft, prompt_ids, run_record
 
 CONTEXT_PER_SLOT = 2048
 
@@ -173,11 +172,7 @@ def markdown(results: list[dict], record: dict) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("out", type=Path)
-    parser.add_argument("--heads", default="eagle3-smollm2", help="an EAGLE-3 head (short name or directory)")
-    parser.add_argument("--prompts", default="mt-bench")
-    parser.add_argument("--limit", type=int, default=16)
-    parser.add_argument("--max-new-tokens", type=int, default=128)
+    add_run_arguments(parser)
     parser.add_argument("--chain", type=int, default=3, help="--spec-draft-n-max")
     parser.add_argument(
         "--settings",
@@ -193,21 +188,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if (args.out / "slots.json").exists():
         parser.error(f"{args.out / 'slots.json'} exists: choose another OUT_DIR")
-    from draftheads.machine import cpu_flags, cpu_name
-    from draftheads.serving import llamacpp
-
     with tempfile.TemporaryDirectory(prefix="llamacpp-slots-") as work:
         results = measure(args, Path(work))
-    settings = {k: v for k, v in vars(args).items() if k != "out"}
-    settings["settings"] = [s.name for s in args.settings]
-    record = {
-        "settings": settings,
-        "machine": {"cpu": cpu_name(), "cpu_flags": cpu_flags(), "cores": len(os.sched_getaffinity(0))},
-        "llamacpp": llamacpp.version(),
-        "environment": {name: value for name, value in os.environ.items() if name.startswith("LLAMA_")},
-        "results": results,
-        "date": time.strftime("%Y-%m-%d"),
-    }
+    record = run_record(args, results)
+    record["settings"]["settings"] = [s.name for s in args.settings]
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "slots.json").write_text(json.dumps(record, indent=1) + "\n")
     (args.out / "slots.md").write_text(markdown(results, record))
