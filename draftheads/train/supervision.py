@@ -2,8 +2,9 @@
 
 Each objective (``draftheads.train.objective``) scores draft step s's prediction of a supervised
 token q at one drafter row: Medusa head k and MTP module k at row q - (k + 2), EAGLE-1 at q - 2,
-EAGLE-3's step j at the slot of row q - (j + 2) (``ChainSlots``). Finding those rows reads the
-masks' values (``nonzero``, the widths of EAGLE-3's steps): on a GPU each read makes the host wait
+EAGLE-3's step j at the slot of row q - (j + 2) (``ChainSlots``), DFlash's block row k at the
+block anchored at q - k. Finding those rows reads the masks' values (``nonzero``, the widths of
+EAGLE-3's steps, DFlash's anchors): on a GPU each read makes the host wait
 for every queued kernel. Everything they depend on, the masks, the rows' seeds and the head's
 sampling settings, is on the host before the batch moves, so the training loop lays the rows out
 there (``draftheads.train.batching.with_host_inputs``) and the objective only indexes device

@@ -79,9 +79,7 @@ def test_at_most_one_host_sync_per_optimizer_step(tmp_path, kind):
     """Two runs that differ by 2 optimizer steps (4 micro-batches) differ by exactly their syncs."""
     longer, shorter = _syncs_of_a_run(tmp_path, kind, 4), _syncs_of_a_run(tmp_path, kind, 2)
     every, ours = ((a - b) / 2 for a, b in zip(longer, shorter, strict=True))
-    print(
-        f"{kind}: {every:g} host syncs per optimizer step of 2 micro-batches, {ours:g} in our code"
-    )
+    print(f"{kind}: {every:g} host syncs per optimizer step of 2 micro-batches, {ours:g} in our code")
     assert ours <= LOOP_SYNCS_PER_STEP, ours
     assert every <= LOOP_SYNCS_PER_STEP + 2 * BASE_FORWARD_SYNCS, every  # accumulation 2
 
