@@ -144,16 +144,29 @@ def sweep(args: argparse.Namespace, work: Path) -> list[dict]:
     return [row.summary(None if row is rows[0] else rows[0]) for row in rows]
 
 
-def markdown(results: list[dict], record: dict) -> str:
+def record_header(script: str, record: dict) -> list[str]:
+    """The first lines of a run's markdown: the command's settings, the machine, llama.cpp, the date."""
     machine = record["machine"]
+    cpu = f"{machine['cpu']}, {machine['cores']} cores, flags {' '.join(machine['cpu_flags'])}"
+    return [
+        f"`scripts/{script}`: {record['settings']}",
+        "",
+        f"Machine: {cpu}; {record['llamacpp']}; {record['date']}.",
+        "",
+    ]
+
+
+def write_run(out: Path, stem: str, record: dict, text: str) -> None:
+    """``out/STEM.json`` (the record) and ``out/STEM.md`` (``text``), printed too."""
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"{stem}.json").write_text(json.dumps(record, indent=1, default=asdict) + "\n")
+    (out / f"{stem}.md").write_text(text)
+    print(text)
+
+
+def markdown(results: list[dict], record: dict) -> str:
     lines = [
-        f"`scripts/llamacpp_draft_sweep.py`: {record['settings']}",
-        "",
-        (
-            f"Machine: {machine['cpu']}, {machine['cores']} cores, flags {' '.join(machine['cpu_flags'])}; "
-            f"{record['llamacpp']}."
-        ),
-        "",
+        *record_header("llamacpp_draft_sweep.py", record),
         "| setting | decode tok/s | x plain | wall tok/s | x plain | tau | accepted/draft | output = plain |",
         "|---|---:|---:|---:|---:|---:|---:|---|",
     ]
@@ -203,10 +216,7 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="llamacpp-sweep-") as work:
         results = sweep(args, Path(work))
     record = run_record(args, results)
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "sweep.json").write_text(json.dumps(record, indent=1, default=asdict) + "\n")
-    (args.out / "sweep.md").write_text(markdown(results, record))
-    print(markdown(results, record))
+    write_run(args.out, "sweep", record, markdown(results, record))
     return 0
 
 

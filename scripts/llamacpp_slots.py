@@ -19,7 +19,6 @@ Writes OUT_DIR/slots.json and OUT_DIR/slots.md (with the machine's CPU and flags
 from __future__ import annotations
 
 import argparse
-import json
 import shlex
 import sys
 import tempfile
@@ -28,7 +27,14 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-from llamacpp_draft_sweep import add_run_arguments, export_draft, prompt_ids, run_record
+from llamacpp_draft_sweep import (
+    add_run_arguments,
+    export_draft,
+    prompt_ids,
+    record_header,
+    run_record,
+    write_run,
+)
 
 CONTEXT_PER_SLOT = 2048
 
@@ -147,15 +153,8 @@ def measure(args: argparse.Namespace, work: Path) -> list[dict]:
 
 
 def markdown(results: list[dict], record: dict) -> str:
-    machine = record["machine"]
     lines = [
-        f"`scripts/llamacpp_slots.py`: {record['settings']}",
-        "",
-        (
-            f"Machine: {machine['cpu']}, {machine['cores']} cores, flags {' '.join(machine['cpu_flags'])}; "
-            f"{record['llamacpp']}; {record['date']}."
-        ),
-        "",
+        *record_header("llamacpp_slots.py", record),
         "| setting | accepted / drafted | by depth | per request | outputs = plain | tokens/s | plain |",
         "|---|---:|---|---|---:|---:|---:|",
     ]
@@ -192,10 +191,7 @@ def main(argv: list[str] | None = None) -> int:
         results = measure(args, Path(work))
     record = run_record(args, results)
     record["settings"]["settings"] = [s.name for s in args.settings]
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "slots.json").write_text(json.dumps(record, indent=1) + "\n")
-    (args.out / "slots.md").write_text(markdown(results, record))
-    print(markdown(results, record))
+    write_run(args.out, "slots", record, markdown(results, record))
     return 0
 
 
