@@ -459,7 +459,7 @@ class Eagle3Head(DraftHead):
                     "split's token counts, to choose the ids it adds"
                 )
             draft_ids, rows = grow_draft_vocabulary(
-                saved.draft_to_target(torch.arange(saved_size, device=saved.d2t.device)),
+                saved.draft_target_ids(),
                 state["lm_head.weight"],
                 self.base_lm_head.weight,
                 token_counts,
@@ -484,7 +484,7 @@ class Eagle3Head(DraftHead):
 
     def _lm_head_from_base(self, base_lm_head_weight: torch.Tensor) -> None:
         """lm_head row d := the base lm_head's row of draft id d's target (``init_from_base``)."""
-        targets = self.draft_to_target(torch.arange(self.draft_vocab_size, device=self.d2t.device))
+        targets = self.draft_target_ids()
         with torch.no_grad():
             self.lm_head.weight.copy_(base_lm_head_weight[targets.to(base_lm_head_weight.device)])
 
@@ -506,6 +506,11 @@ class Eagle3Head(DraftHead):
 
     def draft_to_target(self, token_ids: torch.Tensor) -> torch.Tensor:
         return token_ids + self.d2t[token_ids]
+
+    def draft_target_ids(self) -> torch.Tensor:
+        """(N,) the target ids of the draft vocabulary, ascending (draft id order): indices, where
+        the ``t2d`` mask would make a selection's size depend on its values."""
+        return self.draft_to_target(torch.arange(self.draft_vocab_size, device=self.d2t.device))
 
     # ---- the drafter --------------------------------------------------------------------------
 

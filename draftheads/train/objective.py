@@ -189,14 +189,9 @@ def draft_vocab_logits(head, rows: torch.Tensor) -> torch.Tensor:
     """(M, h) -> (M, N) the base lm_head's logits at EAGLE-3's draft-vocabulary ids only (ascending
     target id, i.e. draft id order): ``base_lm_head(rows)[:, t2d]`` at N/V of its cost."""
     lm_head = head.base_lm_head
-    ids = draft_target_ids(head)  # indices, not the t2d mask: the shape is known without reading it
+    ids = head.draft_target_ids()
     bias = None if lm_head.bias is None else lm_head.bias[ids]
     return torch.nn.functional.linear(rows, lm_head.weight[ids], bias)
-
-
-def draft_target_ids(head) -> torch.Tensor:
-    """(N,) the target ids of EAGLE-3's draft vocabulary, ascending (draft id order)."""
-    return head.draft_to_target(torch.arange(head.draft_vocab_size, device=head.d2t.device))
 
 
 def eagle3_objective(
@@ -246,7 +241,7 @@ def eagle3_target_table(head, rows_before: torch.Tensor, base_argmax: torch.Tens
     if base_argmax is not None:
         target_ids, draft_logits = base_argmax, draft_vocab_logits(head, rows_before)
     else:
-        ids, logits, draft_ids = [], [], draft_target_ids(head)
+        ids, logits, draft_ids = [], [], head.draft_target_ids()
         for part in rows_before.split(rows_per_chunk(head.base_spec.vocab_size)) or (rows_before,):
             full = head.base_lm_head(part)  # (C, V)
             ids.append(full.argmax(-1))
